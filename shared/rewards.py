@@ -1,0 +1,173 @@
+"""Reward definitions (DESIGN §4.3). Every number is a field of a config with the seed's default.
+
+- Schema: ``f1_weight·F1 + precision_weight·P + recall_weight·R``; unparseable → ``invalid_json_penalty``;
+  clipped to ``[min_reward, max_reward]``.
+- Table: ``min_reward + (max_reward − min_reward)·cell_accuracy``; invalid NDJSON → ``invalid_json_penalty``.
+- Pipeline: ``a·schema + (1 − a)·table``, clipped. An invalid schema makes no executor call and both
+  parts take their invalid penalties. The executor call itself lives in the reward service; this
+  module holds only the pure combining step.
+
+Configs reject unknown keys, so a typo in an override is an error, never a silent default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from shared.aligned_metrics import AlignedMetrics, aligned_table_metrics
+from shared.schema_metrics import schema_prf_from_text
+from shared.table_metrics import cell_accuracy, gold_table_to_rows, parse_ndjson_detailed, table_column_names
+
+INVALID_JSON = "invalid_json"
+INVALID_NDJSON = "invalid_ndjson"
+EXECUTOR_FAILED = "executor_failed"
+
+
+class _RewardConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_reward: float = Field(-1.0, description="Lower clip bound of the reward.")
+    max_reward: float = Field(1.0, description="Upper clip bound of the reward.")
+    invalid_json_penalty: float = Field(-1.0, description="Reward for output that does not parse.")
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self) -> _RewardConfig:
+        if self.min_reward > self.max_reward:
+            raise ValueError("min_reward must not exceed max_reward")
+        return self
+
+    def clip(self, value: float) -> float:
+        return min(self.max_reward, max(self.min_reward, value))
+
+
+class SchemaRewardConfig(_RewardConfig):
+    """Schema reward weights (defaults: reward = F1)."""
+
+    f1_weight: float = Field(1.0, description="Weight of schema F1.")
+    precision_weight: float = Field(0.0, description="Weight of schema precision.")
+    recall_weight: float = Field(0.0, description="Weight of schema recall.")
+
+
+class TableRewardConfig(_RewardConfig):
+    """Table reward: cell accuracy mapped linearly onto [min_reward, max_reward]."""
+
+    aligned_metrics: bool = Field(True, description="Also report order-invariant metrics (not part of the reward).")
+
+
+class PipelineSchemaRewardConfig(BaseModel):
+    """Pipeline reward: ``schema_weight·schema + (1 − schema_weight)·table``, clipped."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_weight: float = Field(0.5, ge=0.0, le=1.0, description="Weight a of the schema part.")
+    min_reward: float = Field(-1.0, description="Lower clip bound of the combined reward.")
+    max_reward: float = Field(1.0, description="Upper clip bound of the combined reward.")
+    schema_reward: SchemaRewardConfig = Field(default_factory=SchemaRewardConfig, description="Schema part.")
+    table_reward: TableRewardConfig = Field(default_factory=TableRewardConfig, description="Table part.")
+
+    def clip(self, value: float) -> float:
+        return min(self.max_reward, max(self.min_reward, value))
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaReward:
+    reward: float
+    valid_json: bool
+    precision: float
+    recall: float
+    f1: float
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class TableReward:
+    reward: float
+    valid_json: bool
+    cell_accuracy: float
+    n_pred_rows: int
+    n_gold_rows: int
+    error: str | None = None
+    aligned: AlignedMetrics | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineReward:
+    reward: float
+    schema: SchemaReward
+    table: TableReward
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def compute_schema_reward_single(
+    prediction: str, gold_schema: Mapping[str, Any] | list[Any], config: SchemaRewardConfig | None = None
+) -> SchemaReward:
+    """Score one predicted schema text against its gold schema."""
+    cfg = config or SchemaRewardConfig()
+    m = schema_prf_from_text(prediction, gold_schema)
+    if not m.valid_json:
+        return SchemaReward(cfg.clip(cfg.invalid_json_penalty), False, 0.0, 0.0, 0.0, INVALID_JSON)
+    raw = cfg.f1_weight * m.f1 + cfg.precision_weight * m.precision + cfg.recall_weight * m.recall
+    return SchemaReward(cfg.clip(raw), True, m.precision, m.recall, m.f1)
+
+
+def invalid_table_reward(config: TableRewardConfig, n_gold_rows: int, error: str) -> TableReward:
+    """The table reward for output that could not be scored (invalid NDJSON, or no table at all)."""
+    return TableReward(config.clip(config.invalid_json_penalty), False, 0.0, 0, n_gold_rows, error)
+
+
+def compute_table_reward_single(
+    prediction: str, gold_table: Mapping[str, Any], config: TableRewardConfig | None = None
+) -> TableReward:
+    """Score one predicted NDJSON table against its gold table."""
+    cfg = config or TableRewardConfig()
+    gold_rows = gold_table_to_rows(gold_table)
+    parsed = parse_ndjson_detailed(prediction)
+    if not parsed.valid:
+        return invalid_table_reward(cfg, len(gold_rows), INVALID_NDJSON)
+    acc = cell_accuracy(parsed.rows, gold_rows)
+    aligned = (
+        aligned_table_metrics(parsed.rows, gold_rows, table_column_names(gold_table)) if cfg.aligned_metrics else None
+    )
+    reward = cfg.clip(cfg.min_reward + (cfg.max_reward - cfg.min_reward) * acc)
+    return TableReward(reward, True, acc, len(parsed.rows), len(gold_rows), None, aligned)
+
+
+def combine_pipeline_reward(
+    schema: SchemaReward, table: TableReward, config: PipelineSchemaRewardConfig | None = None, error: str | None = None
+) -> PipelineReward:
+    """The pure combining step of the pipeline reward: ``a·schema + (1 − a)·table``, clipped."""
+    cfg = config or PipelineSchemaRewardConfig()
+    a = cfg.schema_weight
+    return PipelineReward(cfg.clip(a * schema.reward + (1 - a) * table.reward), schema, table, error)
+
+
+def pipeline_reward_for_invalid_schema(
+    schema: SchemaReward, gold_table: Mapping[str, Any], config: PipelineSchemaRewardConfig | None = None
+) -> PipelineReward:
+    """Both parts take their invalid penalties; no executor call is made."""
+    cfg = config or PipelineSchemaRewardConfig()
+    table = invalid_table_reward(cfg.table_reward, len(gold_table.get("data", [])), INVALID_JSON)
+    return combine_pipeline_reward(schema, table, cfg, INVALID_JSON)
+
+
+def pipeline_reward_for_executor_failure(
+    schema: SchemaReward, gold_table: Mapping[str, Any], config: PipelineSchemaRewardConfig | None = None
+) -> PipelineReward:
+    """Opt-in penalty when the executor failed: the table part takes its invalid penalty and the
+    result carries ``error="executor_failed"`` so it is never mistaken for a wrong answer."""
+    cfg = config or PipelineSchemaRewardConfig()
+    table = invalid_table_reward(cfg.table_reward, len(gold_table.get("data", [])), EXECUTOR_FAILED)
+    return combine_pipeline_reward(schema, table, cfg, EXECUTOR_FAILED)

@@ -1,0 +1,185 @@
+"""Wire types of the reward API (DESIGN §4.4), shared by the service and the trainer's client.
+
+Requests reject unknown keys, so a misspelt field or config override is a 422 that names it.
+Results come back one per item, in request order.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.golden import GoldSchema, GoldTable
+from shared.rewards import (
+    PipelineReward,
+    PipelineSchemaRewardConfig,
+    SchemaReward,
+    SchemaRewardConfig,
+    TableReward,
+    TableRewardConfig,
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---- items -------------------------------------------------------------------------------------
+
+
+class SchemaItem(_Strict):
+    id: str = Field(description="Caller's id, echoed in the result.")
+    prediction: str = Field(description="π1 output: the predicted schema text.")
+    gold_schema: GoldSchema
+
+
+class TableItem(_Strict):
+    id: str
+    prediction: str = Field(description="π2 output: NDJSON rows.")
+    gold_table: GoldTable
+
+
+class PipelineItem(_Strict):
+    id: str
+    prediction: str = Field(description="π1 output: the predicted schema text.")
+    text: str = Field(description="The document; the Stage-2 prompt is built from it.")
+    gold_schema: GoldSchema
+    gold_table: GoldTable
+
+
+# ---- requests ----------------------------------------------------------------------------------
+
+
+class SchemaRequest(_Strict):
+    items: list[SchemaItem]
+    config: SchemaRewardConfig = Field(default_factory=SchemaRewardConfig)
+    debug: bool = False
+
+
+class TableRequest(_Strict):
+    items: list[TableItem]
+    config: TableRewardConfig = Field(default_factory=TableRewardConfig)
+    debug: bool = False
+
+
+class PipelineRequest(_Strict):
+    items: list[PipelineItem]
+    config: PipelineSchemaRewardConfig = Field(default_factory=PipelineSchemaRewardConfig)
+    debug: bool = False
+    on_executor_error: Literal["fail", "penalize"] = Field(
+        "fail",
+        description="'fail': an executor failure answers 503. 'penalize': the item gets the penalty "
+        "and error='executor_failed', counted in the response's 'failed'.",
+    )
+
+
+# ---- results -----------------------------------------------------------------------------------
+
+
+class AlignedMetricsOut(BaseModel):
+    aligned_cell_accuracy: float
+    row_exact_match: float
+    cell_precision: float
+    cell_recall: float
+    cell_f1: float
+    cell_f1_normalized: float
+    column_header_f1: float
+    column_header_f1_normalized: float
+
+
+class SchemaResult(BaseModel):
+    id: str
+    reward: float
+    valid_json: bool
+    precision: float
+    recall: float
+    f1: float
+    error: str | None = None
+
+    @classmethod
+    def of(cls, item_id: str, r: SchemaReward) -> SchemaResult:
+        return cls(id=item_id, **r.as_dict())
+
+
+class TableResult(BaseModel):
+    id: str
+    reward: float
+    valid_json: bool
+    cell_accuracy: float
+    n_pred_rows: int
+    n_gold_rows: int
+    error: str | None = None
+    aligned: AlignedMetricsOut | None = None
+
+    @classmethod
+    def of(cls, item_id: str, r: TableReward) -> TableResult:
+        return cls(id=item_id, **r.as_dict())
+
+
+class PipelineDebug(BaseModel):
+    messages: list[dict[str, str]] | None = Field(None, description="The Stage-2 messages sent to the executor.")
+    executor_output: str | None = Field(None, description="The executor's raw completion text.")
+    cached: bool | None = Field(None, description="Whether the executor output came from the cache.")
+
+
+class PipelineResult(BaseModel):
+    id: str
+    reward: float
+    schema_reward: float
+    table_reward: float
+    valid_json: bool = Field(description="Whether the predicted schema parsed.")
+    table_valid_json: bool = Field(description="Whether the executor's table parsed.")
+    precision: float
+    recall: float
+    f1: float
+    cell_accuracy: float
+    error: str | None = None
+    aligned: AlignedMetricsOut | None = None
+    debug: PipelineDebug | None = None
+
+    @classmethod
+    def of(cls, item_id: str, r: PipelineReward, debug: PipelineDebug | None = None) -> PipelineResult:
+        t = r.table
+        return cls(
+            id=item_id,
+            reward=r.reward,
+            schema_reward=r.schema.reward,
+            table_reward=t.reward,
+            valid_json=r.schema.valid_json,
+            table_valid_json=t.valid_json,
+            precision=r.schema.precision,
+            recall=r.schema.recall,
+            f1=r.schema.f1,
+            cell_accuracy=t.cell_accuracy,
+            error=r.error,
+            aligned=AlignedMetricsOut(**t.aligned.as_dict()) if t.aligned else None,
+            debug=debug,
+        )
+
+
+class _Response(BaseModel):
+    count: int
+    failed: int = Field(0, description="Items whose error is an infrastructure failure (executor_failed).")
+    prompt_version: str
+    elapsed_ms: float
+
+
+class SchemaResponse(_Response):
+    results: list[SchemaResult]
+
+
+class TableResponse(_Response):
+    results: list[TableResult]
+
+
+class PipelineResponse(_Response):
+    results: list[PipelineResult]
+    executor_calls: int = Field(0, description="Executor calls this request made (after de-duplication and cache).")
+
+
+class ErrorBody(BaseModel):
+    """Every non-2xx answer: a machine-readable cause plus a human message naming the field."""
+
+    error: str
+    detail: Any = None

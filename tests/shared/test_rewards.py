@@ -1,0 +1,103 @@
+import pydantic
+import pytest
+
+from shared import (
+    PipelineSchemaRewardConfig,
+    SchemaRewardConfig,
+    TableRewardConfig,
+    combine_pipeline_reward,
+    compute_schema_reward_single,
+    compute_table_reward_single,
+    pipeline_reward_for_executor_failure,
+    pipeline_reward_for_invalid_schema,
+)
+
+SCHEMA = {"columns": [{"name": "a"}, {"name": "b"}, {"name": "c"}, {"name": "d"}]}
+TABLE = {"columns": [{"name": "a"}, {"name": "b"}], "data": [["1", "2"], ["3", None]]}
+
+
+def test_schema_defaults_are_f1() -> None:
+    r = compute_schema_reward_single('["a", "b", "x"]', SCHEMA)
+    # P = 2/3, R = 1/2, F1 = 4/7
+    assert r.reward == pytest.approx(4 / 7)
+    assert (r.valid_json, r.error) == (True, None)
+
+
+def test_schema_weights() -> None:
+    cfg = SchemaRewardConfig(f1_weight=0.0, precision_weight=0.5, recall_weight=0.5)
+    assert compute_schema_reward_single('["a", "b", "x"]', SCHEMA, cfg).reward == pytest.approx(0.5 * 2 / 3 + 0.25)
+
+
+def test_schema_clip_and_penalty() -> None:
+    cfg = SchemaRewardConfig(f1_weight=3.0)
+    assert compute_schema_reward_single('["a","b","c","d"]', SCHEMA, cfg).reward == 1.0
+    r = compute_schema_reward_single("nope", SCHEMA)
+    assert (r.reward, r.valid_json, r.error) == (-1.0, False, "invalid_json")
+    assert compute_schema_reward_single("nope", SCHEMA, SchemaRewardConfig(invalid_json_penalty=-5)).reward == -1.0
+    assert compute_schema_reward_single("nope", SCHEMA, SchemaRewardConfig(invalid_json_penalty=-0.3)).reward == -0.3
+
+
+def test_table_linear_map() -> None:
+    r = compute_table_reward_single('{"a": "1", "b": "2"}\n{"a": "3", "b": "x"}', TABLE)
+    assert r.cell_accuracy == 0.75
+    assert r.reward == pytest.approx(-1 + 2 * 0.75)
+    r2 = compute_table_reward_single(
+        '{"a": "1", "b": "2"}\n{"a": "3", "b": "x"}', TABLE, TableRewardConfig(min_reward=0, max_reward=1)
+    )
+    assert r2.reward == 0.75
+
+
+def test_table_invalid_and_perfect() -> None:
+    bad = compute_table_reward_single('{"a": "1"}\nnot json', TABLE)
+    assert (bad.reward, bad.valid_json, bad.error) == (-1.0, False, "invalid_ndjson")
+    good = compute_table_reward_single('{"a": "1", "b": "2"}\n{"a": "3", "b": null}', TABLE)
+    assert good.reward == 1.0 and good.aligned is not None and good.aligned.cell_f1 == 1.0
+
+
+def test_table_aligned_can_be_switched_off() -> None:
+    r = compute_table_reward_single('{"a": "1", "b": "2"}', TABLE, TableRewardConfig(aligned_metrics=False))
+    assert r.aligned is None
+
+
+def test_pipeline_combination() -> None:
+    s = compute_schema_reward_single('["a", "b", "c", "d"]', SCHEMA)  # 1.0
+    t = compute_table_reward_single('{"a": "1", "b": "2"}\n{"a": "3", "b": "x"}', TABLE)  # 0.5
+    assert combine_pipeline_reward(s, t).reward == pytest.approx(0.75)
+    cfg = PipelineSchemaRewardConfig(schema_weight=0.2)
+    assert combine_pipeline_reward(s, t, cfg).reward == pytest.approx(0.2 + 0.8 * 0.5)
+    clipped = PipelineSchemaRewardConfig(max_reward=0.6)
+    assert combine_pipeline_reward(s, t, clipped).reward == 0.6
+
+
+def test_pipeline_invalid_schema_takes_both_penalties() -> None:
+    s = compute_schema_reward_single("garbage", SCHEMA)
+    r = pipeline_reward_for_invalid_schema(s, TABLE)
+    assert r.reward == -1.0 and r.table.reward == -1.0 and r.error == "invalid_json"
+    cfg = PipelineSchemaRewardConfig(
+        schema_reward=SchemaRewardConfig(invalid_json_penalty=-0.5),
+        table_reward=TableRewardConfig(invalid_json_penalty=-0.2),
+    )
+    s2 = compute_schema_reward_single("garbage", SCHEMA, cfg.schema_reward)
+    assert pipeline_reward_for_invalid_schema(s2, TABLE, cfg).reward == pytest.approx(0.5 * -0.5 + 0.5 * -0.2)
+
+
+def test_executor_failure_is_labelled() -> None:
+    s = compute_schema_reward_single('["a"]', SCHEMA)
+    r = pipeline_reward_for_executor_failure(s, TABLE)
+    assert r.error == "executor_failed" and r.table.error == "executor_failed"
+
+
+def test_configs_reject_unknown_keys_and_bad_bounds() -> None:
+    with pytest.raises(pydantic.ValidationError, match="f1_wieght"):
+        SchemaRewardConfig.model_validate({"f1_wieght": 1})
+    with pytest.raises(pydantic.ValidationError, match="min_reward"):
+        TableRewardConfig(min_reward=2, max_reward=1)
+    with pytest.raises(pydantic.ValidationError, match="schema_weight"):
+        PipelineSchemaRewardConfig(schema_weight=1.5)
+
+
+def test_seed_defaults() -> None:
+    s, t, p = SchemaRewardConfig(), TableRewardConfig(), PipelineSchemaRewardConfig()
+    assert (s.f1_weight, s.precision_weight, s.recall_weight, s.invalid_json_penalty) == (1, 0, 0, -1)
+    assert (s.min_reward, s.max_reward, t.min_reward, t.max_reward, t.invalid_json_penalty) == (-1, 1, -1, 1, -1)
+    assert (p.schema_weight, p.min_reward, p.max_reward) == (0.5, -1, 1)
