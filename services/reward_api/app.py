@@ -1,0 +1,70 @@
+"""The reward API application: ``create_app(settings)``; ``app`` is what uvicorn imports
+(``services.reward_api.app:app``), built from the ``REWARD_API_*`` environment."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from services.reward_api.errors import install_handlers
+from services.reward_api.executor_client import ExecutorClient
+from services.reward_api.limits import BodyLimitMiddleware
+from services.reward_api.logs import configure_logging
+from services.reward_api.middleware import RequestContextMiddleware
+from services.reward_api.pipeline import PipelineScorer
+from services.reward_api.routes import ops_router, reward_router
+from services.reward_api.settings import Settings
+from shared import __version__, prompt_version, stage2_template
+
+log = logging.getLogger("reward_api")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    configure_logging(settings.log_level)
+    # Loaded now, so a bad STAGE2_TEMPLATE stops the start-up instead of failing every request.
+    template = stage2_template(settings.stage2_template)
+    version = prompt_version(stage2=settings.stage2_template)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client = ExecutorClient(settings) if settings.pipeline_enabled else None
+        app.state.pipeline = PipelineScorer(settings, client, template, version)
+        log.info(
+            "reward_api up: prompt %s, executor model %r on %d replica(s)",
+            version,
+            settings.executor_model,
+            len(settings.executor_urls),
+        )
+        try:
+            yield
+        finally:
+            if client is not None:
+                await client.aclose()
+            if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+                from prometheus_client import multiprocess
+
+                multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
+
+    app = FastAPI(
+        title="reward_api",
+        version=__version__,
+        summary="Batched schema / table / pipeline rewards (DESIGN §4.4).",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.prompt_version = version
+    install_handlers(app)
+    app.include_router(reward_router)
+    app.include_router(ops_router)
+    # Added last = outermost: the request id and the catch-all wrap everything, including the body limit.
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestContextMiddleware)
+    return app
+
+
+app = create_app()

@@ -1,0 +1,234 @@
+"""Async client of the OpenAI-compatible executor (``/v1/chat/completions``), shared by all requests.
+
+- one ``httpx.AsyncClient`` (one connection pool) and a semaphore of ``MAX_IN_FLIGHT`` calls;
+- a deadline on every attempt and retries per the policy in ``failures``;
+- de-duplication: identical (model, messages, sampling params) share one in-flight call, within a
+  request and across concurrent requests (single-flight), and a bounded LRU keeps finished outputs;
+- several replicas: least-in-flight routing; a failing replica is ejected for ``REPLICA_COOLDOWN_S``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+from cachetools import LRUCache
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, stop_after_delay
+from tenacity.wait import wait_exponential_jitter
+
+from services.reward_api import metrics
+from services.reward_api.failures import EJECTING, ExecutorFailure, classify_status, classify_transport_error
+from services.reward_api.settings import Settings
+
+log = logging.getLogger("reward_api.executor")
+
+Message = dict[str, str]
+Source = Literal["call", "cache", "inflight"]
+
+
+@dataclass
+class Replica:
+    index: int
+    url: str
+    in_flight: int = 0
+    picks: int = 0
+    down_until: float = 0.0
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    source: Source  # "call": this caller's own executor call; else the LRU cache or a joined call
+
+
+def _is_retryable(exc: BaseException) -> bool:
+    return isinstance(exc, ExecutorFailure) and exc.retryable
+
+
+def _count_retry(state: RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome else None
+    metrics.EXECUTOR_RETRIES.labels(exc.cause if isinstance(exc, ExecutorFailure) else "other").inc()
+
+
+class ExecutorClient:
+    """Stage-2 generations from the executor replicas named in the settings (never by a request)."""
+
+    def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        if not settings.executor_urls:
+            raise ValueError("ExecutorClient needs at least one executor URL")
+        self.settings = settings
+        self.replicas = [Replica(i, url) for i, url in enumerate(settings.executor_urls)]
+        headers = {}
+        if settings.executor_api_key is not None:
+            headers["Authorization"] = f"Bearer {settings.executor_api_key.get_secret_value()}"
+        pool = httpx.Limits(max_connections=settings.max_in_flight, max_keepalive_connections=settings.max_in_flight)
+        timeout = httpx.Timeout(settings.executor_timeout_s, connect=min(5.0, settings.executor_timeout_s))
+        self._http = httpx.AsyncClient(headers=headers, limits=pool, timeout=timeout, transport=transport)
+        self._sem = asyncio.Semaphore(settings.max_in_flight)
+        self._inflight: dict[str, asyncio.Task[str]] = {}
+        self._cache: LRUCache[str, str] | None = LRUCache(settings.cache_size) if settings.cache_size > 0 else None
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # ---- request building ----------------------------------------------------------------------
+
+    def sampling_params(self) -> dict[str, Any]:
+        s = self.settings
+        params: dict[str, Any] = {"temperature": s.temperature, "max_tokens": s.max_tokens, "seed": s.seed}
+        if s.stop:
+            params["stop"] = list(s.stop)
+        return params
+
+    def payload(self, messages: Sequence[Message]) -> dict[str, Any]:
+        return {"model": self.settings.executor_model, "messages": list(messages), **self.sampling_params()}
+
+    def key(self, messages: Sequence[Message]) -> str:
+        """De-duplication key over exactly what is sent: model, messages and sampling parameters."""
+        blob = json.dumps(self.payload(messages), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    # ---- public API ----------------------------------------------------------------------------
+
+    async def complete(self, messages: Sequence[Message]) -> Completion:
+        """The completion text; raises ``ExecutorFailure`` once the retry policy is exhausted."""
+        key = self.key(messages)
+        if self._cache is not None and key in self._cache:
+            metrics.CACHE_HITS.labels("lru").inc()
+            return Completion(self._cache[key], "cache")
+        task = self._inflight.get(key)
+        if task is not None:
+            metrics.CACHE_HITS.labels("inflight").inc()
+            return Completion(await asyncio.shield(task), "inflight")
+        metrics.CACHE_MISSES.inc()
+        task = asyncio.create_task(self._call(key, self.payload(messages)))
+        self._inflight[key] = task
+        task.add_done_callback(lambda t: self._forget(key, t))
+        # Shielded: a caller that gives up (deadline, client gone) must not cancel a call others share.
+        return Completion(await asyncio.shield(task), "call")
+
+    def _forget(self, key: str, task: asyncio.Task[str]) -> None:
+        if self._inflight.get(key) is task:
+            del self._inflight[key]
+        if not task.cancelled():
+            task.exception()  # retrieved here so an unawaited failure is not reported as "never retrieved"
+
+    async def ready(self) -> list[dict[str, Any]]:
+        """Per replica: reachable and listing ``EXECUTOR_MODEL`` in ``/v1/models``."""
+        return list(await asyncio.gather(*(self._replica_ready(r) for r in self.replicas)))
+
+    async def _replica_ready(self, r: Replica) -> dict[str, Any]:
+        model = self.settings.executor_model
+        try:
+            resp = await self._http.get(f"{r.url}/v1/models", timeout=min(5.0, self.settings.executor_timeout_s))
+            if resp.status_code != 200:
+                return {"replica": r.index, "ready": False, "reason": f"/v1/models answered {resp.status_code}"}
+            ids = [m.get("id") for m in resp.json().get("data", []) if isinstance(m, dict)]
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            return {"replica": r.index, "ready": False, "reason": f"unreachable: {type(exc).__name__}"}
+        if model not in ids:
+            return {"replica": r.index, "ready": False, "reason": f"model {model!r} not listed"}
+        return {"replica": r.index, "ready": True, "reason": None}
+
+    # ---- one logical call: retries around attempts ---------------------------------------------
+
+    async def _call(self, key: str, payload: dict[str, Any]) -> str:
+        s = self.settings
+        attempts = 0
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(_is_retryable),
+            stop=stop_after_attempt(s.retries + 1) | stop_after_delay(s.request_deadline_s),
+            wait=wait_exponential_jitter(
+                initial=s.retry_backoff_s, max=max(s.retry_backoff_s * 16, 0.001), jitter=s.retry_backoff_s
+            ),
+            before_sleep=_count_retry,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    attempts += 1
+                    text = await self._attempt(payload)
+        except ExecutorFailure as exc:
+            exc.attempts = attempts
+            metrics.EXECUTOR_CALLS.labels("failed").inc()
+            log.warning("executor call failed after %d attempt(s): %s: %s", attempts, exc.cause, exc.message)
+            raise
+        metrics.EXECUTOR_CALLS.labels("ok").inc()
+        if self._cache is not None:
+            self._cache[key] = text
+        return text
+
+    def _pick(self) -> Replica:
+        now = time.monotonic()
+        healthy = [r for r in self.replicas if r.down_until <= now]
+        if healthy:
+            return min(healthy, key=lambda r: (r.in_flight, r.picks))
+        # All ejected: still try the one back soonest, so a recovered executor is found without delay.
+        return min(self.replicas, key=lambda r: r.down_until)
+
+    def _mark(self, r: Replica, failure: ExecutorFailure | None) -> None:
+        if failure is None:
+            r.down_until = 0.0
+        elif failure.cause in EJECTING and self.settings.replica_cooldown_s > 0:
+            if r.down_until <= time.monotonic():
+                metrics.REPLICA_EJECTIONS.inc()
+                log.warning(
+                    "executor replica %d ejected for %.1f s (%s)",
+                    r.index,
+                    self.settings.replica_cooldown_s,
+                    failure.cause,
+                )
+            r.down_until = time.monotonic() + self.settings.replica_cooldown_s
+
+    async def _attempt(self, payload: dict[str, Any]) -> str:
+        async with self._sem:
+            r = self._pick()
+            r.in_flight += 1
+            r.picks += 1
+            metrics.EXECUTOR_IN_FLIGHT.inc()
+            t0 = time.perf_counter()
+            failure: ExecutorFailure | None = None
+            try:
+                text = await self._post(r, payload)
+                return text
+            except ExecutorFailure as exc:
+                failure = exc
+                raise
+            finally:
+                r.in_flight -= 1
+                metrics.EXECUTOR_IN_FLIGHT.dec()
+                metrics.EXECUTOR_LATENCY.observe(time.perf_counter() - t0)
+                metrics.EXECUTOR_ATTEMPTS.labels(failure.cause if failure else "ok").inc()
+                self._mark(r, failure)
+
+    async def _post(self, r: Replica, payload: dict[str, Any]) -> str:
+        where = f"replica {r.index}"
+        try:
+            # httpx's timeout is per read; this bounds the whole attempt, so a trickling server fails too.
+            async with asyncio.timeout(self.settings.executor_timeout_s):
+                resp = await self._http.post(f"{r.url}/v1/chat/completions", json=payload)
+        except TimeoutError:
+            raise ExecutorFailure(
+                "timeout", f"{where}: no answer within {self.settings.executor_timeout_s} s"
+            ) from None
+        except httpx.TransportError as exc:
+            cause = classify_transport_error(exc)
+            raise ExecutorFailure(cause, f"{where}: {type(exc).__name__}: {exc}") from None
+        bad = classify_status(resp.status_code)
+        if bad is not None:
+            raise ExecutorFailure(bad, f"{where}: HTTP {resp.status_code}: {resp.text[:300]}")
+        try:
+            content = resp.json()["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            content = None
+        if not isinstance(content, str):
+            raise ExecutorFailure("garbage", f"{where}: 200 without choices[0].message.content: {resp.text[:300]!r}")
+        return content

@@ -1,0 +1,72 @@
+"""Failure policy of the reward service: an infrastructure failure is never reported as a wrong answer.
+
+Policy, applied by ``executor_client`` and ``pipeline``:
+
+1. Every executor call (one attempt) has a deadline, ``EXECUTOR_TIMEOUT_S``. The executor phase of a
+   request has a deadline, ``REQUEST_DEADLINE_S``; what is unfinished then has failed ("deadline").
+2. Retries (``RETRIES`` after the first attempt, exponential back-off from ``RETRY_BACKOFF_S`` with
+   jitter) happen ONLY for connection errors, HTTP 5xx and HTTP 429: those are transient. A timeout,
+   a 4xx or a garbage answer (a 200 without ``choices[0].message.content``) is not retried: repeating
+   it would cost another deadline for the same outcome.
+3. A replica that fails with a connection error, timeout, 5xx or 429 is ejected for
+   ``REPLICA_COOLDOWN_S``; retries go to another replica. If every replica is ejected, the one whose
+   cool-down ends first is still tried, so the service recovers as soon as an executor is back.
+4. After that, a failed item is either a 503 for the whole request (``on_executor_error="fail"``, the
+   default) with ``{"error": "executor_unavailable" | "executor_bad_response", "detail": {"cause": ...}}``,
+   or, when the request asks ``on_executor_error="penalize"``, the item gets
+   ``shared.pipeline_reward_for_executor_failure`` (table part = invalid penalty) with
+   ``error="executor_failed"`` and is counted in the response's ``failed``.
+5. Every failure is counted in ``reward_api_failures_total{cls=...}`` and logged with its request id.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import httpx
+
+Cause = Literal["connect", "timeout", "http_429", "http_5xx", "http_4xx", "garbage", "deadline", "not_configured"]
+
+RETRYABLE: frozenset[Cause] = frozenset({"connect", "http_429", "http_5xx"})
+EJECTING: frozenset[Cause] = frozenset({"connect", "timeout", "http_429", "http_5xx"})
+UNAVAILABLE: frozenset[Cause] = frozenset({"connect", "timeout", "http_429", "http_5xx", "deadline", "not_configured"})
+
+
+class ExecutorFailure(Exception):
+    """One executor call failed; ``cause`` is its class (see the module docstring)."""
+
+    def __init__(self, cause: Cause, message: str, attempts: int = 1) -> None:
+        super().__init__(message)
+        self.cause: Cause = cause
+        self.message = message
+        self.attempts = attempts
+
+    @property
+    def retryable(self) -> bool:
+        return self.cause in RETRYABLE
+
+    @property
+    def error_code(self) -> str:
+        """The 503 body's ``error``: the executor is unreachable/overloaded, or it answered nonsense."""
+        return "executor_unavailable" if self.cause in UNAVAILABLE else "executor_bad_response"
+
+
+def classify_transport_error(exc: httpx.TransportError) -> Cause:
+    """httpx errors → cause. A connect timeout is a connection error; a read/write/pool timeout is a timeout."""
+    if isinstance(exc, httpx.ConnectTimeout):
+        return "connect"
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout"
+    # ConnectError, RemoteProtocolError (server went away mid-answer), ReadError, ...: the link failed.
+    return "connect"
+
+
+def classify_status(status: int) -> Cause | None:
+    """HTTP status → cause; ``None`` for a success."""
+    if status == 429:
+        return "http_429"
+    if status >= 500:
+        return "http_5xx"
+    if status >= 400:
+        return "http_4xx"
+    return None

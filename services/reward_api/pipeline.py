@@ -1,0 +1,169 @@
+"""The pipeline reward: schema reward, then the frozen π2 executor on the predicted schema, then the table reward.
+
+For each item: score the predicted schema (``shared``); an invalid schema takes
+``shared.pipeline_reward_for_invalid_schema`` and costs no executor call. A valid one becomes the
+Stage-2 prompt (``shared.build_stage2_messages`` from the document and the *predicted* schema, with the
+gold table id as ``schema_id``, as the trainer's inference does); identical prompts are sent once; the
+executor's text is scored with ``shared.compute_table_reward_single`` and combined with
+``shared.combine_pipeline_reward``. Failures follow ``failures``' policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.reward_api import metrics
+from services.reward_api.errors import ExecutorPhaseError
+from services.reward_api.executor_client import Completion, ExecutorClient, Message
+from services.reward_api.failures import ExecutorFailure
+from services.reward_api.scoring import observe, off_loop
+from services.reward_api.settings import Settings
+from shared import (
+    build_stage2_messages,
+    combine_pipeline_reward,
+    compute_schema_reward_single,
+    compute_table_reward_single,
+    pipeline_reward_for_executor_failure,
+    pipeline_reward_for_invalid_schema,
+)
+from shared.prompts import PromptTemplate
+from shared.rewards import PipelineSchemaRewardConfig, SchemaReward
+from shared.wire import PipelineDebug, PipelineItem, PipelineRequest, PipelineResponse, PipelineResult
+
+log = logging.getLogger("reward_api.pipeline")
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    schema: SchemaReward
+    messages: list[Message] | None  # None: invalid schema, no executor call
+    key: str | None
+
+
+def _prepare(
+    items: Sequence[PipelineItem],
+    cfg: PipelineSchemaRewardConfig,
+    template: PromptTemplate,
+    client: ExecutorClient | None,
+) -> list[_Prepared]:
+    out = []
+    for it in items:
+        schema = compute_schema_reward_single(it.prediction, it.gold_schema.model_dump(), cfg.schema_reward)
+        if not schema.valid_json:
+            out.append(_Prepared(schema, None, None))
+            continue
+        schema_id = it.gold_schema.table_id or it.gold_table.table_id
+        messages = build_stage2_messages(it.text, it.prediction, template, schema_id=schema_id)
+        # Without a client the key only has to group identical prompts; the call then fails as not_configured.
+        key = client.key(messages) if client else json.dumps(messages, sort_keys=True)
+        out.append(_Prepared(schema, messages, key))
+    return out
+
+
+def _finish(
+    items: Sequence[PipelineItem],
+    prepared: Sequence[_Prepared],
+    outputs: dict[str, Completion | ExecutorFailure],
+    cfg: PipelineSchemaRewardConfig,
+    debug: bool,
+    first_use: set[int],
+) -> list[PipelineResult]:
+    results = []
+    for i, (it, p) in enumerate(zip(items, prepared, strict=True)):
+        gold_table = it.gold_table.model_dump()
+        view: PipelineDebug | None = PipelineDebug() if debug else None
+        if p.key is None:
+            reward = pipeline_reward_for_invalid_schema(p.schema, gold_table, cfg)
+        else:
+            out = outputs[p.key]
+            if isinstance(out, ExecutorFailure):
+                reward = pipeline_reward_for_executor_failure(p.schema, gold_table, cfg)
+                if view:
+                    view = PipelineDebug(messages=p.messages)
+            else:
+                table = compute_table_reward_single(out.text, gold_table, cfg.table_reward)
+                reward = combine_pipeline_reward(p.schema, table, cfg)
+                if view:
+                    # cached: this item did not cause its own call (LRU hit, a joined or an earlier identical one).
+                    cached = not (out.source == "call" and i in first_use)
+                    view = PipelineDebug(messages=p.messages, executor_output=out.text, cached=cached)
+        results.append(PipelineResult.of(it.id, reward, view))
+    return results
+
+
+class PipelineScorer:
+    """Scores pipeline requests; holds the executor client (``None`` when no executor is configured)."""
+
+    def __init__(
+        self, settings: Settings, client: ExecutorClient | None, template: PromptTemplate, prompt_version: str
+    ):
+        self.settings = settings
+        self.client = client
+        self.template = template
+        self.prompt_version = prompt_version
+
+    async def score(self, req: PipelineRequest) -> PipelineResponse:
+        t0 = time.perf_counter()
+        cfg = req.config
+        prepared = await off_loop(lambda: _prepare(req.items, cfg, self.template, self.client))
+        needed: dict[str, list[Message]] = {}
+        first_use: set[int] = set()
+        for i, p in enumerate(prepared):
+            if p.key is not None and p.messages is not None and p.key not in needed:
+                needed[p.key] = p.messages
+                first_use.add(i)
+        outputs = await self._generate(needed)
+        failures = {k: v for k, v in outputs.items() if isinstance(v, ExecutorFailure)}
+        failed_items = sum(1 for p in prepared if p.key in failures)
+        if failures:
+            first = next(iter(failures.values()))
+            # A missing executor is a deployment error, never a per-item penalty.
+            if req.on_executor_error == "fail" or first.cause == "not_configured":
+                raise ExecutorPhaseError(first, failed_items, len(prepared))
+        results = await off_loop(lambda: _finish(req.items, prepared, outputs, cfg, req.debug, first_use))
+        observe("/reward/pipeline", results)
+        calls = sum(1 for v in outputs.values() if isinstance(v, Completion) and v.source == "call")
+        calls += sum(1 for v in failures.values() if v.cause not in ("deadline", "not_configured"))
+        return PipelineResponse(
+            results=results,
+            count=len(results),
+            failed=failed_items,
+            prompt_version=self.prompt_version,
+            elapsed_ms=round((time.perf_counter() - t0) * 1000, 3),
+            executor_calls=calls,
+        )
+
+    async def _generate(self, needed: dict[str, list[Message]]) -> dict[str, Completion | ExecutorFailure]:
+        """One executor call per distinct prompt, all concurrent, bounded by ``REQUEST_DEADLINE_S``."""
+        if not needed:
+            return {}
+        client = self.client
+        if client is None:
+            failure = ExecutorFailure("not_configured", "no executor configured (set REWARD_API_EXECUTOR_URLS)")
+            return dict.fromkeys(needed, failure)
+        tasks = {key: asyncio.ensure_future(client.complete(msgs)) for key, msgs in needed.items()}
+        _done, pending = await asyncio.wait(tasks.values(), timeout=self.settings.request_deadline_s)
+        for task in pending:
+            task.cancel()  # only this request's wait; the shared call itself is shielded in the client
+        out: dict[str, Completion | ExecutorFailure] = {}
+        for key, task in tasks.items():
+            if task in pending:
+                out[key] = ExecutorFailure(
+                    "deadline", f"no executor answer within REQUEST_DEADLINE_S={self.settings.request_deadline_s} s"
+                )
+                continue
+            exc = task.exception()
+            if exc is None:
+                out[key] = task.result()
+            elif isinstance(exc, ExecutorFailure):
+                out[key] = exc
+            else:
+                raise exc
+        for failure in {id(f): f for f in out.values() if isinstance(f, ExecutorFailure)}.values():
+            metrics.FAILURES.labels(f"executor_{failure.cause}").inc()
+        return out

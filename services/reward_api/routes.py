@@ -1,0 +1,143 @@
+"""Thin HTTP routes: validate, check limits, hand the batch to ``scoring`` / ``pipeline``, return wire types."""
+
+from __future__ import annotations
+
+import platform
+import time
+from importlib import metadata
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
+
+from services.reward_api import metrics
+from services.reward_api.limits import check_auth, check_items
+from services.reward_api.pipeline import PipelineScorer
+from services.reward_api.scoring import observe, off_loop, score_schema_batch, score_table_batch
+from services.reward_api.settings import Settings
+from shared import __version__ as shared_version
+from shared.rewards import PipelineSchemaRewardConfig, SchemaRewardConfig, TableRewardConfig
+from shared.wire import (
+    ErrorBody,
+    PipelineRequest,
+    PipelineResponse,
+    SchemaRequest,
+    SchemaResponse,
+    TableRequest,
+    TableResponse,
+)
+
+_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (401, 413, 422, 500, 503)}
+
+reward_router = APIRouter(prefix="/reward", dependencies=[Depends(check_auth)], responses=_ERRORS)
+ops_router = APIRouter()
+
+
+def _settings(request: Request) -> Settings:
+    s: Settings = request.app.state.settings
+    return s
+
+
+def _elapsed_ms(t0: float) -> float:
+    return round((time.perf_counter() - t0) * 1000, 3)
+
+
+@reward_router.post("/schema", response_model=SchemaResponse)
+async def reward_schema(body: SchemaRequest, request: Request) -> SchemaResponse:
+    t0 = time.perf_counter()
+    check_items(body.items, _settings(request), ("prediction",))
+    results = await off_loop(lambda: score_schema_batch(body.items, body.config))
+    observe("/reward/schema", results)
+    return SchemaResponse(
+        results=results, count=len(results), prompt_version=request.app.state.prompt_version, elapsed_ms=_elapsed_ms(t0)
+    )
+
+
+@reward_router.post("/table", response_model=TableResponse)
+async def reward_table(body: TableRequest, request: Request) -> TableResponse:
+    t0 = time.perf_counter()
+    check_items(body.items, _settings(request), ("prediction",))
+    results = await off_loop(lambda: score_table_batch(body.items, body.config))
+    observe("/reward/table", results)
+    return TableResponse(
+        results=results, count=len(results), prompt_version=request.app.state.prompt_version, elapsed_ms=_elapsed_ms(t0)
+    )
+
+
+@reward_router.post("/pipeline", response_model=PipelineResponse, response_model_exclude_none=False)
+async def reward_pipeline(body: PipelineRequest, request: Request) -> PipelineResponse:
+    check_items(body.items, _settings(request), ("prediction", "text"))
+    scorer: PipelineScorer = request.app.state.pipeline
+    return await scorer.score(body)
+
+
+@ops_router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """The process is up and its event loop answers."""
+    return {"status": "ok"}
+
+
+@ops_router.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    """Ready to score. With executors configured: 200 only if at least one replica answers ``/v1/models``
+    and lists ``EXECUTOR_MODEL`` (else 503). Without: 200, ``pipeline: "executor not configured"``
+    (schema/table work; /reward/pipeline answers 503 executor_not_configured)."""
+    scorer: PipelineScorer = request.app.state.pipeline
+    if scorer.client is None:
+        return JSONResponse({"status": "ready", "pipeline": "executor not configured", "replicas": []})
+    replicas = await scorer.client.ready()
+    ok = any(r["ready"] for r in replicas)
+    body = {
+        "status": "ready" if ok else "not_ready",
+        "pipeline": "ready" if ok else "executor unavailable",
+        "replicas": replicas,
+    }
+    return JSONResponse(body, status_code=200 if ok else 503)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@ops_router.get("/info", dependencies=[Depends(check_auth)])
+async def info(request: Request) -> dict[str, Any]:
+    """Versions, prompt version, reward defaults and the executor setup (never URLs or secrets)."""
+    s = _settings(request)
+    scorer: PipelineScorer = request.app.state.pipeline
+    return {
+        "service": "reward_api",
+        "versions": {
+            "shared": shared_version,
+            "python": platform.python_version(),
+            **{d: _version(d) for d in ("fastapi", "pydantic", "httpx", "uvicorn", "prometheus-client")},
+        },
+        "prompt_version": request.app.state.prompt_version,
+        "stage2_template_version": scorer.template.version,
+        "reward_defaults": {
+            "schema": SchemaRewardConfig().model_dump(),
+            "table": TableRewardConfig().model_dump(),
+            "pipeline": PipelineSchemaRewardConfig().model_dump(),
+        },
+        "executor": {
+            "configured": s.pipeline_enabled,
+            "model": s.executor_model,
+            "replicas": len(s.executor_urls),
+            "sampling": scorer.client.sampling_params() if scorer.client else None,
+            "timeout_s": s.executor_timeout_s,
+            "request_deadline_s": s.request_deadline_s,
+            "retries": s.retries,
+            "max_in_flight": s.max_in_flight,
+            "cache_size": s.cache_size,
+        },
+        "limits": {"max_items": s.max_items, "max_text_chars": s.max_text_chars, "max_body_bytes": s.max_body_bytes},
+        "auth": s.token is not None,
+    }
+
+
+@ops_router.get("/metrics")
+async def prometheus_metrics() -> Response:
+    body, content_type = metrics.render()
+    return Response(body, media_type=content_type)

@@ -1,0 +1,50 @@
+"""Local rewards (schema, table): ``shared.compute_*`` applied to a batch, off the event loop.
+
+Scoring is CPU-bound pure Python, so each batch runs in a worker thread (``anyio.to_thread``): the event
+loop keeps answering health checks and other requests meanwhile. For CPU parallelism run several
+worker processes (``--workers N``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import anyio.to_thread
+
+from services.reward_api import metrics
+from shared import compute_schema_reward_single, compute_table_reward_single
+from shared.rewards import SchemaRewardConfig, TableRewardConfig
+from shared.wire import PipelineResult, SchemaItem, SchemaResult, TableItem, TableResult
+
+T = TypeVar("T")
+
+
+async def off_loop(fn: Callable[[], T]) -> T:
+    """Run ``fn`` in a worker thread."""
+    return await anyio.to_thread.run_sync(fn)
+
+
+def score_schema_batch(items: Sequence[SchemaItem], config: SchemaRewardConfig) -> list[SchemaResult]:
+    return [
+        SchemaResult.of(it.id, compute_schema_reward_single(it.prediction, it.gold_schema.model_dump(), config))
+        for it in items
+    ]
+
+
+def score_table_batch(items: Sequence[TableItem], config: TableRewardConfig) -> list[TableResult]:
+    return [
+        TableResult.of(it.id, compute_table_reward_single(it.prediction, it.gold_table.model_dump(), config))
+        for it in items
+    ]
+
+
+def observe(endpoint: str, results: Sequence[SchemaResult | TableResult | PipelineResult]) -> None:
+    """Per-item metrics: items, invalid predictions, reward distribution."""
+    metrics.ITEMS.labels(endpoint).inc(len(results))
+    invalid = sum(1 for r in results if not r.valid_json)
+    if invalid:
+        metrics.INVALID_JSON.labels(endpoint).inc(invalid)
+    hist = metrics.REWARD.labels(endpoint)
+    for r in results:
+        hist.observe(r.reward)

