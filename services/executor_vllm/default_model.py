@@ -117,6 +117,8 @@ def convert(out: Path | None = None, force: bool = False) -> Path:
     tokenizer.save_pretrained(tmp)
     if not getattr(tokenizer, "chat_template", None):
         raise ModelError("converted tokenizer has no chat template")
+    for f in tmp.iterdir():
+        f.chmod(0o644)  # safetensors are written 0600: a non-root container or pod could not read them
     files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
     if "quantization_config" in json.loads((tmp / "config.json").read_text()):
         raise ModelError("converted config.json still carries a quantization_config")
