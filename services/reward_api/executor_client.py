@@ -71,7 +71,9 @@ class ExecutorClient:
         # Idle connections expire well before uvicorn's 5 s keep-alive (vLLM's server): reusing one that
         # the server is closing fails the call, and a retry with back-off costs far more than a new one.
         pool = httpx.Limits(
-            max_connections=settings.max_in_flight, max_keepalive_connections=settings.max_in_flight, keepalive_expiry=2.0
+            max_connections=settings.max_in_flight,
+            max_keepalive_connections=settings.max_in_flight,
+            keepalive_expiry=2.0,
         )
         timeout = httpx.Timeout(settings.executor_timeout_s, connect=min(5.0, settings.executor_timeout_s))
         self._http = httpx.AsyncClient(headers=headers, limits=pool, timeout=timeout, transport=transport)
