@@ -1,0 +1,73 @@
+"""A fault-injecting stand-in of the reward API, for the client's failure tests only.
+
+It answers ``POST /reward/schema`` with real ``shared`` scores, but can first fail with a chosen
+status, delay every answer, or drop ids, and it counts every request it received. Real uvicorn on a
+free loopback port, in a thread. Success-path tests use the real ``services.reward_api`` instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from services.executor_vllm.cpu_launcher import free_port
+from shared import compute_schema_reward_single
+
+
+@dataclass
+class Faults:
+    fail_first: int = 0  # answer the first N requests with `status`
+    status: int = 503
+    delay_s: float = 0.0
+    requests: int = 0
+    batch_sizes: list[int] = field(default_factory=list)
+
+
+class FaultyRewardApi:
+    def __init__(self, faults: Faults | None = None) -> None:
+        self.faults = faults or Faults()
+        self.port = free_port()
+        app = FastAPI()
+
+        @app.post("/reward/schema")
+        async def schema(request: Request) -> JSONResponse:
+            body: dict[str, Any] = await request.json()
+            f = self.faults
+            f.requests += 1
+            f.batch_sizes.append(len(body["items"]))
+            if f.delay_s:
+                await asyncio.sleep(f.delay_s)
+            if f.requests <= f.fail_first:
+                return JSONResponse({"error": "injected", "detail": f"fault {f.status}"}, status_code=f.status)
+            results = [
+                {"id": it["id"], **compute_schema_reward_single(it["prediction"], it["gold_schema"]).as_dict()}
+                for it in body["items"]
+            ]
+            return JSONResponse({"results": results, "count": len(results), "prompt_version": "x", "elapsed_ms": 0})
+
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> FaultyRewardApi:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("faulty reward api did not start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)

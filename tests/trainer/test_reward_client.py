@@ -1,0 +1,166 @@
+"""The reward client's batching, deadline and retry policy, against a fault-injecting server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from shared import compute_schema_reward_single
+from tests.trainer.faulty_reward_api import Faults, FaultyRewardApi
+from trainer.reward_client import (
+    SCORE_KEYS,
+    RewardClientConfig,
+    RewardServiceError,
+    RewardTimeoutError,
+    batchers_of_running_loop,
+    build_item,
+    client_config_from_kwargs,
+    decode_ground_truth,
+    score_dict,
+    score_one,
+)
+from trainer.reward_fn import compute_score
+
+GOLD = {"schema": {"columns": [{"name": "name"}, {"name": "area"}, {"name": "price_range"}]}}
+PREDS = [
+    '{"columns": [{"name": "name"}, {"name": "area"}]}',
+    '["name", "area", "price_range"]',
+    "not json",
+    '```json\n{"fields": [{"name": "Name"}, {"name": "food"}]}\n```',
+]
+
+
+async def _close() -> None:
+    for b in batchers_of_running_loop():
+        await b.aclose()
+
+
+def _cfg(url: str, **kw: object) -> RewardClientConfig:
+    return RewardClientConfig.model_validate({"url": url, "backoff_s": 0.01, **kw})
+
+
+async def test_concurrent_calls_are_coalesced_into_few_posts() -> None:
+    with FaultyRewardApi() as api:
+        cfg = _cfg(api.url, max_batch=16, max_wait_ms=50)
+        preds = [PREDS[i % len(PREDS)] for i in range(50)]
+        try:
+            scores = await asyncio.gather(*(score_one("schema", p, GOLD, cfg, f"s{i}") for i, p in enumerate(preds)))
+        finally:
+            await _close()
+    assert api.faults.requests == 4
+    assert sorted(api.faults.batch_sizes) == [2, 16, 16, 16]
+    for p, s in zip(preds, scores, strict=True):
+        want = compute_schema_reward_single(p, GOLD["schema"])
+        assert s == {"score": want.reward, "valid_json": float(want.valid_json), "precision": want.precision,
+                     "recall": want.recall, "f1": want.f1}
+
+
+async def test_503_is_retried_then_succeeds() -> None:
+    with FaultyRewardApi(Faults(fail_first=2, status=503)) as api:
+        try:
+            s = await score_one("schema", PREDS[1], GOLD, _cfg(api.url, max_attempts=4))
+        finally:
+            await _close()
+    assert api.faults.requests == 3
+    assert s["score"] == 1.0
+
+
+async def test_503_raises_after_all_attempts_never_a_score() -> None:
+    with FaultyRewardApi(Faults(fail_first=1000, status=503)) as api:
+        try:
+            with pytest.raises(RewardServiceError, match="HTTP 503 after 3 attempts"):
+                await score_one("schema", PREDS[0], GOLD, _cfg(api.url, max_attempts=3))
+        finally:
+            await _close()
+    assert api.faults.requests == 3
+
+
+async def test_429_is_retried_but_400_is_not() -> None:
+    with FaultyRewardApi(Faults(fail_first=1, status=429)) as api:
+        try:
+            assert (await score_one("schema", PREDS[1], GOLD, _cfg(api.url)))["score"] == 1.0
+        finally:
+            await _close()
+    assert api.faults.requests == 2
+    with FaultyRewardApi(Faults(fail_first=1000, status=400)) as api:
+        try:
+            with pytest.raises(RewardServiceError, match="HTTP 400"):
+                await score_one("schema", PREDS[1], GOLD, _cfg(api.url, max_attempts=5))
+        finally:
+            await _close()
+    assert api.faults.requests == 1
+
+
+async def test_deadline_raises_timeout_for_every_waiter() -> None:
+    with FaultyRewardApi(Faults(delay_s=3.0)) as api:
+        cfg = _cfg(api.url, timeout_s=0.5, max_attempts=1)
+        t0 = time.monotonic()
+        try:
+            results = await asyncio.gather(
+                *(score_one("schema", p, GOLD, cfg) for p in PREDS), return_exceptions=True
+            )
+        finally:
+            await _close()
+        elapsed = time.monotonic() - t0
+    assert all(isinstance(r, RewardTimeoutError) for r in results), results
+    assert elapsed < 2.0
+
+
+async def test_connection_refused_raises_after_retries() -> None:
+    from services.executor_vllm.cpu_launcher import free_port
+
+    cfg = _cfg(f"http://127.0.0.1:{free_port()}", max_attempts=2, timeout_s=10)
+    try:
+        with pytest.raises(RewardServiceError, match="ConnectError after 2 attempts"):
+            await score_one("schema", PREDS[0], GOLD, cfg)
+    finally:
+        await _close()
+
+
+async def test_compute_score_reads_kwargs_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    with FaultyRewardApi() as api:
+        monkeypatch.setenv("REWARD_API_URL", api.url)
+        try:
+            s = await compute_score("schema", PREDS[0], '{"schema": {"columns": [{"name": "name"}]}}', {"id": "x"})
+        finally:
+            await _close()
+    assert s == {"score": pytest.approx(2 / 3), "valid_json": 1.0, "precision": 0.5, "recall": 1.0,
+                 "f1": pytest.approx(2 / 3)}
+
+
+def test_config_errors_name_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("REWARD_API_URL", raising=False)
+    with pytest.raises(ValueError, match="REWARD_API_URL"):
+        client_config_from_kwargs({})
+    with pytest.raises(ValueError, match=r"reward_kwargs\.max_batchh"):
+        client_config_from_kwargs({"url": "http://x", "max_batchh": 3})
+    with pytest.raises(ValueError, match=r"reward_kwargs\.max_batch"):
+        client_config_from_kwargs({"url": "http://x", "max_batch": 0})
+    cfg = client_config_from_kwargs(
+        {"url": "http://x", "timeout": 5, "pipeline_config": '{"schema_weight": 0.7}', "reward_router_address": None}
+    )
+    assert cfg.timeout_s == 5 and cfg.pipeline_config == {"schema_weight": 0.7}
+
+
+def test_items_and_ground_truth_errors() -> None:
+    gt = decode_ground_truth('{"schema": {"columns": []}, "table": {"columns": [], "data": []}, "text": "t"}')
+    assert build_item("pipeline", "i", "p", gt) == {
+        "id": "i", "prediction": "p", "text": "t", "gold_schema": gt["schema"], "gold_table": gt["table"]}
+    with pytest.raises(ValueError, match="lacks field 'table'"):
+        build_item("table", "i", "p", {"schema": {}})
+    with pytest.raises(ValueError, match="data_source must be one of"):
+        build_item("math", "i", "p", gt)
+    with pytest.raises(ValueError, match="must be a JSON object"):
+        decode_ground_truth("[1, 2]")
+
+
+def test_score_keys_do_not_depend_on_the_result() -> None:
+    ok = {"reward": 0.5, "valid_json": True, "schema_reward": 1, "table_reward": 0, "f1": 1, "cell_accuracy": 0.5,
+          "precision": 1, "recall": 1, "error": None}
+    bad = {**ok, "valid_json": False, "error": "executor_failed"}
+    for source in SCORE_KEYS:
+        assert list(score_dict(source, ok)) == list(score_dict(source, bad)) == list(SCORE_KEYS[source])
+    assert score_dict("pipeline", bad)["executor_failed"] == 1.0
+    assert score_dict("pipeline", ok)["executor_failed"] == 0.0

