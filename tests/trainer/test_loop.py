@@ -1,0 +1,76 @@
+"""Loop orchestration: resume from recorded phase outputs, manifest contents, failure surfaced."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainer.loop import MANIFEST, Loop, LoopConfig, phase_done
+from trainer.phases import PhaseResult, PhaseRun
+
+SAMPLE = Path(__file__).resolve().parents[2] / "trainer" / "data" / "sample"
+
+
+def recorded(out_dir: Path, phase: str, hf: Path) -> PhaseResult:
+    """A finished phase as `run_phase` records it (result JSON + exported model directory)."""
+    hf.mkdir(parents=True, exist_ok=True)
+    res = PhaseResult(phase, "cpu-smoke", "ok", 0, ["cmd"], "/start", "/data", str(out_dir), "t", 1.0,
+                      best_step=2, hf_dir=str(hf))  # fmt: skip
+    out_dir.mkdir(parents=True, exist_ok=True)
+    res.write(out_dir)
+    return res
+
+
+class FaultyPhaseRunner:
+    """Injects a training failure (exit 1) into whatever phase the loop launches."""
+
+    def __init__(self) -> None:
+        self.launched: list[PhaseRun] = []
+
+    def __call__(self, run: PhaseRun) -> PhaseResult:
+        self.launched.append(run)
+        return PhaseResult(run.phase.name, run.profile, "failed", 1, run.command(), run.model_path,
+                           str(run.data_dir), str(run.out_dir), "t", 0.1)  # fmt: skip
+
+
+def test_phase_done_requires_ok_and_export(tmp_path: Path) -> None:
+    assert phase_done(tmp_path / "b1") is None
+    recorded(tmp_path / "b1", "b1", tmp_path / "b1" / "hf")
+    assert phase_done(tmp_path / "b1") is not None
+    (tmp_path / "b1" / "hf").rmdir()
+    assert phase_done(tmp_path / "b1") is None
+
+
+def test_loop_resumes_and_records_manifest(tmp_path: Path) -> None:
+    out = tmp_path / "loop"
+    recorded(out / "b1", "b1", out / "b1" / "hf")
+    recorded(out / "b2", "b2", out / "b2" / "hf")
+    runner = FaultyPhaseRunner()
+    cfg = LoopConfig(
+        golden=SAMPLE, out=out, profile="cpu-smoke", pi1_sft="/pi1s", pi2_sft="/pi2s",
+        reward_url="http://127.0.0.1:9", c1_reward_url="http://127.0.0.1:10", overrides=("x=1",),
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match=r"phase c1 failed \(exit 1\)"):
+        Loop(cfg, runner=runner).run()
+    # B1/B2 were skipped (recorded outputs exist); C1 started from π1ʳ-local with the C1 reward URL.
+    assert [r.phase.name for r in runner.launched] == ["c1"]
+    c1 = runner.launched[0]
+    assert c1.model_path == str(out / "b1" / "hf") and c1.reward_url == "http://127.0.0.1:10"
+    assert c1.overrides == ("x=1",) and c1.data_dir == out / "data"
+    m = json.loads((out / MANIFEST).read_text())
+    assert m["phase:b1"]["status"] == "ok" and m["phase:b2"]["status"] == "ok"
+    assert m["phase:c1"]["status"] == "failed"
+    assert set(m["inputs"]["golden"]) == {str(p) for p in SAMPLE.glob("common_*_schemas.jsonl")}
+    assert "c1_grpo.yaml" in m["configs"] and "profile/cpu-smoke.yaml" in m["configs"]
+    assert m["data"]["counts"]["c1"] == {"train": 12, "validation": 6}
+    # C1 recorded now -> a rerun goes straight to precompute (which needs π1ʳ-pipe served)
+    recorded(out / "c1", "c1", out / "c1" / "hf")
+    (out / "data" / "c2").mkdir(parents=True)
+    (out / "data" / "c2" / "train.parquet").write_bytes(b"")  # precompute output recorded
+    runner2 = FaultyPhaseRunner()
+    with pytest.raises(RuntimeError, match="phase c2 failed"):
+        Loop(cfg, runner=runner2).run()
+    assert [r.phase.name for r in runner2.launched] == ["c2"]
+    assert runner2.launched[0].model_path == str(out / "b2" / "hf")

@@ -1,0 +1,353 @@
+"""The training loop B1 → B2 → C1 → C2 → Phase-D evaluation (DESIGN §1), resumable, with a manifest.
+
+``python -m trainer loop --golden G --out O [--profile cpu-smoke] [--pi1-sft M] [--pi2-sft M]``
+
+- B1 trains π1ˢ → π1ʳ-local and B2 trains π2ˢ → π2ʳ-local (reward_api without executor).
+- C1 trains π1ʳ-local → π1ʳ-pipe; the reward_api's executor serves the frozen π2ʳ-local.
+  Locally (no ``--c1-reward-url``) the loop starts a CpuExecutor on π2ʳ-local and a reward_api
+  pointed at it; on a cluster, pass the URL of a reward_api whose executor serves π2ʳ-local.
+- Before C2, π1ʳ-pipe precomputes the C2 schemas (``trainer.inference.precompute_c2``), served by
+  a local CpuExecutor or ``--pi1-pipe-url``.
+- C2 trains π2ʳ-local → π2ʳ-pipe. Phase D scores sft / local / pipe end to end on the test split
+  (each model served in turn, one vLLM server at a time) and applies the loop-2 rule.
+- ``--loops 2``: if loop 1's end-to-end gain is ≥ ``--min-gain`` points, C1 → C2 run again from the
+  pipe policies (π2ʳ-pipe as the frozen executor) and Phase D compares pipe2 with pipe.
+
+Resumable: a phase whose ``phase_result.json`` says ok and whose exported model exists is skipped,
+as are data files and evaluations already recorded. ``loop_manifest.json`` records every input
+(golden files with sha256, start models, reward URLs), config (phase YAML sha256, command),
+checkpoint, exported model and metric, and is rewritten after every stage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from trainer.phases import CONFIG_DIR, REPO_ROOT, PhaseResult, PhaseRun, Profile, get_phase, read_result, run_phase
+
+MANIFEST = "loop_manifest.json"
+SERVED_NAME = "policy"
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@dataclass
+class LoopConfig:
+    golden: Path
+    out: Path
+    profile: Profile
+    pi1_sft: str
+    pi2_sft: str
+    reward_url: str | None = None
+    c1_reward_url: str | None = None
+    pi1_pipe_url: str | None = None
+    limit: int | None = None
+    eval_limit: int | None = None
+    loops: int = 1
+    min_gain: float = 1.0
+    decision_metric: str = "cell_accuracy"
+    overrides: tuple[str, ...] = ()
+    executor_max_tokens: int = 256
+    eval_max_tokens: int = 256
+
+
+@dataclass
+class Manifest:
+    path: Path
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, path: Path) -> Manifest:
+        return cls(path, json.loads(path.read_text()) if path.is_file() else {})
+
+    def set(self, key: str, value: Any) -> None:
+        self.data[key] = value
+        self.data["updated"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=2, ensure_ascii=False, default=str) + "\n")
+        tmp.replace(self.path)
+
+
+# ---- local services (CPU / single machine) ------------------------------------------------------
+
+
+@contextlib.contextmanager
+def local_executor(model_dir: str, log: Path) -> Iterator[str]:
+    """A CpuExecutor serving ``model_dir`` as ``SERVED_NAME``; yields its URL, always stops it."""
+    from services.executor_vllm.cpu_launcher import CpuExecutor
+
+    ex = CpuExecutor(model_dir, served_model_name=SERVED_NAME, log_path=log).start(timeout=900)
+    try:
+        yield ex.url
+    finally:
+        ex.stop()
+
+
+@contextlib.contextmanager
+def local_reward_api(log: Path, executor_url: str | None = None, max_tokens: int = 256) -> Iterator[str]:
+    """``python -m services.reward_api`` on a free loopback port; yields its URL, always stops it."""
+    from services.executor_vllm.cpu_launcher import free_port
+
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    if executor_url:
+        env.update(
+            REWARD_API_EXECUTOR_URLS=executor_url,
+            REWARD_API_EXECUTOR_MODEL=SERVED_NAME,
+            REWARD_API_MAX_TOKENS=str(max_tokens),
+        )
+    cmd = [sys.executable, "-m", "services.reward_api", "--host", "127.0.0.1", "--port", str(port)]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as fh:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO_ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"reward_api exited {proc.returncode}; log {log}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"reward_api not healthy in 120 s; log {log}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+# ---- the loop -------------------------------------------------------------------------------------
+
+
+def phase_done(out_dir: Path) -> PhaseResult | None:
+    """The recorded result if the phase finished and its exported model is present."""
+    res = read_result(out_dir)
+    if res is None or res.status != "ok" or not res.hf_dir or not Path(res.hf_dir).exists():
+        return None
+    return res
+
+
+class Loop:
+    def __init__(self, cfg: LoopConfig, runner: Callable[[PhaseRun], PhaseResult] = run_phase) -> None:
+        self.cfg = cfg
+        self.runner = runner
+        self.out = cfg.out
+        self.data = cfg.out / "data"
+        self.manifest = Manifest.open(cfg.out / MANIFEST)
+
+    # -- bookkeeping
+    def record_inputs(self) -> None:
+        golden = {str(p): sha256(p) for p in sorted(self.cfg.golden.glob("common_*_schemas.jsonl"))}
+        configs = {str(p.relative_to(CONFIG_DIR)): sha256(p) for p in sorted(CONFIG_DIR.rglob("*.yaml"))}
+        self.manifest.set(
+            "inputs",
+            {
+                "golden": golden,
+                "pi1_sft": self.cfg.pi1_sft,
+                "pi2_sft": self.cfg.pi2_sft,
+                "profile": self.cfg.profile,
+                "limit": self.cfg.limit,
+                "overrides": list(self.cfg.overrides),
+                "reward_url": self.cfg.reward_url,
+                "c1_reward_url": self.cfg.c1_reward_url,
+                "pi1_pipe_url": self.cfg.pi1_pipe_url,
+            },
+        )
+        self.manifest.set("configs", configs)
+
+    def build_data(self) -> None:
+        from trainer.datasets import build_datasets
+
+        if all((self.data / p / "train.parquet").is_file() for p in ("b1", "b2", "c1")):
+            return
+        counts = build_datasets(self.cfg.golden, self.data, ["b1", "b2", "c1"], limit=self.cfg.limit)
+        self.manifest.set("data", {"dir": str(self.data), "counts": counts})
+
+    def phase(self, name: str, model: str, reward_url: str, out_dir: Path, data_dir: Path | None = None) -> PhaseResult:
+        """Run one phase unless its recorded output exists; record it in the manifest."""
+        key = str(out_dir.relative_to(self.out))
+        done = phase_done(out_dir)
+        if done is None:
+            run = PhaseRun(
+                phase=get_phase(name),
+                profile=self.cfg.profile,
+                data_dir=data_dir or self.data,
+                out_dir=out_dir,
+                model_path=model,
+                reward_url=reward_url,
+                overrides=self.cfg.overrides,
+            )
+            done = self.runner(run)
+            if done.status != "ok" or not done.hf_dir:
+                self.manifest.set(f"phase:{key}", asdict(done))
+                raise RuntimeError(f"phase {key} failed (exit {done.exit_code}); log {out_dir / 'train.log'}")
+        self.manifest.set(f"phase:{key}", asdict(done))
+        assert done.hf_dir is not None
+        return done
+
+    @contextlib.contextmanager
+    def reward_api(self, executor_model: str | None, external: str | None, tag: str) -> Iterator[str]:
+        """The external URL if given, else local services (executor only when a model is given)."""
+        if external:
+            yield external
+            return
+        logs = self.out / "logs"
+        if executor_model is None:
+            with local_reward_api(logs / f"reward_api_{tag}.log") as url:
+                yield url
+            return
+        with (
+            local_executor(executor_model, logs / f"executor_{tag}.log") as ex_url,
+            local_reward_api(logs / f"reward_api_{tag}.log", ex_url, self.cfg.executor_max_tokens) as url,
+        ):
+            yield url
+
+    def precompute(self, pi1_pipe: str, data_dir: Path, tag: str) -> None:
+        from trainer.executor_client import ExecutorClient, GenerationConfig
+        from trainer.inference import precompute_c2
+
+        if (data_dir / "c2" / "train.parquet").is_file():
+            return
+        gen = GenerationConfig(max_tokens=self.cfg.eval_max_tokens)
+
+        @contextlib.contextmanager
+        def serve() -> Iterator[str]:
+            if self.cfg.pi1_pipe_url:
+                yield self.cfg.pi1_pipe_url
+            else:
+                with local_executor(pi1_pipe, self.out / "logs" / f"executor_precompute_{tag}.log") as url:
+                    yield url
+
+        with serve() as url:
+            model = SERVED_NAME if not self.cfg.pi1_pipe_url else _served_model(url)
+            rep = precompute_c2(
+                self.cfg.golden, data_dir, ExecutorClient(url, model, gen), on_invalid="gold", limit=self.cfg.limit
+            )
+        self.manifest.set(f"precompute:{tag}", asdict(rep) | {"schema_model": pi1_pipe})
+
+    def evaluate(self, settings: dict[str, tuple[str, str]], tag: str) -> dict[str, Any]:
+        """Phase D: each setting's π1 then π2, served one at a time; returns the loop-2 decision."""
+        from shared import read_golden
+        from trainer.evaluation import write_outputs
+
+        out = self.out / f"eval_{tag}"
+        if (out / "metrics.json").is_file():
+            decision: dict[str, Any] = json.loads((out / "metrics.json").read_text())["loop2"]
+            self.manifest.set(f"eval:{tag}", {"dir": str(out), "loop2": decision})
+            return decision
+        examples = read_golden(self.cfg.golden / "common_test_schemas.jsonl", self.cfg.eval_limit)
+        preds = {name: self.staged_pipeline(name, pi1, pi2, examples) for name, (pi1, pi2) in settings.items()}
+        res = write_outputs(out, examples, preds, f"Phase D ({tag})", self.cfg.decision_metric, self.cfg.min_gain)
+        self.manifest.set(
+            f"eval:{tag}",
+            {"dir": str(out), "settings": settings, "metrics": str(res.metrics_path), "loop2": res.decision},
+        )
+        return res.decision
+
+    def staged_pipeline(self, name: str, pi1: str, pi2: str, examples: Sequence[Any]) -> list[dict[str, Any]]:
+        """Stage 1 with π1 served alone, then Stage 2 with π2 on the predicted schemas."""
+        from shared import PROMPT_VERSION, build_stage1_messages, build_stage2_messages
+        from trainer.executor_client import ExecutorClient, GenerationConfig
+        from trainer.inference import messages_hash
+
+        gen = GenerationConfig(max_tokens=self.cfg.eval_max_tokens)
+        logs = self.out / "logs"
+        s1 = [build_stage1_messages(ex.text) for ex in examples]
+        with local_executor(pi1, logs / f"executor_eval_{name}_pi1.log") as url:
+            schemas = asyncio.run(ExecutorClient(url, SERVED_NAME, gen).generate(s1))
+        s2: dict[int, list[dict[str, str]]] = {}
+        for i, (ex, text) in enumerate(zip(examples, schemas, strict=True)):
+            with contextlib.suppress(ValueError):
+                s2[i] = build_stage2_messages(ex.text, text, schema_id=ex.schema_.table_id or ex.id)
+        order = sorted(s2)
+        tables: dict[int, str] = {}
+        if order:
+            with local_executor(pi2, logs / f"executor_eval_{name}_pi2.log") as url:
+                outs = asyncio.run(ExecutorClient(url, SERVED_NAME, gen).generate([s2[i] for i in order]))
+            tables = dict(zip(order, outs, strict=True))
+        return [
+            {
+                "id": ex.id,
+                "setting": name,
+                "schema_prediction": schemas[i],
+                "table_prediction": tables.get(i),
+                "stage1_messages_sha256": messages_hash(s1[i]),
+                "stage2_messages_sha256": messages_hash(s2[i]) if i in s2 else None,
+                "schema_model": pi1,
+                "table_model": pi2,
+                "prompt_version": PROMPT_VERSION,
+            }
+            for i, ex in enumerate(examples)
+        ]
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        self.record_inputs()
+        self.build_data()
+        with self.reward_api(None, cfg.reward_url, "local") as url:
+            pi1_local = self.phase("b1", cfg.pi1_sft, url, self.out / "b1").hf_dir
+            pi2_local = self.phase("b2", cfg.pi2_sft, url, self.out / "b2").hf_dir
+        assert pi1_local and pi2_local
+        pi1_pipe, pi2_pipe = self.pipeline_round(pi1_local, pi2_local, "loop1")
+        settings = {"sft": (cfg.pi1_sft, cfg.pi2_sft), "local": (pi1_local, pi2_local), "pipe": (pi1_pipe, pi2_pipe)}
+        decision = self.evaluate(settings, "loop1")
+        if cfg.loops >= 2 and decision.get("decision") == "continue":
+            p1, p2 = self.pipeline_round(pi1_pipe, pi2_pipe, "loop2")
+            decision = self.evaluate({"pipe": (pi1_pipe, pi2_pipe), "pipe2": (p1, p2)}, "loop2")
+        self.manifest.set("final_decision", decision)
+        return self.manifest.data
+
+    def pipeline_round(self, pi1_start: str, pi2_start: str, tag: str) -> tuple[str, str]:
+        """C1 (π2 frozen in the executor) → precompute with the new π1 → C2."""
+        base = self.out if tag == "loop1" else self.out / tag
+        data = self.data if tag == "loop1" else base / "data"
+        if tag != "loop1":
+            self._link_c1_data(data)
+        with self.reward_api(pi2_start, self.cfg.c1_reward_url, f"c1_{tag}") as url:
+            pi1_pipe = self.phase("c1", pi1_start, url, base / "c1", data).hf_dir
+        assert pi1_pipe
+        self.precompute(pi1_pipe, data, tag)
+        with self.reward_api(None, self.cfg.reward_url, f"c2_{tag}") as url:
+            pi2_pipe = self.phase("c2", pi2_start, url, base / "c2", data).hf_dir
+        assert pi2_pipe
+        return pi1_pipe, pi2_pipe
+
+    def _link_c1_data(self, data: Path) -> None:
+        """Loop 2 re-uses loop 1's C1 data but gets its own C2 (new π1 schemas)."""
+        (data / "c1").parent.mkdir(parents=True, exist_ok=True)
+        if not (data / "c1").exists():
+            (data / "c1").symlink_to((self.data / "c1").resolve(), target_is_directory=True)
+
+
+def _served_model(url: str) -> str:
+    """The first model an OpenAI-compatible server lists (cluster executors)."""
+    base = url.rstrip("/").removesuffix("/v1")
+    data = httpx.get(f"{base}/v1/models", timeout=30).json()["data"]
+    return str(data[0]["id"])

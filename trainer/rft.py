@@ -1,0 +1,190 @@
+"""RFT baseline (rejection-sampling fine-tuning), trained and evaluated beside the RL phases.
+
+For every training prompt: sample ``k`` outputs from a served policy (one OpenAI request with
+``n=k``), score all of them through the reward API (the same rewards as RL), keep the best one if
+its reward is ≥ ``threshold``, and write the kept pairs as an SFT parquet (``messages`` column)
+under ``<out>/data/<a1|a2>/train.parquet`` (validation: the gold SFT rows). Training then reuses
+the SFT launcher (phase A1 for Stage 1, A2 for Stage 2); the exported model is compared with the
+RL policies by ``trainer evaluate pipeline --setting rft=...``.
+
+Stages: ``schema`` (π1, schema reward), ``pipeline`` (π1, pipeline reward via the executor),
+``table`` (π2 on gold schemas, table reward).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+
+from shared import (
+    GoldenExample,
+    build_stage1_messages,
+    build_stage2_messages,
+    canonical_schema_json,
+    gold_ndjson,
+    read_golden,
+)
+from trainer.datasets import SFT_SCHEMA, sft_row, write_parquet
+
+Stage = Literal["schema", "table", "pipeline"]
+SFT_PHASE: dict[str, str] = {"schema": "a1", "pipeline": "a1", "table": "a2"}
+
+
+@dataclass(frozen=True)
+class RftConfig:
+    k: int = 4
+    threshold: float = 0.5
+    temperature: float = 1.0
+    max_tokens: int = 256
+    concurrency: int = 8
+    timeout_s: float = 300.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ValueError(f"k must be >= 1, got {self.k}")
+        if not -1.0 <= self.threshold <= 1.0:
+            raise ValueError(f"threshold must be in [-1, 1], got {self.threshold}")
+
+
+def prompt_for(stage: Stage, ex: GoldenExample) -> list[dict[str, str]]:
+    return build_stage2_messages(ex.text, ex.schema_dict()) if stage == "table" else build_stage1_messages(ex.text)
+
+
+def reward_item(stage: Stage, ex: GoldenExample, item_id: str, prediction: str) -> dict[str, Any]:
+    """One reward_api item (DESIGN §4.4) for a sampled output."""
+    if stage == "schema":
+        return {"id": item_id, "prediction": prediction, "gold_schema": ex.schema_dict()}
+    if stage == "table":
+        return {"id": item_id, "prediction": prediction, "gold_table": ex.table_dict()}
+    return {
+        "id": item_id,
+        "prediction": prediction,
+        "text": ex.text,
+        "gold_schema": ex.schema_dict(),
+        "gold_table": ex.table_dict(),
+    }
+
+
+async def sample_k(
+    client: httpx.AsyncClient, url: str, model: str, prompts: Sequence[list[dict[str, str]]], cfg: RftConfig
+) -> list[list[str]]:
+    """``k`` completions per prompt (``n=k``, one request per prompt), in prompt order."""
+    sem = asyncio.Semaphore(cfg.concurrency)
+    endpoint = f"{url.rstrip('/').removesuffix('/v1')}/v1/chat/completions"
+
+    async def one(i: int, msgs: list[dict[str, str]]) -> list[str]:
+        body = {
+            "model": model,
+            "messages": msgs,
+            "n": cfg.k,
+            "temperature": cfg.temperature,
+            "max_tokens": cfg.max_tokens,
+            "seed": cfg.seed + i,
+        }
+        async with sem:
+            r = await client.post(endpoint, json=body, timeout=cfg.timeout_s)
+        r.raise_for_status()
+        return [str(c["message"]["content"] or "") for c in r.json()["choices"]]
+
+    return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+
+
+def score(reward_url: str, stage: Stage, items: list[dict[str, Any]], timeout_s: float = 600.0) -> list[float]:
+    """Rewards of ``items`` in order, from ``POST /reward/<stage>`` (errors raise, never 0)."""
+    r = httpx.post(f"{reward_url.rstrip('/')}/reward/{stage}", json={"items": items}, timeout=timeout_s)
+    if r.status_code != 200:
+        raise RuntimeError(f"reward_api /reward/{stage} answered {r.status_code}: {r.text[:500]}")
+    results = r.json()["results"]
+    if [x["id"] for x in results] != [x["id"] for x in items]:
+        raise RuntimeError("reward_api returned results in a different order or count")
+    return [float(x["reward"]) for x in results]
+
+
+@dataclass
+class RftReport:
+    stage: str
+    prompts: int
+    samples: int
+    kept: int
+    mean_best_reward: float
+    threshold: float
+    train_file: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def select_best(rewards: Sequence[float], threshold: float) -> int | None:
+    """Index of the highest reward if it reaches ``threshold`` (first on ties), else None."""
+    if not rewards:
+        return None
+    best = max(range(len(rewards)), key=lambda i: (rewards[i], -i))
+    return best if rewards[best] >= threshold else None
+
+
+def build_rft_data(
+    golden: Path,
+    out: Path,
+    stage: Stage,
+    policy_url: str,
+    model: str,
+    reward_url: str,
+    cfg: RftConfig,
+    limit: int | None = None,
+) -> RftReport:
+    """Sample, score, keep the best ≥ threshold; write ``out/data/<a1|a2>/{train,validation}.parquet``."""
+    examples = read_golden(golden / "common_train_schemas.jsonl", limit)
+    prompts = [prompt_for(stage, ex) for ex in examples]
+
+    async def _sample() -> list[list[str]]:
+        async with httpx.AsyncClient() as client:
+            return await sample_k(client, policy_url, model, prompts, cfg)
+
+    samples = asyncio.run(_sample())
+    items = [
+        reward_item(stage, ex, f"{ex.id}#{j}", s)
+        for ex, outs in zip(examples, samples, strict=True)
+        for j, s in enumerate(outs)
+    ]
+    rewards = score(reward_url, stage, items)
+    rows: list[dict[str, Any]] = []
+    best_rewards: list[float] = []
+    pos = 0
+    for prompt, outs in zip(prompts, samples, strict=True):
+        rs = rewards[pos : pos + len(outs)]
+        pos += len(outs)
+        idx = select_best(rs, cfg.threshold)
+        if rs:
+            best_rewards.append(max(rs))
+        if idx is not None:
+            rows.append({"messages": [*prompt, {"role": "assistant", "content": outs[idx]}]})
+    phase = SFT_PHASE[stage]
+    train = out / "data" / phase / "train.parquet"
+    if not rows:
+        raise ValueError(f"RFT kept no sample above threshold {cfg.threshold}: lower --threshold or raise --k")
+    write_parquet(rows, train, SFT_SCHEMA)
+    val_examples = read_golden(golden / "common_validation_schemas.jsonl", limit)
+    write_parquet([sft_row(phase, ex) for ex in val_examples], out / "data" / phase / "validation.parquet", SFT_SCHEMA)
+    report = RftReport(
+        stage=stage,
+        prompts=len(examples),
+        samples=len(items),
+        kept=len(rows),
+        mean_best_reward=round(sum(best_rewards) / max(len(best_rewards), 1), 4),
+        threshold=cfg.threshold,
+        train_file=str(train),
+    )
+    (out / "rft_report.json").write_text(json.dumps({**report.as_dict(), "config": asdict(cfg)}, indent=2) + "\n")
+    return report
+
+
+def gold_target(stage: Stage, ex: GoldenExample) -> str:
+    """The gold answer of a prompt (used by tests to check the reward path ranks it first)."""
+    return gold_ndjson(ex.table_dict()) if stage == "table" else canonical_schema_json(ex.schema_dict())
