@@ -1,0 +1,101 @@
+"""``python -m bench all|local|pipeline|dedup|gpu-pipeline|reliability [--quick]``.
+
+``all`` runs local, pipeline and dedup (one vLLM-CPU executor shared by the last two); ``gpu-pipeline``
+is the hook for a GPU vLLM URL and never runs as part of ``all``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+
+Quick = Annotated[bool, typer.Option("--quick", help="Small smoke version (numbers labelled quick/noisy).")]
+Golden = Annotated[
+    Path | None, typer.Option("--golden", help="Golden data folder (default $GOLDEN_DIR or ../shared/data/golden).")
+]
+ExecutorUrl = Annotated[
+    str | None,
+    typer.Option("--executor-url", help="Use this running executor instead of starting a vLLM-CPU one."),
+]
+
+
+@app.command()
+def local(quick: Quick = False, golden: Golden = None, workers: int = 2) -> None:
+    """Benchmark 1: in-process vs HTTP (1 and N workers) at batch 1, 64, 1024."""
+    from bench import local_rewards
+
+    _report(local_rewards.run(golden, quick=quick, workers=workers))
+
+
+@app.command()
+def pipeline(quick: Quick = False, golden: Golden = None, executor_url: ExecutorUrl = None) -> None:
+    """Benchmark 2: executor ceiling vs /reward/pipeline vs the sequential loop."""
+    from bench import pipeline_reward
+
+    with pipeline_reward.executor(executor_url) as url:
+        _report(pipeline_reward.run(url, golden, quick=quick))
+
+
+@app.command()
+def dedup(quick: Quick = False, golden: Golden = None, executor_url: ExecutorUrl = None) -> None:
+    """Benchmark 3: GRPO duplicates: executor calls vs distinct (document, schema) pairs."""
+    from bench import grpo_dedup, pipeline_reward
+
+    with pipeline_reward.executor(executor_url) as url:
+        _report(grpo_dedup.run(url, golden, quick=quick))
+
+
+@app.command(name="gpu-pipeline")
+def gpu_pipeline(
+    executor_url: Annotated[str, typer.Option("--executor-url", help="GPU vLLM base URL (required).")],
+    model: Annotated[str, typer.Option(help="Served model name on that vLLM.")] = "smollm2-135m-instruct",
+    quick: Quick = False,
+    golden: Golden = None,
+    items: Annotated[int | None, typer.Option(help="Number of distinct prompts (default 512).")] = None,
+) -> None:
+    """Benchmark 2 against a GPU vLLM (documented hook; see bench/gpu_pipeline.py)."""
+    from bench import gpu_pipeline as gp
+
+    _report(gp.run(executor_url, model=model, golden=golden, quick=quick, n_items=items))
+
+
+@app.command(name="all")
+def all_(quick: Quick = False, golden: Golden = None, executor_url: ExecutorUrl = None) -> None:
+    """Every CPU benchmark in one run (local, pipeline, dedup)."""
+    from bench import grpo_dedup, local_rewards, pipeline_reward
+
+    _report(local_rewards.run(golden, quick=quick))
+    with pipeline_reward.executor(executor_url) as url:
+        _report(pipeline_reward.run(url, golden, quick=quick))
+        _report(grpo_dedup.run(url, golden, quick=quick))
+
+
+@app.command()
+def reliability(
+    quick: Quick = False,
+    pytest_args: Annotated[list[str] | None, typer.Argument(help="Extra pytest arguments.")] = None,
+) -> None:
+    """The reliability suite. Full: every test at full scale, incl. kill -9 of a real vLLM-CPU executor;
+    it also rewrites the table in docs/reliability.md. --quick: the CI version (no vLLM, scaled down)."""
+    env = {**os.environ, "RELIABILITY_FULL": "0" if quick else "1", "RELIABILITY_RECORD": "0" if quick else "1"}
+    cmd = [sys.executable, "-m", "pytest", "tests/reliability", "-p", "no:cacheprovider", "-q"]
+    cmd += ["-m", "not vllm"] if quick else []
+    raise typer.Exit(subprocess.call([*cmd, *(pytest_args or [])], env=env))
+
+
+def _report(payload: dict[str, object]) -> None:
+    goals = payload.get("goals", [])
+    name = payload.get("benchmark")
+    for g in goals if isinstance(goals, list) else []:
+        typer.echo(f"[{name}] {g['goal']}: {g['value']} → {'met' if g['met'] else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,167 @@
+"""Benchmark 3: GRPO duplicates. k samples per prompt, a realistic share of them identical; the
+executor calls the service makes (``reward_api_executor_calls_total`` from ``/metrics``) must equal the
+number of distinct (document, schema) pairs, i.e. distinct Stage-2 prompts among the valid schemas.
+
+Two shapes of the same GRPO batch, each on a fresh reward_api (LRU cache at its default size):
+one request with all k·P items, and the batch split into 4 requests (identical prompts then meet in
+the cache or join an in-flight call instead of meeting within one request).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.common import golden_dir, header_md, load_examples, md_table, met, perturb_schema, run_record, write_result
+from bench.pipeline_reward import DEFAULT_MODEL, messages_for
+from shared import PipelineSchemaRewardConfig, canonical_schema_json, compute_schema_reward_single
+
+_CALLS = re.compile(r"^reward_api_executor_calls_total\{[^}]*\}\s+([0-9.eE+-]+)$", re.M)
+
+
+def executor_calls(api_url: str) -> float:
+    """Sum over outcomes of ``reward_api_executor_calls_total`` (all workers)."""
+    text = httpx.get(f"{api_url}/metrics", timeout=30).text
+    return sum(float(v) for v in _CALLS.findall(text))
+
+
+def grpo_batch(n_prompts: int, k: int, golden: str | Path | None, seed: int = 0) -> list[dict[str, Any]]:
+    """k samples per prompt: about half the samples repeat the policy's favourite answer (the canonical
+    schema, or one fixed perturbation), the rest vary; a few do not parse."""
+    rng = random.Random(seed)
+    examples = []
+    seen = set()
+    for ex in load_examples(golden_dir(golden), n_prompts * 3, seed=seed):
+        if ex.text not in seen:
+            seen.add(ex.text)
+            examples.append(ex)
+    items = []
+    for p, ex in enumerate(examples[:n_prompts]):
+        favourite = canonical_schema_json(ex.schema_dict()) if rng.random() < 0.5 else perturb_schema(ex, rng)
+        for j in range(k):
+            pred = favourite if rng.random() < 0.5 else perturb_schema(ex, rng)
+            items.append(
+                {
+                    "id": f"p{p}-s{j}",
+                    "prediction": pred,
+                    "text": ex.text,
+                    "gold_schema": ex.schema_dict(),
+                    "gold_table": ex.table_dict(),
+                }
+            )
+    return items
+
+
+def distinct_pairs(items: list[dict[str, Any]]) -> tuple[int, int, int]:
+    """(distinct Stage-2 prompts among valid schemas, distinct raw (text, prediction) pairs, invalid items)."""
+    cfg = PipelineSchemaRewardConfig().schema_reward
+    prompts, raw, invalid = set(), set(), 0
+    for it in items:
+        raw.add((it["text"], it["prediction"]))
+        if not compute_schema_reward_single(it["prediction"], it["gold_schema"], cfg).valid_json:
+            invalid += 1
+            continue
+        prompts.add(json.dumps(messages_for(it), sort_keys=True))
+    return len(prompts), len(raw), invalid
+
+
+def run(
+    url: str,
+    golden: str | Path | None = None,
+    quick: bool = False,
+    model: str = DEFAULT_MODEL,
+    seed: int = 0,
+) -> dict[str, Any]:
+    from tests.helpers.servers import RewardApiServer
+
+    record = run_record(quick)
+    n_prompts, k = (4, 4) if quick else (16, 8)
+    items = grpo_batch(n_prompts, k, golden, seed)
+    distinct, raw, invalid = distinct_pairs(items)
+    env = {
+        "REWARD_API_EXECUTOR_URLS": url,
+        "REWARD_API_EXECUTOR_MODEL": model,
+        "REWARD_API_MAX_TOKENS": "32" if quick else "64",
+        "REWARD_API_EXECUTOR_TIMEOUT_S": "1800",
+        "REWARD_API_REQUEST_DEADLINE_S": "3600",
+        "REWARD_API_LOG_LEVEL": "WARNING",
+    }
+    scenarios = []
+    for name, parts in (("one request", 1), ("4 requests", 4)):
+        with RewardApiServer(env, workers=1) as api, httpx.Client(timeout=1800) as client:
+            before = executor_calls(api.url)
+            size = -(-len(items) // parts)
+            reported = 0
+            rewards: dict[str, float] = {}
+            for i in range(0, len(items), size):
+                chunk = items[i : i + size]
+                r = client.post(f"{api.url}/reward/pipeline", json={"items": chunk})
+                r.raise_for_status()
+                body = r.json()
+                reported += body["executor_calls"]
+                rewards.update({x["id"]: x["reward"] for x in body["results"]})
+            calls = executor_calls(api.url) - before
+        # Duplicates must also score the same: identical (text, prediction) → identical reward.
+        by_pair: dict[tuple[str, str], set[float]] = {}
+        for it in items:
+            by_pair.setdefault((it["text"], it["prediction"]), set()).add(rewards[it["id"]])
+        consistent = all(len(v) == 1 for v in by_pair.values())
+        scenarios.append(
+            {
+                "scenario": name,
+                "requests": parts,
+                "metrics_calls": calls,
+                "reported_calls": reported,
+                "consistent": consistent,
+            }
+        )
+    goals = [
+        {
+            "goal": f"{s['scenario']}: executor calls = distinct (document, schema) pairs",
+            "value": s["metrics_calls"],
+            "target": distinct,
+            "met": s["metrics_calls"] == distinct and s["consistent"],
+        }
+        for s in scenarios
+    ]
+    payload = {
+        "benchmark": "grpo_dedup",
+        "run": record,
+        "prompts": n_prompts,
+        "k": k,
+        "items": len(items),
+        "invalid_schemas": invalid,
+        "distinct_raw_pairs": raw,
+        "distinct_stage2_prompts": distinct,
+        "scenarios": scenarios,
+        "goals": goals,
+    }
+    write_result("grpo_dedup", payload, render_md(payload), quick)
+    return payload
+
+
+def render_md(p: dict[str, Any]) -> str:
+    md = header_md("GRPO duplicates: executor calls vs distinct (document, schema) pairs", p["run"])
+    md += (
+        f"{p['prompts']} prompts × k={p['k']} samples = {p['items']} items; {p['invalid_schemas']} schemas do not "
+        f"parse (no call due); {p['distinct_raw_pairs']} distinct raw (document, prediction) pairs; "
+        f"{p['distinct_stage2_prompts']} distinct Stage-2 prompts among valid schemas (the due calls: "
+        "predictions that differ only in shape or whitespace give the same prompt).\n\n"
+    )
+    md += "## Goals\n\n" + md_table(
+        ["goal", "calls (from /metrics)", "distinct pairs", "result"],
+        [[g["goal"], g["value"], g["target"], met(g["met"])] for g in p["goals"]],
+    )
+    md += "\n## Scenarios\n\n" + md_table(
+        ["scenario", "requests", "calls (/metrics)", "calls (responses' executor_calls)", "duplicates scored alike"],
+        [
+            [s["scenario"], s["requests"], s["metrics_calls"], s["reported_calls"], s["consistent"]]
+            for s in p["scenarios"]
+        ],
+    )
+    return md
