@@ -77,7 +77,7 @@ def run(
     model: str = DEFAULT_MODEL,
     seed: int = 0,
 ) -> dict[str, Any]:
-    from tests.helpers.servers import RewardApiServer
+    from services.reward_api.process import RewardApiProcess
 
     record = run_record(quick)
     n_prompts, k = (4, 4) if quick else (16, 8)
@@ -93,7 +93,7 @@ def run(
     }
     scenarios = []
     for name, parts in (("one request", 1), ("4 requests", 4)):
-        with RewardApiServer(env, workers=1) as api, httpx.Client(timeout=1800) as client:
+        with RewardApiProcess(env, workers=1) as api, httpx.Client(timeout=1800) as client:
             before = executor_calls(api.url)
             size = -(-len(items) // parts)
             reported = 0

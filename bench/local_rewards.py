@@ -156,7 +156,7 @@ def _median_round(timings: list[Timing]) -> dict[str, Any]:
 def run(
     golden: str | Path | None = None, quick: bool = False, workers: int = 2, seed: int = 0, repeats: int | None = None
 ) -> dict[str, Any]:
-    from tests.helpers.servers import RewardApiServer  # the project's real-process launcher
+    from services.reward_api.process import RewardApiProcess
 
     record = run_record(quick)
     examples = load_examples(golden_dir(golden), 1024 if quick else 3000, seed=seed)
@@ -164,7 +164,7 @@ def run(
     repeats = repeats or (1 if quick else 3)
     env = {"REWARD_API_LOG_LEVEL": "WARNING"}
     rows: list[dict[str, Any]] = []
-    servers = {1: RewardApiServer(env, workers=1), workers: RewardApiServer(env, workers=workers)}
+    servers = {1: RewardApiProcess(env, workers=1), workers: RewardApiProcess(env, workers=workers)}
     try:
         for s in servers.values():
             s.start(timeout=120)

@@ -150,7 +150,7 @@ def run(
     name: str = "pipeline_reward",
     seed: int = 0,
 ) -> dict[str, Any]:
-    from tests.helpers.servers import RewardApiServer
+    from services.reward_api.process import RewardApiProcess
 
     record = run_record(quick)
     n = n_items or (8 if quick else 48)
@@ -176,7 +176,7 @@ def run(
     ceil_s, ours_s, calls = [], [], []
     ceil_outs: list[str] = []
     last: dict[str, Any] = {}
-    with RewardApiServer(env, workers=1) as api:
+    with RewardApiProcess(env, workers=1) as api:
         ours(api.url, items[:2])  # warm-up of the service's client
         for _ in range(repeats):
             t, ceil_outs = asyncio.run(ceiling(url, payloads))

@@ -5,6 +5,7 @@ A bad line is an error that names the file, the line and the field; nothing is s
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 from collections import Counter
@@ -16,6 +17,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 SPLITS = ("train", "validation", "test")
+
+
+def sha256_file(path: Path | str) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks (datasets and models record where they came from)."""
+    h = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def golden_filename(split: str) -> str:

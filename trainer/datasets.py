@@ -13,7 +13,6 @@ validation) plus ``manifest.json`` (counts, prompt version, source files with sh
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -32,6 +31,7 @@ from shared import (
     golden_filename,
     read_golden,
 )
+from shared.golden import sha256_file
 
 SFT_PHASES = ("a1", "a2")
 RL_PHASES = ("b1", "b2", "c1")
@@ -118,14 +118,6 @@ def write_parquet(rows: Sequence[dict[str, Any]], path: Path, schema: pa.Schema)
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(list(rows), schema=schema), path)
     return len(rows)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def update_manifest(out: Path, phase_counts: dict[str, dict[str, int]], sources: Iterable[Path], **extra: Any) -> Path:

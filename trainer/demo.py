@@ -11,17 +11,13 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 from rich.console import Console
 
+from services.reward_api.process import RewardApiProcess
 from shared import golden_filename, read_golden
 from trainer.evaluation import Setting, run_pipeline, write_outputs
 from trainer.executor_client import GenerationConfig
@@ -29,49 +25,6 @@ from trainer.reward_client import RewardClientConfig, batchers_of_running_loop, 
 from trainer.sample_data import SAMPLE_DIR
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-class RewardApiProcess:
-    """``python -m services.reward_api`` as our own subprocess (own process group, killed by PID)."""
-
-    def __init__(self, port: int, env: dict[str, str]) -> None:
-        self.port = port
-        self.env = {**os.environ, **env}
-        self.log_path = Path(f"/tmp/stx-demo-reward-api-{port}.log")
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 120.0) -> RewardApiProcess:
-        cmd = [sys.executable, "-m", "services.reward_api", "--host", "127.0.0.1", "--port", str(self.port)]
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"reward_api exited ({self.proc.returncode}); log: {self.log_path}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        self.stop()
-        raise RuntimeError(f"reward_api not healthy within {timeout} s; log: {self.log_path}")
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
 
 
 async def _score_schemas(url: str, preds: list[dict[str, Any]], golden: dict[str, Any]) -> list[float]:
@@ -90,7 +43,7 @@ def run_demo(
     limit: int = 3, max_tokens: int = 128, out: Path = Path("demo_out"), console: Console | None = None
 ) -> dict[str, Any]:
     """Run the demo end to end; returns a JSON-able summary."""
-    from services.executor_vllm.cpu_launcher import CpuExecutor, free_port
+    from services.executor_vllm.cpu_launcher import CpuExecutor
     from services.executor_vllm.default_model import convert
 
     con = console or Console()
@@ -105,7 +58,7 @@ def run_demo(
             executor.start(timeout=900)
         env = {"REWARD_API_EXECUTOR_URLS": executor.url, "REWARD_API_EXECUTOR_MODEL": executor.served_model_name}
         with con.status("starting reward_api"):
-            api = RewardApiProcess(free_port(), env).start()
+            api = RewardApiProcess(env).start()
         con.print(f"executor {executor.url}  reward_api {api.url}  ({time.monotonic() - t0:.0f} s)")
         name = executor.served_model_name
         setting = Setting("smollm2", executor.url, name, executor.url, name)

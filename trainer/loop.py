@@ -26,11 +26,6 @@ import contextlib
 import datetime as dt
 import hashlib
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -104,43 +99,17 @@ def local_executor(model_dir: str, log: Path) -> Iterator[str]:
 @contextlib.contextmanager
 def local_reward_api(log: Path, executor_url: str | None = None, max_tokens: int = 256) -> Iterator[str]:
     """``python -m services.reward_api`` on a free loopback port; yields its URL, always stops it."""
-    from services.executor_vllm.cpu_launcher import free_port
+    from services.reward_api.process import RewardApiProcess
 
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env = {"PYTHONPATH": str(REPO_ROOT)}
     if executor_url:
         env.update(
             REWARD_API_EXECUTOR_URLS=executor_url,
             REWARD_API_EXECUTOR_MODEL=SERVED_NAME,
             REWARD_API_MAX_TOKENS=str(max_tokens),
         )
-    cmd = [sys.executable, "-m", "services.reward_api", "--host", "127.0.0.1", "--port", str(port)]
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as fh:
-        proc = subprocess.Popen(
-            cmd, cwd=REPO_ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"reward_api exited {proc.returncode}; log {log}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"reward_api not healthy in 120 s; log {log}")
-            time.sleep(0.3)
-        yield url
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    with RewardApiProcess(env, log_path=log) as api:
+        yield api.url
 
 
 # ---- the loop -------------------------------------------------------------------------------------

