@@ -38,30 +38,42 @@ def _settings(request: Request) -> Settings:
     return s
 
 
+def _json(resp: SchemaResponse | TableResponse) -> Response:
+    """Serialise once with pydantic's JSON encoder. Returning the model would make FastAPI validate and
+    encode all results again (``response_model`` stays on the route for the OpenAPI schema)."""
+    return Response(resp.model_dump_json(), media_type="application/json")
+
+
 def _elapsed_ms(t0: float) -> float:
     return round((time.perf_counter() - t0) * 1000, 3)
 
 
 @reward_router.post("/schema", response_model=SchemaResponse)
-async def reward_schema(body: SchemaRequest, request: Request) -> SchemaResponse:
+async def reward_schema(body: SchemaRequest, request: Request) -> Response:
     t0 = time.perf_counter()
     check_items(body.items, _settings(request), ("prediction",))
     results = await off_loop(lambda: score_schema_batch(body.items, body.config))
     observe("/reward/schema", results)
-    return SchemaResponse(
-        results=results, count=len(results), prompt_version=request.app.state.prompt_version, elapsed_ms=_elapsed_ms(t0)
-    )
+    return _json(
+        SchemaResponse.model_construct(
+            results=results, count=len(results), failed=0, prompt_version=request.app.state.prompt_version,
+            elapsed_ms=_elapsed_ms(t0),
+        )
+    )  # fmt: skip
 
 
 @reward_router.post("/table", response_model=TableResponse)
-async def reward_table(body: TableRequest, request: Request) -> TableResponse:
+async def reward_table(body: TableRequest, request: Request) -> Response:
     t0 = time.perf_counter()
     check_items(body.items, _settings(request), ("prediction",))
     results = await off_loop(lambda: score_table_batch(body.items, body.config))
     observe("/reward/table", results)
-    return TableResponse(
-        results=results, count=len(results), prompt_version=request.app.state.prompt_version, elapsed_ms=_elapsed_ms(t0)
-    )
+    return _json(
+        TableResponse.model_construct(
+            results=results, count=len(results), failed=0, prompt_version=request.app.state.prompt_version,
+            elapsed_ms=_elapsed_ms(t0),
+        )
+    )  # fmt: skip
 
 
 @reward_router.post("/pipeline", response_model=PipelineResponse, response_model_exclude_none=False)

@@ -8,12 +8,13 @@ worker processes (``--workers N``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio.to_thread
 
 from services.reward_api import metrics
 from shared import compute_schema_reward_single, compute_table_reward_single
+from shared.golden import GoldTable
 from shared.rewards import SchemaRewardConfig, TableRewardConfig
 from shared.wire import PipelineResult, SchemaItem, SchemaResult, TableItem, TableResult
 
@@ -25,16 +26,22 @@ async def off_loop(fn: Callable[[], T]) -> T:
     return await anyio.to_thread.run_sync(fn)
 
 
+def _table_view(table: GoldTable) -> dict[str, Any]:
+    """The two fields the table reward reads, without copying the model (``model_dump`` per item was
+    a fifth of the request time at batch 1024)."""
+    return {"columns": table.names(), "data": table.data}
+
+
 def score_schema_batch(items: Sequence[SchemaItem], config: SchemaRewardConfig) -> list[SchemaResult]:
     return [
-        SchemaResult.of(it.id, compute_schema_reward_single(it.prediction, it.gold_schema.model_dump(), config))
+        SchemaResult.of(it.id, compute_schema_reward_single(it.prediction, it.gold_schema.names(), config))
         for it in items
     ]
 
 
 def score_table_batch(items: Sequence[TableItem], config: TableRewardConfig) -> list[TableResult]:
     return [
-        TableResult.of(it.id, compute_table_reward_single(it.prediction, it.gold_table.model_dump(), config))
+        TableResult.of(it.id, compute_table_reward_single(it.prediction, _table_view(it.gold_table), config))
         for it in items
     ]
 
