@@ -288,8 +288,6 @@ def test_executor_deployment(overlay, policy):
 @pytest.mark.parametrize("policy", ["pi2", "pi1"])
 def test_executor_env_is_accepted_by_the_entrypoint(overlay, policy):
     """The rendered env, fed to the image's own entrypoint, gives `vllm serve` on 0.0.0.0:8001."""
-    if not (REPO / "services/executor_vllm/entrypoint.py").exists():
-        pytest.skip("services/executor_vllm/entrypoint.py not written yet")
     entrypoint = importlib.import_module("services.executor_vllm.entrypoint")
     docs = render(overlay)
     (container,) = one(docs, "Deployment", f"executor-{policy}")["spec"]["template"]["spec"]["containers"]
@@ -361,8 +359,6 @@ def test_reward_api_hpa_and_pdb(overlay):
 @pytest.mark.parametrize("overlay", SERVICE_OVERLAYS)
 def test_reward_api_env_names_exist_in_settings(overlay, monkeypatch):
     """Every REWARD_API_* variable is a field of services/reward_api/settings.py, with a valid value."""
-    if not (REPO / "services/reward_api/settings.py").exists():
-        pytest.skip("services/reward_api/settings.py not written yet")
     settings_mod = importlib.import_module("services.reward_api.settings")
     settings_cls = settings_mod.Settings
     prefix = settings_cls.model_config.get("env_prefix", "")

@@ -17,7 +17,7 @@ from trainer.phases_smoke import SAMPLE_DIR, MemorySampler, counter_total, is_lo
         ("::ffff:127.0.0.1", True),
         ("::", False),
         ("0.0.0.0", False),
-        ("10.1.2.3", False),
+        ("192.0.2.10", False),
     ],
 )
 def test_is_loopback(addr: str, loop: bool) -> None:
