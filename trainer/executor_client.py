@@ -48,14 +48,18 @@ class ExecutorClient:
         self.model = model
         self.gen = gen or GenerationConfig()
 
-    async def _one(self, client: httpx.AsyncClient, sem: asyncio.Semaphore, messages: Sequence[Message]) -> str:
+    async def _choices(
+        self, client: httpx.AsyncClient, sem: asyncio.Semaphore, messages: Sequence[Message], n: int, seed: int
+    ) -> list[str]:
         body = {
             "model": self.model,
             "messages": list(messages),
             "max_tokens": self.gen.max_tokens,
             "temperature": self.gen.temperature,
-            "seed": self.gen.seed,
+            "seed": seed,
         }
+        if n != 1:
+            body["n"] = n
         async with sem:
             async for attempt in AsyncRetrying(
                 stop=stop_after_attempt(self.gen.max_attempts),
@@ -66,8 +70,7 @@ class ExecutorClient:
                 with attempt:
                     resp = await client.post(self.url, json=body)
                     resp.raise_for_status()
-                    content = resp.json()["choices"][0]["message"]["content"]
-                    return str(content or "")
+                    return [str(c["message"]["content"] or "") for c in resp.json()["choices"]]
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def generate(
@@ -78,9 +81,16 @@ class ExecutorClient:
         async with httpx.AsyncClient(timeout=httpx.Timeout(self.gen.timeout_s)) as client:
 
             async def run(msgs: Sequence[Message]) -> str:
-                out = await self._one(client, sem, msgs)
+                out = (await self._choices(client, sem, msgs, 1, self.gen.seed))[0]
                 if on_done:
                     on_done()
                 return out
 
             return list(await asyncio.gather(*(run(p) for p in prompts)))
+
+    async def sample(self, prompts: Sequence[Sequence[Message]], n: int) -> list[list[str]]:
+        """``n`` completions per prompt (one request with ``n`` each; seed ``gen.seed + i`` for prompt ``i``)."""
+        sem = asyncio.Semaphore(self.gen.concurrency)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(self.gen.timeout_s)) as client:
+            calls = (self._choices(client, sem, p, n, self.gen.seed + i) for i, p in enumerate(prompts))
+            return list(await asyncio.gather(*calls))

@@ -31,6 +31,7 @@ from shared import (
     read_golden,
 )
 from trainer.datasets import SFT_SCHEMA, sft_row, write_parquet
+from trainer.executor_client import ExecutorClient, GenerationConfig
 
 Stage = Literal["schema", "table", "pipeline"]
 SFT_PHASE: dict[str, str] = {"schema": "a1", "pipeline": "a1", "table": "a2"}
@@ -70,30 +71,6 @@ def reward_item(stage: Stage, ex: GoldenExample, item_id: str, prediction: str) 
         "gold_schema": ex.schema_dict(),
         "gold_table": ex.table_dict(),
     }
-
-
-async def sample_k(
-    client: httpx.AsyncClient, url: str, model: str, prompts: Sequence[list[dict[str, str]]], cfg: RftConfig
-) -> list[list[str]]:
-    """``k`` completions per prompt (``n=k``, one request per prompt), in prompt order."""
-    sem = asyncio.Semaphore(cfg.concurrency)
-    endpoint = f"{url.rstrip('/').removesuffix('/v1')}/v1/chat/completions"
-
-    async def one(i: int, msgs: list[dict[str, str]]) -> list[str]:
-        body = {
-            "model": model,
-            "messages": msgs,
-            "n": cfg.k,
-            "temperature": cfg.temperature,
-            "max_tokens": cfg.max_tokens,
-            "seed": cfg.seed + i,
-        }
-        async with sem:
-            r = await client.post(endpoint, json=body, timeout=cfg.timeout_s)
-        r.raise_for_status()
-        return [str(c["message"]["content"] or "") for c in r.json()["choices"]]
-
-    return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
 
 
 def score(reward_url: str, stage: Stage, items: list[dict[str, Any]], timeout_s: float = 600.0) -> list[float]:
@@ -143,11 +120,14 @@ def build_rft_data(
     examples = read_golden(golden / "common_train_schemas.jsonl", limit)
     prompts = [prompt_for(stage, ex) for ex in examples]
 
-    async def _sample() -> list[list[str]]:
-        async with httpx.AsyncClient() as client:
-            return await sample_k(client, policy_url, model, prompts, cfg)
-
-    samples = asyncio.run(_sample())
+    gen = GenerationConfig(
+        max_tokens=cfg.max_tokens,
+        temperature=cfg.temperature,
+        seed=cfg.seed,
+        concurrency=cfg.concurrency,
+        timeout_s=cfg.timeout_s,
+    )
+    samples = asyncio.run(ExecutorClient(policy_url, model, gen).sample(prompts, cfg.k))
     items = [
         reward_item(stage, ex, f"{ex.id}#{j}", s)
         for ex, outs in zip(examples, samples, strict=True)
