@@ -15,21 +15,11 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USA
 # No flashinfer wheel is carried (its kernels are 450 MB): use the built-in FlashAttention and torch sampling.
 export VLLM_USE_FLASHINFER_SAMPLER=0
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-python3 - <<'PY'
-import copy
-from transformers import AutoModelForCausalLM, AutoTokenizer
-src, gg, out = "/tmp/w", "SmolLM2-135M-Instruct.Q4_1.gguf", "/tmp/model"
-tok = AutoTokenizer.from_pretrained(src, gguf_file=gg)
-m = AutoModelForCausalLM.from_pretrained(src, gguf_file=gg)
-cfg = copy.deepcopy(m.config)
-if hasattr(cfg, "quantization_config"):
-    del cfg.quantization_config
-fresh = AutoModelForCausalLM.from_config(cfg)
-fresh.load_state_dict(m.state_dict())
-fresh.save_pretrained(out)
-tok.save_pretrained(out)
-print("model converted")
-PY
+# The project's own conversion: with the GGUF already in its cache it needs no network (sha256-checked).
+export STX_CACHE_DIR=/tmp/stx-cache
+mkdir -p "$STX_CACHE_DIR/gguf"
+mv "$W/SmolLM2-135M-Instruct.Q4_1.gguf" "$STX_CACHE_DIR/gguf/"
+python3 -m services.executor_vllm.default_model --out /tmp/model
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -m vllm.entrypoints.openai.api_server --model /tmp/model --served-model-name smollm2-135m-instruct \
   --host 127.0.0.1 --port 8001 --dtype bfloat16 --gpu-memory-utilization 0.5 --seed 0 > /tmp/vllm.log 2>&1 &
