@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup model demo test test-quick lint ci
+.PHONY: setup model demo test test-quick lint ci grpo-smoke smoke-loop
 
 setup:
 	bash scripts/bootstrap.sh
@@ -26,3 +26,11 @@ lint: setup
 
 ci:
 	bash .ci/run
+
+# One complete GRPO phase on CPU (A1 SFT, then C1 through reward_api + executor); part of CI.
+grpo-smoke: model
+	bash .ci/grpo_smoke.sh
+
+# Every phase at toy scale on the bundled sample, then the Phase-D report (about an hour on 2 cores).
+smoke-loop: model
+	bash scripts/smoke_loop.sh

@@ -13,4 +13,7 @@ echo "grpo smoke: out=$OUT steps=$STEPS available=${avail_gib}GiB"
 if [ "$avail_gib" -lt 17 ]; then
   echo "WARNING: only ${avail_gib} GiB available; the run peaks near 19 GiB"
 fi
-exec .venv/bin/python -m trainer.phases_smoke --out "$OUT" --steps "$STEPS"
+# torch TCPStore (torchrun, VERL, vLLM) listens on the wildcard address whatever host it is given:
+# run in a network namespace whose only interface is lo, so nothing is reachable from outside.
+exec unshare --net -- bash -c 'ip link set lo up && exec "$@"' _ \
+  .venv/bin/python -m trainer.phases_smoke --out "$OUT" --steps "$STEPS" --sft-steps "${GRPO_SMOKE_SFT_STEPS:-12}"

@@ -1,7 +1,9 @@
-"""The training loop B1 → B2 → C1 → C2 → Phase-D evaluation (DESIGN §1), resumable, with a manifest.
+"""The training loop (A1, A2 →) B1 → B2 → C1 → C2 → Phase-D evaluation (DESIGN §1), resumable, with a manifest.
 
-``python -m trainer loop --golden G --out O [--profile cpu-smoke] [--pi1-sft M] [--pi2-sft M]``
+``python -m trainer loop --golden G --out O [--profile cpu-smoke] [--pi1-sft M --pi2-sft M | --base-model M]``
 
+- Without ``--pi1-sft``/``--pi2-sft`` the loop first runs A1 and A2 (SFT from ``--base-model``;
+  the cpu-smoke default is SmolLM2-135M-Instruct) and uses their exports as π1ˢ and π2ˢ.
 - B1 trains π1ˢ → π1ʳ-local and B2 trains π2ˢ → π2ʳ-local (reward_api without executor).
 - C1 trains π1ʳ-local → π1ʳ-pipe; the reward_api's executor serves the frozen π2ʳ-local.
   Locally (no ``--c1-reward-url``) the loop starts a CpuExecutor on π2ʳ-local and a reward_api
@@ -48,8 +50,10 @@ class LoopConfig:
     golden: Path
     out: Path
     profile: Profile
-    pi1_sft: str
-    pi2_sft: str
+    pi1_sft: str | None
+    pi2_sft: str | None
+    base_model: str | None = None
+    sft_overrides: tuple[str, ...] = ()
     reward_url: str | None = None
     c1_reward_url: str | None = None
     pi1_pipe_url: str | None = None
@@ -141,6 +145,8 @@ class Loop:
                 "golden": golden,
                 "pi1_sft": self.cfg.pi1_sft,
                 "pi2_sft": self.cfg.pi2_sft,
+                "base_model": self.cfg.base_model,
+                "sft_overrides": list(self.cfg.sft_overrides),
                 "profile": self.cfg.profile,
                 "limit": self.cfg.limit,
                 "overrides": list(self.cfg.overrides),
@@ -154,13 +160,31 @@ class Loop:
     def build_data(self) -> None:
         from trainer.datasets import build_datasets
 
-        if all((self.data / p / "train.parquet").is_file() for p in ("b1", "b2", "c1")):
+        phases = [*self.sft_phases(), "b1", "b2", "c1"]
+        if all((self.data / p / "train.parquet").is_file() for p in phases):
             return
-        counts = build_datasets(self.cfg.golden, self.data, ["b1", "b2", "c1"], limit=self.cfg.limit)
+        counts = build_datasets(self.cfg.golden, self.data, phases, limit=self.cfg.limit)
         self.manifest.set("data", {"dir": str(self.data), "counts": counts})
 
-    def phase(self, name: str, model: str, reward_url: str, out_dir: Path, data_dir: Path | None = None) -> PhaseResult:
-        """Run one phase unless its recorded output exists; record it in the manifest."""
+    def sft_phases(self) -> list[str]:
+        """A1 and/or A2, for whichever SFT policy was not given."""
+        return [p for p, given in (("a1", self.cfg.pi1_sft), ("a2", self.cfg.pi2_sft)) if not given]
+
+    def sft(self) -> tuple[str, str]:
+        """π1ˢ and π2ˢ: the given checkpoints, or A1/A2 run from the base model."""
+        models = {"a1": self.cfg.pi1_sft, "a2": self.cfg.pi2_sft}
+        for name in self.sft_phases():
+            if not self.cfg.base_model:
+                raise ValueError(f"{name}: no SFT checkpoint given and no base model to train it from")
+            models[name] = self.phase(name, self.cfg.base_model, None, self.out / name)
+        pi1, pi2 = models["a1"], models["a2"]
+        assert pi1 and pi2
+        return pi1, pi2
+
+    def phase(
+        self, name: str, model: str, reward_url: str | None, out_dir: Path, data_dir: Path | None = None
+    ) -> str:
+        """Run one phase unless its recorded output exists; record it; the exported HF directory."""
         key = str(out_dir.relative_to(self.out))
         done = phase_done(out_dir)
         if done is None:
@@ -171,7 +195,7 @@ class Loop:
                 out_dir=out_dir,
                 model_path=model,
                 reward_url=reward_url,
-                overrides=self.cfg.overrides,
+                overrides=self.cfg.sft_overrides if get_phase(name).kind == "sft" else self.cfg.overrides,
             )
             done = self.runner(run)
             if done.status != "ok" or not done.hf_dir:
@@ -179,7 +203,7 @@ class Loop:
                 raise RuntimeError(f"phase {key} failed (exit {done.exit_code}); log {out_dir / 'train.log'}")
         self.manifest.set(f"phase:{key}", asdict(done))
         assert done.hf_dir is not None
-        return done
+        return done.hf_dir
 
     @contextlib.contextmanager
     def reward_api(self, executor_model: str | None, external: str | None, tag: str) -> Iterator[str]:
@@ -280,12 +304,12 @@ class Loop:
         cfg = self.cfg
         self.record_inputs()
         self.build_data()
+        pi1_sft, pi2_sft = self.sft()
         with self.reward_api(None, cfg.reward_url, "local") as url:
-            pi1_local = self.phase("b1", cfg.pi1_sft, url, self.out / "b1").hf_dir
-            pi2_local = self.phase("b2", cfg.pi2_sft, url, self.out / "b2").hf_dir
-        assert pi1_local and pi2_local
+            pi1_local = self.phase("b1", pi1_sft, url, self.out / "b1")
+            pi2_local = self.phase("b2", pi2_sft, url, self.out / "b2")
         pi1_pipe, pi2_pipe = self.pipeline_round(pi1_local, pi2_local, "loop1")
-        settings = {"sft": (cfg.pi1_sft, cfg.pi2_sft), "local": (pi1_local, pi2_local), "pipe": (pi1_pipe, pi2_pipe)}
+        settings = {"sft": (pi1_sft, pi2_sft), "local": (pi1_local, pi2_local), "pipe": (pi1_pipe, pi2_pipe)}
         decision = self.evaluate(settings, "loop1")
         if cfg.loops >= 2 and decision.get("decision") == "continue":
             p1, p2 = self.pipeline_round(pi1_pipe, pi2_pipe, "loop2")
@@ -300,12 +324,10 @@ class Loop:
         if tag != "loop1":
             self._link_c1_data(data)
         with self.reward_api(pi2_start, self.cfg.c1_reward_url, f"c1_{tag}") as url:
-            pi1_pipe = self.phase("c1", pi1_start, url, base / "c1", data).hf_dir
-        assert pi1_pipe
+            pi1_pipe = self.phase("c1", pi1_start, url, base / "c1", data)
         self.precompute(pi1_pipe, data, tag)
         with self.reward_api(None, self.cfg.reward_url, f"c2_{tag}") as url:
-            pi2_pipe = self.phase("c2", pi2_start, url, base / "c2", data).hf_dir
-        assert pi2_pipe
+            pi2_pipe = self.phase("c2", pi2_start, url, base / "c2", data)
         return pi1_pipe, pi2_pipe
 
     def _link_c1_data(self, data: Path) -> None:

