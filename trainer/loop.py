@@ -12,6 +12,9 @@
   a local CpuExecutor or ``--pi1-pipe-url``.
 - C2 trains π2ʳ-local → π2ʳ-pipe. Phase D scores sft / local / pipe end to end on the test split
   (each model served in turn, one vLLM server at a time) and applies the loop-2 rule.
+- ``--rft``: the RFT baseline beside RL (``trainer.rft``): π1ˢ and π2ˢ, each served locally,
+  sample k outputs per training prompt, reward_api scores them, the best ≥ threshold are kept and
+  A1/A2 fine-tune π1ˢ/π2ˢ on them; Phase D adds the setting ``rft``.
 - ``--loops 2``: if loop 1's end-to-end gain is ≥ ``--min-gain`` points, C1 → C2 run again from the
   pipe policies (π2ʳ-pipe as the frozen executor) and Phase D compares pipe2 with pipe.
 
@@ -65,6 +68,9 @@ class LoopConfig:
     overrides: tuple[str, ...] = ()
     executor_max_tokens: int = 256
     eval_max_tokens: int = 256
+    rft: bool = False
+    rft_k: int = 4
+    rft_threshold: float = 0.5
 
 
 @dataclass
@@ -153,6 +159,7 @@ class Loop:
                 "reward_url": self.cfg.reward_url,
                 "c1_reward_url": self.cfg.c1_reward_url,
                 "pi1_pipe_url": self.cfg.pi1_pipe_url,
+                "rft": {"k": self.cfg.rft_k, "threshold": self.cfg.rft_threshold} if self.cfg.rft else None,
             },
         )
         self.manifest.set("configs", configs)
@@ -252,9 +259,11 @@ class Loop:
 
         out = self.out / f"eval_{tag}"
         if (out / "metrics.json").is_file():
-            decision: dict[str, Any] = json.loads((out / "metrics.json").read_text())["loop2"]
-            self.manifest.set(f"eval:{tag}", {"dir": str(out), "loop2": decision})
-            return decision
+            recorded = json.loads((out / "metrics.json").read_text())
+            if set(recorded["settings"]) == set(settings):
+                decision: dict[str, Any] = recorded["loop2"]
+                self.manifest.set(f"eval:{tag}", {"dir": str(out), "loop2": decision})
+                return decision
         examples = read_golden(self.cfg.golden / "common_test_schemas.jsonl", self.cfg.eval_limit)
         preds = {name: self.staged_pipeline(name, pi1, pi2, examples) for name, (pi1, pi2) in settings.items()}
         res = write_outputs(out, examples, preds, f"Phase D ({tag})", self.cfg.decision_metric, self.cfg.min_gain)
@@ -305,17 +314,40 @@ class Loop:
         self.record_inputs()
         self.build_data()
         pi1_sft, pi2_sft = self.sft()
+        rft = self.rft_baseline(pi1_sft, pi2_sft) if cfg.rft else None
         with self.reward_api(None, cfg.reward_url, "local") as url:
             pi1_local = self.phase("b1", pi1_sft, url, self.out / "b1")
             pi2_local = self.phase("b2", pi2_sft, url, self.out / "b2")
         pi1_pipe, pi2_pipe = self.pipeline_round(pi1_local, pi2_local, "loop1")
         settings = {"sft": (pi1_sft, pi2_sft), "local": (pi1_local, pi2_local), "pipe": (pi1_pipe, pi2_pipe)}
+        if rft:
+            settings["rft"] = rft
         decision = self.evaluate(settings, "loop1")
         if cfg.loops >= 2 and decision.get("decision") == "continue":
             p1, p2 = self.pipeline_round(pi1_pipe, pi2_pipe, "loop2")
             decision = self.evaluate({"pipe": (pi1_pipe, pi2_pipe), "pipe2": (p1, p2)}, "loop2")
         self.manifest.set("final_decision", decision)
         return self.manifest.data
+
+    def rft_baseline(self, pi1_sft: str, pi2_sft: str) -> tuple[str, str]:
+        """RFT of π1ˢ (schema reward) and π2ˢ (table reward): sample, keep the best, SFT on them."""
+        from trainer.rft import SFT_PHASE, RftConfig, build_rft_data
+
+        gen = RftConfig(k=self.cfg.rft_k, threshold=self.cfg.rft_threshold, max_tokens=self.cfg.eval_max_tokens)
+        models: dict[str, str] = {}
+        for stage, start in (("schema", pi1_sft), ("table", pi2_sft)):
+            base = self.out / "rft" / stage
+            phase = SFT_PHASE[stage]
+            if phase_done(base / "sft") is None and not (base / "data" / phase / "train.parquet").is_file():
+                logs = self.out / "logs"
+                with (
+                    local_executor(start, logs / f"executor_rft_{stage}.log") as ex_url,
+                    self.reward_api(None, self.cfg.reward_url, f"rft_{stage}") as url,
+                ):
+                    rep = build_rft_data(self.cfg.golden, base, stage, ex_url, SERVED_NAME, url, gen, self.cfg.limit)  # type: ignore[arg-type]
+                self.manifest.set(f"rft:{stage}", rep.as_dict() | {"policy": start})
+            models[stage] = self.phase(phase, start, None, base / "sft", data_dir=base / "data")
+        return models["schema"], models["table"]
 
     def pipeline_round(self, pi1_start: str, pi2_start: str, tag: str) -> tuple[str, str]:
         """C1 (π2 frozen in the executor) → precompute with the new π1 → C2."""

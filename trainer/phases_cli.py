@@ -104,6 +104,9 @@ def loop_cmd(
     eval_limit: int | None = typer.Option(None, min=1, help="First N test examples in Phase D."),
     loops: int = typer.Option(1, min=1, max=2, help="2: run C1→C2 again if loop 1 gained ≥ --min-gain."),
     min_gain: float = typer.Option(1.0, help="Loop-2 rule: stop when the end-to-end gain is below this (points)."),
+    rft: bool = typer.Option(False, help="Also train the RFT baseline from π1ˢ/π2ˢ and add it to Phase D."),
+    rft_k: int = typer.Option(4, min=1, help="RFT: samples per prompt."),
+    rft_threshold: float = typer.Option(0.5, min=-1.0, max=1.0, help="RFT: keep the best sample if reward ≥ this."),
 ) -> None:
     """(A1, A2 →) B1 → B2 → C1 → C2 → Phase-D evaluation; Hydra overrides after the options apply to every RL phase."""
     from trainer.loop import Loop, LoopConfig
@@ -129,6 +132,9 @@ def loop_cmd(
         loops=loops,
         min_gain=min_gain,
         overrides=tuple(ctx.args),
+        rft=rft,
+        rft_k=rft_k,
+        rft_threshold=rft_threshold,
     )
     manifest = Loop(cfg).run()
     console.print(f"manifest: {out / 'loop_manifest.json'}")

@@ -1,11 +1,11 @@
 """The CPU smoke loop: every phase at toy scale, then checks of what the loop left behind.
 
 ``python -m trainer.smoke_loop --out DIR [--golden trainer/data/sample] [overrides]`` runs
-``trainer loop --profile cpu-smoke`` in this process (A1, A2 → B1, B2 → C1 → precompute → C2 →
-Phase D, from the base SmolLM2-135M-Instruct), sampling the peak RSS of the whole process tree and
+``trainer loop --profile cpu-smoke --rft`` in this process (A1, A2 → RFT baseline → B1, B2 → C1 →
+precompute → C2 → Phase D, from the base SmolLM2-135M-Instruct), sampling the peak RSS of the whole process tree and
 every listening socket, and then checks: a checkpoint and an exported HF directory per phase, that
 the executor served the exported models (Phase D's predictions name them and hold their output), the
-Phase-D report comparing sft, local and pipe, and the manifest. Resumable like the loop. Writes
+Phase-D report comparing sft, local, pipe and rft, and the manifest. Resumable like the loop. Writes
 ``smoke_loop_result.json``; the last line is ``N passed, N failed``. Wrapped by
 ``scripts/smoke_loop.sh`` (a loopback-only network namespace).
 """
@@ -24,14 +24,15 @@ import typer
 from trainer.phases_smoke import SAMPLE_DIR, Checks, MemorySampler
 
 PHASE_DIRS = ("a1", "a2", "b1", "b2", "c1", "c2")
+RFT_DIRS = ("rft/schema/sft", "rft/table/sft")
 SETTINGS = ("sft", "local", "pipe")
 
 
-def check_outputs(out: Path, checks: Checks) -> dict[str, Any]:
+def check_outputs(out: Path, checks: Checks, rft: bool = True) -> dict[str, Any]:
     """Checks of a finished loop folder; returns the Phase-D metrics (empty if missing)."""
     manifest = json.loads((out / "loop_manifest.json").read_text()) if (out / "loop_manifest.json").is_file() else {}
     hf_dirs: dict[str, str] = {}
-    for name in PHASE_DIRS:
+    for name in PHASE_DIRS + (RFT_DIRS if rft else ()):
         rec = manifest.get(f"phase:{name}", {})
         ckpts = sorted((out / name / "checkpoints").glob("global_step_*"))
         hf = rec.get("hf_dir")
@@ -41,12 +42,15 @@ def check_outputs(out: Path, checks: Checks) -> dict[str, Any]:
         checks.add(f"{name}: checkpoint and exported HF directory", ok, f"{[c.name for c in ckpts]} → {hf}")
     metrics_path = out / "eval_loop1" / "metrics.json"
     metrics: dict[str, Any] = json.loads(metrics_path.read_text())["settings"] if metrics_path.is_file() else {}
+    settings = SETTINGS + (("rft",) if rft else ())
     checks.add(
-        "Phase-D report compares sft, local and pipe",
-        set(SETTINGS) <= set(metrics) and (out / "eval_loop1" / "report.md").is_file(),
+        f"Phase-D report compares {', '.join(settings)}",
+        set(settings) <= set(metrics) and (out / "eval_loop1" / "report.md").is_file(),
         f"settings {sorted(metrics)}",
     )
     want = {"sft": ("a1", "a2"), "local": ("b1", "b2"), "pipe": ("c1", "c2")}
+    if rft:
+        want["rft"] = RFT_DIRS
     for setting, (p1, p2) in want.items():
         path = out / "eval_loop1" / f"predictions_{setting}.jsonl"
         rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
@@ -72,6 +76,7 @@ def main(
     out: Path = typer.Option(Path("runs/smoke_loop"), help="Loop folder (resumable)."),
     golden: Path = typer.Option(SAMPLE_DIR, exists=True, file_okay=False, help="Golden folder."),
     eval_limit: int = typer.Option(3, min=1, help="Test examples in Phase D."),
+    rft: bool = typer.Option(True, help="Also train and evaluate the RFT baseline."),
     overrides: list[str] = typer.Argument(None, help="Hydra overrides for the RL phases."),
 ) -> None:
     from services.executor_vllm.default_model import convert
@@ -88,6 +93,7 @@ def main(
         base_model=str(convert()),
         eval_limit=eval_limit,
         overrides=tuple(overrides or ()),
+        rft=rft,
     )
     error = None
     with MemorySampler(os.getpid()) as mem:
@@ -96,7 +102,7 @@ def main(
         except Exception as exc:  # the checks below say what is missing; the error is kept
             error = f"{type(exc).__name__}: {exc}"
     checks.add("trainer loop --profile cpu-smoke finished", error is None, error or "")
-    metrics = check_outputs(out, checks)
+    metrics = check_outputs(out, checks, rft)
     interfaces = set(psutil.net_if_addrs())
     bad = mem.exposed(interfaces)
     checks.add("every listening socket reachable over loopback only", not bad, f"exposed {bad}" if bad else "")
@@ -106,7 +112,7 @@ def main(
         "peak_processes": mem.peak_procs,
         "interfaces": sorted(interfaces),
         "listeners": sorted(mem.listeners),
-        "phase_d": {s: metrics.get(s, {}).get("overall") for s in SETTINGS},
+        "phase_d": {s: m.get("overall") for s, m in metrics.items()},
         "checks": [{"name": n, "ok": ok, "detail": d} for n, ok, d in checks.results],
     }
     (out / "smoke_loop_result.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")

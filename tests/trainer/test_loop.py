@@ -106,3 +106,24 @@ def test_loop_without_sft_or_base_model_names_the_phase(tmp_path: Path) -> None:
     cfg = LoopConfig(golden=SAMPLE, out=tmp_path / "l", profile="gpu", pi1_sft="/pi1s", pi2_sft=None)
     with pytest.raises(ValueError, match="a2: no SFT checkpoint given and no base model"):
         Loop(cfg, runner=FaultyPhaseRunner()).run()
+
+
+def test_rft_baseline_trains_from_the_sft_policies_on_kept_samples(tmp_path: Path) -> None:
+    out = tmp_path / "loop"
+    # sampling for both stages already recorded (its parquet exists), so only the RFT SFT runs launch
+    for stage, phase in (("schema", "a1"), ("table", "a2")):
+        (out / "rft" / stage / "data" / phase).mkdir(parents=True)
+        (out / "rft" / stage / "data" / phase / "train.parquet").write_bytes(b"")
+    recorded(out / "rft" / "schema" / "sft", "a1", out / "rft" / "schema" / "sft" / "hf")
+    cfg = LoopConfig(
+        golden=SAMPLE, out=out, profile="cpu-smoke", pi1_sft="/pi1s", pi2_sft="/pi2s", rft=True,
+        sft_overrides=("optim.lr=1e-4",), reward_url="http://127.0.0.1:9",
+    )  # fmt: skip
+    runner = FaultyPhaseRunner()
+    with pytest.raises(RuntimeError, match=r"phase rft/table/sft failed"):
+        Loop(cfg, runner=runner).run()
+    [a2] = runner.launched
+    assert (a2.phase.name, a2.model_path, a2.data_dir) == ("a2", "/pi2s", out / "rft" / "table" / "data")
+    assert a2.overrides == ("optim.lr=1e-4",)
+    m = json.loads((out / MANIFEST).read_text())
+    assert m["inputs"]["rft"] == {"k": 4, "threshold": 0.5} and m["phase:rft/schema/sft"]["status"] == "ok"

@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 from trainer.phases_smoke import Checks
-from trainer.smoke_loop import PHASE_DIRS, check_outputs
+from trainer.smoke_loop import PHASE_DIRS, RFT_DIRS, check_outputs
 
 
 def loop_folder(out: Path, skip: str = "") -> None:
     manifest: dict[str, object] = {}
     hf: dict[str, str] = {}
-    for name in PHASE_DIRS:
+    for name in PHASE_DIRS + RFT_DIRS:
         if name == skip:
             continue
         (out / name / "checkpoints" / "global_step_2").mkdir(parents=True)
@@ -24,7 +24,7 @@ def loop_folder(out: Path, skip: str = "") -> None:
     (out / "loop_manifest.json").write_text(json.dumps(manifest))
     ev = out / "eval_loop1"
     ev.mkdir()
-    settings = {"sft": ("a1", "a2"), "local": ("b1", "b2"), "pipe": ("c1", "c2")}
+    settings = {"sft": ("a1", "a2"), "local": ("b1", "b2"), "pipe": ("c1", "c2"), "rft": RFT_DIRS}
     for s, (p1, p2) in settings.items():
         rows = [{"schema_prediction": "{}", "schema_model": hf.get(p1), "table_model": hf.get(p2)}] * 3
         (ev / f"predictions_{s}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -36,14 +36,17 @@ def test_complete_loop_folder_passes(tmp_path: Path) -> None:
     loop_folder(tmp_path)
     checks = Checks()
     metrics = check_outputs(tmp_path, checks)
-    assert checks.failed == 0 and len(checks.results) == 6 + 1 + 3 + 1
+    assert checks.failed == 0 and len(checks.results) == 8 + 1 + 4 + 1
     assert metrics["pipe"]["overall"]["schema_f1"] == 0.5
+    without_rft = Checks()
+    check_outputs(tmp_path, without_rft, rft=False)
+    assert without_rft.failed == 0 and len(without_rft.results) == 6 + 1 + 3 + 1
 
 
 def test_missing_phase_fails_its_checks_and_the_settings_that_use_it(tmp_path: Path) -> None:
     loop_folder(tmp_path, skip="c1")
     checks = Checks()
-    check_outputs(tmp_path, checks)
+    check_outputs(tmp_path, checks, rft=False)
     failed = [n for n, ok, _d in checks.results if not ok]
     assert failed == [
         "c1: checkpoint and exported HF directory",
