@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,7 @@ def main(
         try:
             Loop(cfg).run()
         except Exception as exc:  # the checks below say what is missing; the error is kept
+            traceback.print_exc()
             error = f"{type(exc).__name__}: {exc}"
     checks.add("trainer loop --profile cpu-smoke finished", error is None, error or "")
     metrics = check_outputs(out, checks, rft)

