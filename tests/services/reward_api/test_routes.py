@@ -7,6 +7,7 @@ re-implement a reward.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -155,14 +156,38 @@ def test_pipeline_without_executor_is_503_but_invalid_schema_needs_none(
     assert r.json()["error"] == "executor_not_configured"
 
 
-def test_two_workers_aggregate_metrics(golden_sample: list[GoldenExample]) -> None:
-    """``--workers 2``: both processes answer, and /metrics (multiprocess mode) sums all of them."""
+def _items_per_worker(prom_dir: Path) -> dict[str, float]:
+    """``reward_api_items_total`` per worker pid, read from prometheus_client's multiprocess files."""
+    from prometheus_client.mmap_dict import MmapedDict
+
+    out: dict[str, float] = {}
+    for f in prom_dir.glob("counter_*.db"):
+        d = MmapedDict(str(f), read_mode=True)
+        try:
+            total = sum(v for key, v, _ts in d.read_all_values() if '"reward_api_items_total"' in key)
+        finally:
+            d.close()
+        out[f.stem.removeprefix("counter_")] = total
+    return out
+
+
+def test_two_workers_aggregate_metrics(golden_sample: list[GoldenExample], tmp_path: Path) -> None:
+    """``--workers 2``: both processes score requests, and /metrics (multiprocess mode) sums all of them."""
     ex = golden_sample[0]
     item = {"id": "w", "prediction": canonical_schema_json(ex.schema_dict()), "gold_schema": ex.schema_dict()}
-    with RewardApiServer(env={"REWARD_API_EXECUTOR_URLS": "", "REWARD_API_TOKEN": ""}, workers=2) as server:
-        with httpx.Client(base_url=server.url, timeout=30) as c1, httpx.Client(base_url=server.url, timeout=30) as c2:
-            for i in range(10):  # two keep-alive connections, usually served by different workers
-                r = (c1 if i % 2 else c2).post("/reward/schema", json={"items": [item] * 3})
-                assert r.status_code == 200 and r.json()["results"][0]["reward"] == 1.0
+    env = {"REWARD_API_EXECUTOR_URLS": "", "REWARD_API_TOKEN": "", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    sent = 0
+    with RewardApiServer(env=env, workers=2) as server:
+        # New connections until both workers have scored items (the kernel spreads accepts between them).
+        for _ in range(40):
+            with httpx.Client(base_url=server.url, timeout=30) as c:
+                r = c.post("/reward/schema", json={"items": [item] * 3})
+            assert r.status_code == 200 and r.json()["results"][0]["reward"] == 1.0
+            sent += 3
+            per_worker = _items_per_worker(tmp_path)
+            if sent >= 30 and sum(v > 0 for v in per_worker.values()) == 2:
+                break
+        assert sum(v > 0 for v in per_worker.values()) == 2, f"items per worker pid: {per_worker}"
+        assert sum(per_worker.values()) == sent
         for _ in range(4):  # whichever worker answers /metrics reports the total
-            assert metric(server.url, "reward_api_items_total", {"endpoint": "/reward/schema"}) == 30
+            assert metric(server.url, "reward_api_items_total", {"endpoint": "/reward/schema"}) == sent
