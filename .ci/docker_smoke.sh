@@ -95,7 +95,7 @@ log "$(docker compose version 2>&1) / $(dockerd --version 2>&1)"
 
 # ---------------------------------------------------------------------------------------------
 phase "lint"
-mapfile -t DOCKERFILES < <(find services -name 'Dockerfile*' -type f | sort)
+mapfile -t DOCKERFILES < <(find services trainer -name 'Dockerfile*' -type f | sort)
 for f in "${DOCKERFILES[@]}"; do
   check "hadolint $f" .venv/bin/hadolint --failure-threshold error "$f"
 done
