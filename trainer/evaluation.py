@@ -30,7 +30,12 @@ from trainer.executor_client import ExecutorClient, GenerationConfig
 from trainer.inference import generate_with_progress, messages_hash, read_jsonl, write_jsonl
 
 SCHEMA_METRICS = ("schema_valid", "schema_precision", "schema_recall", "schema_f1")
-TABLE_METRICS = ("table_valid", "cell_accuracy", *(f"aligned_{k}" for k in AlignedMetrics.__dataclass_fields__))
+def aligned_key(name: str) -> str:
+    """Report key of an aligned metric: one ``aligned_`` prefix (``aligned_cell_accuracy`` keeps its name)."""
+    return name if name.startswith("aligned_") else f"aligned_{name}"
+
+
+TABLE_METRICS = ("table_valid", "cell_accuracy", *(aligned_key(k) for k in AlignedMetrics.__dataclass_fields__))
 DEFAULT_DECISION_METRIC = "cell_accuracy"
 
 
@@ -79,7 +84,7 @@ def score_example(ex: GoldenExample, pred: Mapping[str, Any]) -> dict[str, Any]:
         row["table_valid"] = float(bool(t and t.valid_json))
         row["cell_accuracy"] = t.cell_accuracy if t else 0.0
         aligned = t.aligned.as_dict() if t and t.aligned else dict.fromkeys(AlignedMetrics.__dataclass_fields__, 0.0)
-        row.update({f"aligned_{k}": v for k, v in aligned.items()})
+        row.update({aligned_key(k): v for k, v in aligned.items()})
     return row
 
 
@@ -163,13 +168,21 @@ def run_pipeline(setting: Setting, examples: Sequence[GoldenExample], gen: Gener
 
 
 def loop2_decision(
-    metrics: Mapping[str, Mapping[str, Any]], metric: str = DEFAULT_DECISION_METRIC, min_gain_points: float = 1.0
+    metrics: Mapping[str, Mapping[str, Any]],
+    metric: str = DEFAULT_DECISION_METRIC,
+    min_gain_points: float = 1.0,
+    compare: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The seed's loop-2 rule: stop when the last setting gains < ``min_gain_points`` (×100) over the previous."""
+    """The seed's loop-2 rule: stop when ``last`` gains < ``min_gain_points`` (×100) over ``previous``.
+
+    ``compare`` = (previous, last); default: the last two settings.
+    """
     names = list(metrics)
-    if len(names) < 2:
+    if compare is None and len(names) < 2:
         return {"decision": "n/a", "reason": "needs at least two settings", "metric": metric}
-    prev, last = names[-2], names[-1]
+    prev, last = compare or (names[-2], names[-1])
+    if prev not in metrics or last not in metrics:
+        raise ValueError(f"loop-2 comparison {prev!r} vs {last!r}: settings are {names}")
     a = metrics[prev]["overall"].get(metric)
     b = metrics[last]["overall"].get(metric)
     if a is None or b is None:
@@ -267,6 +280,7 @@ def write_outputs(
     decision_metric: str = DEFAULT_DECISION_METRIC,
     min_gain_points: float = 1.0,
     write_predictions: bool = True,
+    compare: tuple[str, str] | None = None,
 ) -> EvalOutputs:
     """Score every setting's predictions; write metrics.json, report.md, plots/ (and predictions)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -278,7 +292,7 @@ def write_outputs(
         if write_predictions:
             pred_paths[name] = out / f"predictions_{name}.jsonl"
             write_jsonl(pred_paths[name], [{**p, **r} for p, r in zip(preds, rows, strict=True)])
-    decision = loop2_decision(metrics, decision_metric, min_gain_points)
+    decision = loop2_decision(metrics, decision_metric, min_gain_points, compare)
     metrics_path = out / "metrics.json"
     metrics_path.write_text(
         json.dumps({"prompt_version": PROMPT_VERSION, "settings": metrics, "loop2": decision}, indent=2) + "\n"

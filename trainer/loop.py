@@ -252,8 +252,11 @@ class Loop:
             )
         self.manifest.set(f"precompute:{tag}", asdict(rep) | {"schema_model": pi1_pipe})
 
-    def evaluate(self, settings: dict[str, tuple[str, str]], tag: str) -> dict[str, Any]:
-        """Phase D: each setting's π1 then π2, served one at a time; returns the loop-2 decision."""
+    def evaluate(self, settings: dict[str, tuple[str, str]], tag: str, compare: tuple[str, str]) -> dict[str, Any]:
+        """Phase D: each setting's π1 then π2, served one at a time; returns the loop-2 decision.
+
+        ``compare`` = (previous, last): the loop-2 rule's gain is ``last`` over ``previous``.
+        """
         from shared import read_golden
         from trainer.evaluation import write_outputs
 
@@ -261,12 +264,16 @@ class Loop:
         if (out / "metrics.json").is_file():
             recorded = json.loads((out / "metrics.json").read_text())
             if set(recorded["settings"]) == set(settings):
-                decision: dict[str, Any] = recorded["loop2"]
+                # scores are reused; the decision follows the current rule (metric, min gain, pair)
+                cfg = self.cfg
+                decision = redecide(out, recorded, f"Phase D ({tag})", cfg.decision_metric, cfg.min_gain, compare)
                 self.manifest.set(f"eval:{tag}", {"dir": str(out), "loop2": decision})
                 return decision
         examples = read_golden(self.cfg.golden / "common_test_schemas.jsonl", self.cfg.eval_limit)
         preds = {name: self.staged_pipeline(name, pi1, pi2, examples) for name, (pi1, pi2) in settings.items()}
-        res = write_outputs(out, examples, preds, f"Phase D ({tag})", self.cfg.decision_metric, self.cfg.min_gain)
+        res = write_outputs(
+            out, examples, preds, f"Phase D ({tag})", self.cfg.decision_metric, self.cfg.min_gain, compare=compare
+        )
         self.manifest.set(
             f"eval:{tag}",
             {"dir": str(out), "settings": settings, "metrics": str(res.metrics_path), "loop2": res.decision},
@@ -322,10 +329,11 @@ class Loop:
         settings = {"sft": (pi1_sft, pi2_sft), "local": (pi1_local, pi2_local), "pipe": (pi1_pipe, pi2_pipe)}
         if rft:
             settings["rft"] = rft
-        decision = self.evaluate(settings, "loop1")
+        # loop 1's end-to-end gain: the pipeline round (pipe) over its start (local)
+        decision = self.evaluate(settings, "loop1", compare=("local", "pipe"))
         if cfg.loops >= 2 and decision.get("decision") == "continue":
             p1, p2 = self.pipeline_round(pi1_pipe, pi2_pipe, "loop2")
-            decision = self.evaluate({"pipe": (pi1_pipe, pi2_pipe), "pipe2": (p1, p2)}, "loop2")
+            decision = self.evaluate({"pipe": (pi1_pipe, pi2_pipe), "pipe2": (p1, p2)}, "loop2", ("pipe", "pipe2"))
         self.manifest.set("final_decision", decision)
         return self.manifest.data
 
@@ -367,6 +375,20 @@ class Loop:
         (data / "c1").parent.mkdir(parents=True, exist_ok=True)
         if not (data / "c1").exists():
             (data / "c1").symlink_to((self.data / "c1").resolve(), target_is_directory=True)
+
+
+def redecide(
+    out: Path, recorded: dict[str, Any], title: str, metric: str, min_gain: float, compare: tuple[str, str]
+) -> dict[str, Any]:
+    """The loop-2 decision over recorded Phase-D metrics; rewrites metrics.json and report.md if it changed."""
+    from trainer.evaluation import loop2_decision, markdown_report
+
+    decision = loop2_decision(recorded["settings"], metric, min_gain, compare)
+    if decision != recorded.get("loop2"):
+        recorded["loop2"] = decision
+        (out / "metrics.json").write_text(json.dumps(recorded, indent=2) + "\n")
+        (out / "report.md").write_text(markdown_report(recorded["settings"], decision, title))
+    return decision
 
 
 def _served_model(url: str) -> str:

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from shared import canonical_schema_json, compute_table_reward_single, gold_ndjson, golden_filename, read_golden
 from trainer.cli import app
-from trainer.evaluation import Setting, loop2_decision, score_predictions
+from trainer.evaluation import TABLE_METRICS, Setting, loop2_decision, score_predictions
 from trainer.inference import write_jsonl
 from trainer.sample_data import SAMPLE_DIR
 
@@ -54,6 +54,25 @@ def test_loop2_decision() -> None:
     assert loop2_decision(m)["decision"] == "continue"
     assert loop2_decision(m, min_gain_points=5.0)["decision"] == "stop"
     assert loop2_decision({"a": m["a"]})["decision"] == "n/a"
+
+
+def test_loop2_decision_compares_the_named_pair_not_the_last_two() -> None:
+    m = {
+        "local": {"overall": {"cell_accuracy": 0.50}},
+        "pipe": {"overall": {"cell_accuracy": 0.60}},
+        "rft": {"overall": {"cell_accuracy": 0.10}},
+    }
+    assert loop2_decision(m)["previous"] == "pipe"  # default: the last two
+    d = loop2_decision(m, compare=("local", "pipe"))
+    assert (d["previous"], d["last"], d["decision"]) == ("local", "pipe", "continue")
+    assert d["gain_points"] == pytest.approx(10.0)
+    with pytest.raises(ValueError, match="'sft' vs 'pipe'"):
+        loop2_decision(m, compare=("sft", "pipe"))
+
+
+def test_aligned_metric_keys_have_one_prefix() -> None:
+    assert "aligned_cell_accuracy" in TABLE_METRICS and "aligned_cell_f1" in TABLE_METRICS
+    assert not any(k.startswith("aligned_aligned_") for k in TABLE_METRICS)
 
 
 def test_setting_parse_names_the_option() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.loop import MANIFEST, Loop, LoopConfig, phase_done
+from trainer.loop import MANIFEST, Loop, LoopConfig, phase_done, redecide
 from trainer.phases import PhaseResult, PhaseRun
 
 SAMPLE = Path(__file__).resolve().parents[2] / "trainer" / "data" / "sample"
@@ -127,3 +127,15 @@ def test_rft_baseline_trains_from_the_sft_policies_on_kept_samples(tmp_path: Pat
     assert a2.overrides == ("optim.lr=1e-4",)
     m = json.loads((out / MANIFEST).read_text())
     assert m["inputs"]["rft"] == {"k": 4, "threshold": 0.5} and m["phase:rft/schema/sft"]["status"] == "ok"
+
+
+def test_recorded_phase_d_gets_the_current_decision_rule(tmp_path: Path) -> None:
+    settings = {n: {"overall": {"cell_accuracy": v}, "per_source": {}} for n, v in
+                (("sft", 0.5), ("local", 0.5), ("pipe", 0.6), ("rft", 0.2))}  # fmt: skip
+    stale = {"decision": "stop", "previous": "pipe", "last": "rft"}
+    recorded = {"prompt_version": "v", "settings": settings, "loop2": stale}
+    (tmp_path / "metrics.json").write_text(json.dumps(recorded))
+    d = redecide(tmp_path, recorded, "Phase D", "cell_accuracy", 1.0, ("local", "pipe"))
+    assert (d["previous"], d["last"], d["decision"]) == ("local", "pipe", "continue")
+    assert json.loads((tmp_path / "metrics.json").read_text())["loop2"] == d
+    assert "pipe vs local: +10.00 points" in (tmp_path / "report.md").read_text()
