@@ -260,8 +260,15 @@ def smoke(out: Path, steps: int, sft_steps: int, response_len: int, executor_max
     return finish(out, checks, summary, mem)
 
 
-def finish(out: Path, checks: Checks, summary: dict[str, Any], mem: MemorySampler) -> int:
-    """Loopback check, summary file, the last lines; the exit code."""
+def finish(
+    out: Path,
+    checks: Checks,
+    summary: dict[str, Any],
+    mem: MemorySampler,
+    result_file: str = "smoke_result.json",
+    extra_lines: tuple[str, ...] = (),
+) -> int:
+    """Loopback check, summary file (``out/result_file``), the last lines; the exit code."""
     interfaces = set(psutil.net_if_addrs())
     bad = mem.exposed(interfaces)
     wildcard = [a for a in mem.non_loopback() if a not in bad]
@@ -270,7 +277,9 @@ def finish(out: Path, checks: Checks, summary: dict[str, Any], mem: MemorySample
         not bad,
         f"exposed {bad} (interfaces {sorted(interfaces)})"
         if bad
-        else f"{len(mem.listeners)} listeners; wildcard {wildcard} in a namespace with only {sorted(interfaces)}",
+        else f"{len(mem.listeners)} listeners; wildcard {wildcard} in a namespace with only {sorted(interfaces)}"
+        if wildcard
+        else f"{len(mem.listeners)} listeners, all on loopback",
     )
     summary.update(
         peak_rss_gib=round(mem.peak_rss / 2**30, 2),
@@ -279,8 +288,10 @@ def finish(out: Path, checks: Checks, summary: dict[str, Any], mem: MemorySample
         interfaces=sorted(interfaces),
     )
     summary["checks"] = [{"name": n, "ok": ok, "detail": d} for n, ok, d in checks.results]
-    (out / "smoke_result.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    (out / result_file).write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print(f"peak RSS {summary['peak_rss_gib']} GiB over {mem.peak_procs} processes; total {summary.get('total_s')} s")
+    for line in extra_lines:
+        print(line)
     print(f"{len(checks.results) - checks.failed} passed, {checks.failed} failed")
     return 1 if checks.failed else 0
 

@@ -19,10 +19,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import psutil
 import typer
 
-from trainer.phases_smoke import SAMPLE_DIR, Checks, MemorySampler
+from trainer.phases_smoke import SAMPLE_DIR, Checks, MemorySampler, finish
 
 PHASE_DIRS = ("a1", "a2", "b1", "b2", "c1", "c2")
 RFT_DIRS = ("rft/schema/sft", "rft/table/sft")
@@ -105,24 +104,9 @@ def main(
             error = f"{type(exc).__name__}: {exc}"
     checks.add("trainer loop --profile cpu-smoke finished", error is None, error or "")
     metrics = check_outputs(out, checks, rft)
-    interfaces = set(psutil.net_if_addrs())
-    bad = mem.exposed(interfaces)
-    checks.add("every listening socket reachable over loopback only", not bad, f"exposed {bad}" if bad else "")
-    summary = {
-        "total_s": round(time.monotonic() - t0, 1),
-        "peak_rss_gib": round(mem.peak_rss / 2**30, 2),
-        "peak_processes": mem.peak_procs,
-        "interfaces": sorted(interfaces),
-        "listeners": sorted(mem.listeners),
-        "phase_d": {s: m.get("overall") for s, m in metrics.items()},
-        "checks": [{"name": n, "ok": ok, "detail": d} for n, ok, d in checks.results],
-    }
-    (out / "smoke_loop_result.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    print(f"peak RSS {summary['peak_rss_gib']} GiB over {mem.peak_procs} processes; total {summary['total_s']} s")
-    print(f"report: {out / 'eval_loop1' / 'report.md'}")
-    print(f"{len(checks.results) - checks.failed} passed, {checks.failed} failed")
-    raise typer.Exit(1 if checks.failed else 0)
-
+    summary = {"total_s": round(time.monotonic() - t0, 1), "phase_d": {s: m.get("overall") for s, m in metrics.items()}}
+    report = f"report: {out / 'eval_loop1' / 'report.md'}"
+    raise typer.Exit(finish(out, checks, summary, mem, "smoke_loop_result.json", (report,)))
 
 if __name__ == "__main__":
     typer.run(main)
