@@ -339,11 +339,12 @@ class Loop:
 
     def rft_baseline(self, pi1_sft: str, pi2_sft: str) -> tuple[str, str]:
         """RFT of π1ˢ (schema reward) and π2ˢ (table reward): sample, keep the best, SFT on them."""
-        from trainer.rft import SFT_PHASE, RftConfig, build_rft_data
+        from trainer.rft import SFT_PHASE, RftConfig, Stage, build_rft_data
 
         gen = RftConfig(k=self.cfg.rft_k, threshold=self.cfg.rft_threshold, max_tokens=self.cfg.eval_max_tokens)
         models: dict[str, str] = {}
-        for stage, start in (("schema", pi1_sft), ("table", pi2_sft)):
+        stages: tuple[tuple[Stage, str], ...] = (("schema", pi1_sft), ("table", pi2_sft))
+        for stage, start in stages:
             base = self.out / "rft" / stage
             phase = SFT_PHASE[stage]
             if phase_done(base / "sft") is None and not (base / "data" / phase / "train.parquet").is_file():
@@ -352,7 +353,7 @@ class Loop:
                     local_executor(start, logs / f"executor_rft_{stage}.log") as ex_url,
                     self.reward_api(None, self.cfg.reward_url, f"rft_{stage}") as url,
                 ):
-                    rep = build_rft_data(self.cfg.golden, base, stage, ex_url, SERVED_NAME, url, gen, self.cfg.limit)  # type: ignore[arg-type]
+                    rep = build_rft_data(self.cfg.golden, base, stage, ex_url, SERVED_NAME, url, gen, self.cfg.limit)
                 self.manifest.set(f"rft:{stage}", rep.as_dict() | {"policy": start})
             models[stage] = self.phase(phase, start, None, base / "sft", data_dir=base / "data")
         return models["schema"], models["table"]
