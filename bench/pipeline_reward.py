@@ -85,8 +85,7 @@ def build_items(examples: list[GoldenExample], seed: int = 0) -> list[dict[str, 
 
 
 def messages_for(item: dict[str, Any]) -> list[dict[str, str]]:
-    schema_id = item["gold_schema"].get("table_id") or item["gold_table"].get("table_id")
-    return build_stage2_messages(item["text"], item["prediction"], stage2_template(), schema_id=schema_id)
+    return build_stage2_messages(item["text"], item["prediction"], stage2_template())
 
 
 def expected_reward(item: dict[str, Any], output: str) -> float:

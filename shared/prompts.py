@@ -5,6 +5,12 @@ and friends, so JSON braces in the text need no escaping). The bundled ones live
 ``shared/templates``. A user whose SFT checkpoints were trained on other wording points
 ``STAGE1_TEMPLATE`` / ``STAGE2_TEMPLATE`` (or the ``template=`` argument) at their own file.
 The template version is recorded in every dataset row and reported by the reward API.
+
+The Stage-2 ``[SCHEMA]`` carries a ``schema_id``. It is neutral by default (the template's optional
+``schema_id`` field, else ``"schema"``), never the gold example id: ids such as
+``rotowire_sent-train-…`` would tell the model the source and the split (``train`` in training,
+``test`` in evaluation), and real users' ids carry no such meaning. Because SFT data, RL data, the
+reward API and evaluation all render through the same template, they all send the same id.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ TEMPLATE_DIR = Path(__file__).parent / "templates"
 DEFAULT_STRUCTURE_CANDIDATES = ("table", "record", "list")
 Message = dict[str, str]
 
+DEFAULT_SCHEMA_ID = "schema"
 _STAGE_FIELDS = {
     1: ("version", "system", "policy", "task", "user"),
     2: ("version", "system", "policy", "output_format", "task", "user"),
@@ -44,6 +51,7 @@ class PromptTemplate:
     system: str
     user: str
     parts: Mapping[str, str]
+    schema_id: str = DEFAULT_SCHEMA_ID
 
     def render_user(self, **values: str) -> str:
         try:
@@ -68,7 +76,10 @@ def load_template(path: str | Path, stage: int) -> PromptTemplate:
         if not isinstance(data.get(key), str) or not data[key]:
             raise TemplateError(f"{p}: field '{key}' is missing or not a non-empty string")
     parts = {k: data[k] for k in _STAGE_FIELDS[stage] if k not in ("version", "system", "user")}
-    return PromptTemplate(stage, data["version"], data["system"], data["user"], parts)
+    schema_id = data.get("schema_id", DEFAULT_SCHEMA_ID)
+    if not isinstance(schema_id, str) or not schema_id:
+        raise TemplateError(f"{p}: field 'schema_id' must be a non-empty string when given")
+    return PromptTemplate(stage, data["version"], data["system"], data["user"], parts, schema_id)
 
 
 def stage1_template(path: str | Path | None = None) -> PromptTemplate:
@@ -117,12 +128,13 @@ def build_stage1_messages(
 
 
 def stage2_schema(
-    schema: Mapping[str, Any] | Sequence[Any] | str, schema_id: str | None = None, structure: str = "table"
+    schema: Mapping[str, Any] | Sequence[Any] | str, schema_id: str = DEFAULT_SCHEMA_ID, structure: str = "table"
 ) -> dict[str, Any]:
     """``{"schema_id", "structure", "fields": [{"name"}, ...]}`` from any accepted schema shape.
 
     ``schema`` may be decoded JSON or model text (fence allowed); a text that does not parse raises
-    ``ValueError`` with the reason. Extra per-field keys (``type``, ``description``) are kept.
+    ``ValueError`` with the reason. Extra per-field keys (``type``, ``description``) are kept. A
+    ``table_id``/``schema_id`` inside ``schema`` is ignored on purpose (see the module docstring).
     """
     if isinstance(schema, str):
         parsed = parse_schema_text(schema)
@@ -136,10 +148,7 @@ def stage2_schema(
             {**item, "name": name} if isinstance(item, Mapping) else {"name": name}
             for item, name in zip(items or [], names, strict=True)
         ]
-        if schema_id is None and isinstance(schema, Mapping):
-            sid = schema.get("schema_id", schema.get("table_id"))
-            schema_id = str(sid) if sid is not None else None
-    return {"schema_id": schema_id or "schema", "structure": structure, "fields": fields}
+    return {"schema_id": schema_id, "structure": structure, "fields": fields}
 
 
 def build_stage2_messages(
@@ -148,9 +157,13 @@ def build_stage2_messages(
     template: PromptTemplate | None = None,
     schema_id: str | None = None,
 ) -> list[Message]:
-    """System + user messages for π2 from a document and a schema in any accepted shape."""
+    """System + user messages for π2 from a document and a schema in any accepted shape.
+
+    ``schema_id`` defaults to the template's neutral id; pass one only for an id that carries no
+    information about the example (the module docstring says why).
+    """
     tpl = template or stage2_template()
-    user = tpl.render_user(schema=_dumps(stage2_schema(schema, schema_id)), document=text)
+    user = tpl.render_user(schema=_dumps(stage2_schema(schema, schema_id or tpl.schema_id)), document=text)
     return [{"role": "system", "content": tpl.system}, {"role": "user", "content": user}]
 
 

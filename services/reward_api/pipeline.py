@@ -3,7 +3,7 @@
 For each item: score the predicted schema (``shared``); an invalid schema takes
 ``shared.pipeline_reward_for_invalid_schema`` and costs no executor call. A valid one becomes the
 Stage-2 prompt (``shared.build_stage2_messages`` from the document and the *predicted* schema, with the
-gold table id as ``schema_id``, as the trainer's inference does); identical prompts are sent once; the
+template's neutral ``schema_id``, as SFT, RL data and evaluation use); identical prompts are sent once; the
 executor's text is scored with ``shared.compute_table_reward_single`` and combined with
 ``shared.combine_pipeline_reward``. Failures follow ``failures``' policy.
 """
@@ -57,8 +57,7 @@ def _prepare(
         if not schema.valid_json:
             out.append(_Prepared(schema, None, None))
             continue
-        schema_id = it.gold_schema.table_id or it.gold_table.table_id
-        messages = build_stage2_messages(it.text, it.prediction, template, schema_id=schema_id)
+        messages = build_stage2_messages(it.text, it.prediction, template)
         # Without a client the key only has to group identical prompts; the call then fails as not_configured.
         key = client.key(messages) if client else json.dumps(messages, sort_keys=True)
         out.append(_Prepared(schema, messages, key))

@@ -38,7 +38,40 @@ def test_stage2_sections_schema_and_target() -> None:
     for tag in ("[POLICY]", "[SCHEMA]", "<|document|>\n[DOCUMENT]", "[OUTPUT_FORMAT]", "[TASK]"):
         assert tag in user
     schema = json.loads(user.split("[SCHEMA]\n", 1)[1].split("\n\n", 1)[0])
-    assert schema == {"schema_id": "t1", "structure": "table", "fields": [{"name": "name"}, {"name": "area"}]}
+    assert schema == {"schema_id": "schema", "structure": "table", "fields": [{"name": "name"}, {"name": "area"}]}
+
+
+def test_stage2_schema_id_is_neutral_whatever_the_gold_id() -> None:
+    """The gold id (source + split, e.g. ``rotowire_sent-train-3``) never reaches the prompt (issue 17.6)."""
+    gold = {"table_id": "rotowire_sent-train-3", "columns": [{"name": "team"}]}
+    user = build_stage2_messages("doc", gold)[1]["content"]
+    assert "rotowire" not in user and "train" not in user.split("[SCHEMA]", 1)[1].split("<|document|>", 1)[0]
+    assert json.loads(user.split("[SCHEMA]\n", 1)[1].split("\n\n", 1)[0])["schema_id"] == "schema"
+    assert stage2_schema({"schema_id": "e2e-test-9", "fields": ["x"]})["schema_id"] == "schema"
+    assert PROMPT_VERSION.endswith("+stage2-v2")  # the prompt changed, so did its version
+
+
+def test_stage2_schema_id_is_configured_by_the_template(tmp_path: Path) -> None:
+    tpl_path = tmp_path / "s2.json"
+    tpl_path.write_text(
+        json.dumps(
+            {
+                "version": "v",
+                "schema_id": "doc_table",
+                "system": "S",
+                "policy": "P",
+                "output_format": "O",
+                "task": "T",
+                "user": "$schema",
+            }
+        )
+    )
+    tpl = load_template(tpl_path, 2)
+    assert json.loads(build_stage2_messages("d", SCHEMA, template=tpl)[1]["content"])["schema_id"] == "doc_table"
+    tpl_path.write_text(tpl_path.read_text().replace('"doc_table"', '""'))
+    load_template.cache_clear()
+    with pytest.raises(TemplateError, match="schema_id"):
+        load_template(tpl_path, 2)
 
 
 @pytest.mark.parametrize(
