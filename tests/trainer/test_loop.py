@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trainer.loop import MANIFEST, Loop, LoopConfig, phase_done, redecide
-from trainer.phases import PhaseResult, PhaseRun
+from trainer.phases.launch import PhaseResult, PhaseRun
 
 SAMPLE = Path(__file__).resolve().parents[2] / "trainer" / "data" / "sample"
 

@@ -35,8 +35,8 @@ from tests.trainer.verl_harness import (
     rollout_dataproto,
     run_reward_worker,
 )
+from trainer.data.sample_data import SAMPLE_DIR
 from trainer.reward_client import SCORE_KEYS
-from trainer.sample_data import SAMPLE_DIR
 
 pytestmark = [pytest.mark.verl, pytest.mark.service, pytest.mark.slow]
 VAL = read_golden(SAMPLE_DIR / golden_filename("validation"))

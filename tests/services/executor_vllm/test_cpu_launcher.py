@@ -9,8 +9,8 @@ import pytest
 from services.executor_vllm.cpu_launcher import CpuExecutor
 from services.executor_vllm.entrypoint import serve_command
 from shared import build_stage1_messages, read_golden
-from trainer.executor_client import ExecutorClient, GenerationConfig
-from trainer.sample_data import SAMPLE_DIR
+from trainer.data.sample_data import SAMPLE_DIR
+from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
 
 
 def _flag(cmd: list[str], name: str) -> str:

@@ -1,0 +1,116 @@
+"""Offline scoring, aggregation per data source, the loop-2 decision, report and plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from shared import canonical_schema_json, compute_table_reward_single, gold_ndjson, golden_filename, read_golden
+from trainer.cli import app
+from trainer.data.sample_data import SAMPLE_DIR
+from trainer.evaluation.inference import write_jsonl
+from trainer.evaluation.phase_d import TABLE_METRICS, Setting, loop2_decision, score_predictions
+
+TEST = SAMPLE_DIR / golden_filename("test")
+
+
+def _gold_preds() -> list[dict[str, object]]:
+    return [{"id": ex.id, "schema_prediction": canonical_schema_json(ex.schema_dict()),
+             "table_prediction": gold_ndjson(ex.table_dict())} for ex in read_golden(TEST)]
+
+
+def _worse_preds() -> list[dict[str, object]]:
+    out: list[dict[str, object]] = []
+    for i, ex in enumerate(read_golden(TEST)):
+        rows = gold_ndjson(ex.table_dict()).splitlines()
+        out.append({"id": ex.id,
+                    "schema_prediction": "garbage" if i == 0 else json.dumps({"columns": ex.schema_.names()[:2]}),
+                    "table_prediction": None if i == 0 else "\n".join(rows[:1])})
+    return out
+
+
+def test_metrics_come_from_shared() -> None:
+    golden = read_golden(TEST)
+    rows = score_predictions(golden, _worse_preds())
+    assert rows[0]["schema_valid"] == 0.0 and rows[0]["cell_accuracy"] == 0.0 and rows[0]["table_valid"] == 0.0
+    ex = golden[1]
+    want = compute_table_reward_single(gold_ndjson(ex.table_dict()).splitlines()[0], ex.table_dict())
+    assert rows[1]["cell_accuracy"] == want.cell_accuracy
+    assert want.aligned is not None and rows[1]["aligned_cell_f1"] == want.aligned.cell_f1
+    n = len(ex.schema_.names())
+    assert rows[1]["schema_precision"] == 1.0 and rows[1]["schema_recall"] == pytest.approx(2 / n)
+    with pytest.raises(ValueError, match="not in the golden file"):
+        score_predictions(golden, [{"id": "nope", "schema_prediction": "{}"}])
+
+
+def test_loop2_decision() -> None:
+    m = {"a": {"overall": {"cell_accuracy": 0.50}}, "b": {"overall": {"cell_accuracy": 0.505}}}
+    d = loop2_decision(m)
+    assert d["decision"] == "stop" and d["gain_points"] == pytest.approx(0.5)
+    m["b"]["overall"]["cell_accuracy"] = 0.53
+    assert loop2_decision(m)["decision"] == "continue"
+    assert loop2_decision(m, min_gain_points=5.0)["decision"] == "stop"
+    assert loop2_decision({"a": m["a"]})["decision"] == "n/a"
+
+
+def test_loop2_decision_compares_the_named_pair_not_the_last_two() -> None:
+    m = {
+        "local": {"overall": {"cell_accuracy": 0.50}},
+        "pipe": {"overall": {"cell_accuracy": 0.60}},
+        "rft": {"overall": {"cell_accuracy": 0.10}},
+    }
+    assert loop2_decision(m)["previous"] == "pipe"  # default: the last two
+    d = loop2_decision(m, compare=("local", "pipe"))
+    assert (d["previous"], d["last"], d["decision"]) == ("local", "pipe", "continue")
+    assert d["gain_points"] == pytest.approx(10.0)
+    with pytest.raises(ValueError, match="'sft' vs 'pipe'"):
+        loop2_decision(m, compare=("sft", "pipe"))
+
+
+def test_aligned_metric_keys_have_one_prefix() -> None:
+    assert "aligned_cell_accuracy" in TABLE_METRICS and "aligned_cell_f1" in TABLE_METRICS
+    assert not any(k.startswith("aligned_aligned_") for k in TABLE_METRICS)
+
+
+def test_setting_parse_names_the_option() -> None:
+    s = Setting.parse("sft=http://h:1,m1,http://h:2/v1,m2")
+    assert (s.name, s.schema_model, s.table_url) == ("sft", "m1", "http://h:2/v1")
+    with pytest.raises(ValueError, match="--setting"):
+        Setting.parse("sft=http://h:1,m1")
+
+
+def test_evaluate_score_cli_writes_report_and_plots(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "worse.jsonl", _worse_preds())
+    write_jsonl(tmp_path / "gold.jsonl", _gold_preds())
+    # a `trainer infer stage1` file is accepted too (schema metrics only)
+    golden = read_golden(TEST)
+    write_jsonl(tmp_path / "s1.jsonl", [{"id": ex.id, "stage": "stage1", "prediction": canonical_schema_json(
+        ex.schema_dict()), "model": "m", "prompt_version": "v", "messages_sha256": "0"} for ex in golden])
+    out = tmp_path / "eval"
+    res = CliRunner().invoke(app, ["evaluate", "score", "--golden", str(TEST), "--out", str(out),
+                                   "--predictions", f"worse={tmp_path / 'worse.jsonl'}",
+                                   "--predictions", f"gold={tmp_path / 'gold.jsonl'}"])
+    assert res.exit_code == 0, res.output
+    metrics = json.loads((out / "metrics.json").read_text())
+    gold = metrics["settings"]["gold"]["overall"]
+    assert gold["n"] == 6 and gold["schema_f1"] == 1.0 and gold["cell_accuracy"] == 1.0
+    assert gold["aligned_cell_f1"] == 1.0 and gold["table_valid"] == 1.0
+    worse = metrics["settings"]["worse"]["overall"]
+    assert worse["schema_valid"] == pytest.approx(5 / 6) and worse["cell_accuracy"] < 0.6
+    assert set(metrics["settings"]["gold"]["per_source"]) == {"invoice", "product", "people"}
+    assert metrics["loop2"]["decision"] == "continue" and metrics["loop2"]["last"] == "gold"
+    report = (out / "report.md").read_text()
+    assert "| metric | worse | gold |" in report and "## cell_accuracy per data source" in report
+    assert "**continue**" in report
+    for png in ("overall.png", "per_source_cell_accuracy.png"):
+        assert (out / "plots" / png).read_bytes()[:4] == b"\x89PNG"
+    res = CliRunner().invoke(app, ["evaluate", "score", "--golden", str(TEST), "--out", str(tmp_path / "e2"),
+                                   "--predictions", f"s1={tmp_path / 's1.jsonl'}"])
+    assert res.exit_code == 0, res.output
+    s1 = json.loads((tmp_path / "e2" / "metrics.json").read_text())["settings"]["s1"]["overall"]
+    assert s1["schema_f1"] == 1.0 and "cell_accuracy" not in s1
+    bad = CliRunner().invoke(app, ["evaluate", "score", "--golden", str(TEST), "--predictions", "nofile"])
+    assert bad.exit_code == 2 and "NAME=FILE" in bad.output

@@ -1,0 +1,144 @@
+"""The VERL hook: the registered trainer's _validate ends VERL 0.9.1's own PPOTrainer.fit loop.
+
+The loop under test is VERL's real ``fit``; only the expensive parts around it (rollout+update
+step, weight sync, checkpoint writing, validation generation) are replaced by a scripted harness
+whose validation scores plateau, so the stop is deterministic.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.verl
+
+
+@pytest.fixture(scope="module")
+def c1_config(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from trainer.phases.launch import CONFIG_DIR, REPO_ROOT
+
+    out = tmp_path_factory.mktemp("es_out")
+    env = {
+        "TRAINER_DATA_DIR": str(out),
+        "TRAINER_OUT_DIR": str(out),
+        "TRAINER_REPO_ROOT": str(REPO_ROOT),
+        "POLICY_MODEL_PATH": "/nonexistent",
+        "REWARD_API_URL": "http://127.0.0.1:9",
+    }
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+            cfg = compose("c1_grpo", overrides=["profile=cpu-smoke", "trainer.logger=[console]"])
+        OmegaConf.resolve(cfg)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return cfg
+
+
+class _Batch:
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self.partition_id = "train"
+
+
+def scripted_trainer(config: Any, scores: list[float], total_steps: int, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """EarlyStoppingPPOTrainer with a scripted step/validation around VERL's real fit loop."""
+    from verl.trainer.ppo.v1 import trainer_base
+
+    from trainer.phases.early_stopping_verl import EarlyStoppingPPOTrainer, stopper_from_config
+
+    t: Any = EarlyStoppingPPOTrainer.__new__(EarlyStoppingPPOTrainer)
+    t.config = config
+    t.early_stopper = stopper_from_config(config)
+    t.global_steps = 0
+    t.steps_per_epoch = 1000
+    t.total_training_steps = total_steps
+    t._init_dump_executor()
+    t.trained_steps = []
+    t.train_end_called = False
+    ckpt = Path(config.trainer.default_local_dir)
+    script = iter(scores)
+
+    def step(metrics: dict[str, Any], timing_raw: dict[str, Any]) -> _Batch:
+        t.trained_steps.append(t.global_steps)
+        return _Batch()
+
+    def save() -> None:
+        (ckpt / f"global_step_{t.global_steps}" / "actor").mkdir(parents=True, exist_ok=True)
+
+    def on_train_end() -> None:
+        t.train_end_called = True
+
+    def scripted_validate(self: Any) -> dict[str, float]:
+        return {"val-core/pipeline/reward/mean@1": next(script)}
+
+    monkeypatch.setattr(trainer_base.PPOTrainer, "_validate", scripted_validate)
+    tq: Any = trainer_base.tq  # type: ignore[attr-defined]
+    monkeypatch.setattr(tq, "kv_clear", lambda **_kw: None)
+    for name, fn in {
+        "step": step,
+        "_save_checkpoint": save,
+        "on_step_end": lambda: None,
+        "on_train_end": on_train_end,
+        "_compute_metrics": lambda *a, **k: None,
+        "_reissue_inflight_prompts": lambda *a, **k: 0,
+        "_start_profiling": lambda: None,
+        "_stop_profiling": lambda: None,
+    }.items():
+        setattr(t, name, fn)
+    return t
+
+
+def test_plateau_halts_verl_fit_loop(c1_config: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.merge(
+        c1_config,
+        {"trainer": {"test_freq": 1, "save_freq": 1, "val_before_train": True}, "early_stopping": {"patience": 2}},
+    )
+    # step 0 baseline, then 1: gain, 2: gain, 3-4: plateau -> stop after step 4 of 10
+    t = scripted_trainer(cfg, [0.10, 0.20, 0.30, 0.302, 0.299, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9], 10, monkeypatch)
+    t.fit(agent_loop_manager=None)
+    assert t.trained_steps == [1, 2, 3, 4]
+    assert t.train_end_called
+    st = t.early_stopper.state
+    assert st.stopped and st.stop_step == 4 and st.best_step == 2
+    ckpt = Path(cfg.trainer.default_local_dir)
+    assert sorted(p.name for p in ckpt.glob("global_step_*")) == ["global_step_2", "global_step_4"]
+
+
+def test_no_plateau_runs_to_the_end(c1_config: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.merge(
+        c1_config,
+        {
+            "trainer": {"test_freq": 1, "save_freq": 1, "val_before_train": False, "default_local_dir": str(tmp_path)},
+            "early_stopping": {"patience": 2},
+        },
+    )
+    t = scripted_trainer(cfg, [0.1, 0.2, 0.3, 0.4, 0.5], 5, monkeypatch)
+    t.fit(agent_loop_manager=None)
+    assert t.trained_steps == [1, 2, 3, 4, 5]
+    assert not t.early_stopper.state.stopped
+
+
+def test_save_freq_must_match_test_freq(c1_config: Any) -> None:
+    from omegaconf import OmegaConf
+
+    from trainer.phases.early_stopping_verl import stopper_from_config
+
+    cfg: Any = OmegaConf.merge(c1_config, {"trainer": {"test_freq": 5, "save_freq": 10}})
+    with pytest.raises(ValueError, match=r"save_freq must equal trainer\.test_freq"):
+        stopper_from_config(cfg)

@@ -1,0 +1,168 @@
+"""Phase configs and launchers: composed configs hold the keys the design requires, commands and env."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from trainer.phases.export import ExportError, check_hf_dir, fsdp_dir, merge_command
+from trainer.phases.launch import (
+    CONFIG_DIR,
+    CPU_ENV,
+    PHASES,
+    REPO_ROOT,
+    PhaseResult,
+    PhaseRun,
+    check_profile,
+    get_phase,
+    read_result,
+)
+
+ENV = {
+    "TRAINER_DATA_DIR": "/data",
+    "TRAINER_OUT_DIR": "/out",
+    "TRAINER_REPO_ROOT": str(REPO_ROOT),
+    "POLICY_MODEL_PATH": "/models/start",
+    "REWARD_API_URL": "http://127.0.0.1:8123",
+}
+
+
+@pytest.fixture
+def env() -> Iterator[None]:
+    old = {k: os.environ.get(k) for k in ENV}
+    os.environ.update(ENV)
+    yield
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def composed(name: str, *overrides: str) -> Any:
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose(name, overrides=list(overrides))
+    OmegaConf.resolve(cfg)
+    return cfg
+
+
+@pytest.mark.parametrize("phase", ["b1", "b2", "c1", "c2"])
+@pytest.mark.parametrize("profile", ["gpu", "cpu-smoke"])
+def test_grpo_configs(env: None, phase: str, profile: str) -> None:
+    c = composed(f"{phase}_grpo", f"profile={profile}")
+    arr = c.actor_rollout_ref
+    assert c.algorithm.adv_estimator == "grpo"
+    assert c.data.train_files == f"/data/{phase}/train.parquet"
+    assert c.data.val_files == f"/data/{phase}/validation.parquet"
+    assert arr.model.path == "/models/start"
+    assert arr.actor.use_kl_loss is True and arr.actor.kl_loss_type == "low_var_kl" and arr.actor.kl_loss_coef > 0
+    assert arr.actor.strategy == "fsdp2" and arr.ref.strategy == "fsdp2"
+    # the reward function is configured under reward.* (the top-level key is silently ignored)
+    assert c.reward.custom_reward_function.path == f"{REPO_ROOT}/trainer/reward_fn.py"
+    assert c.reward.custom_reward_function.name == "compute_score"
+    assert c.reward.custom_reward_function.reward_kwargs.url == "http://127.0.0.1:8123"
+    assert c.get("custom_reward_function") is None or c.custom_reward_function.path is None
+    assert c.trainer.save_freq == c.trainer.test_freq > 0
+    assert c.trainer.v1.trainer_mode == "sync_early_stop"
+    assert c.phase.name == phase
+    expected_ds = {"b1": "schema", "b2": "table", "c1": "pipeline", "c2": "table"}[phase]
+    assert c.early_stopping.data_source == expected_ds
+    if profile == "cpu-smoke":
+        assert c.trainer.device == "cpu" and c.trainer.n_gpus_per_node == 1
+        for role in (arr.actor, arr.ref):
+            assert role.fsdp_config.mixed_precision.param_dtype == "fp32"
+        assert arr.rollout.dtype == "float32" and arr.rollout.enforce_eager and not arr.rollout.enable_sleep_mode
+        assert arr.model.use_remove_padding is False and arr.model.override_config.attn_implementation == "sdpa"
+        assert c.ray_kwargs.ray_init._node_ip_address == "127.0.0.1" and c.ray_kwargs.ray_init.num_gpus == 1
+        assert c.reward.num_workers == 1
+        assert c.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
+    else:
+        assert c.trainer.device == "cuda" and c.trainer.n_gpus_per_node == 8
+        assert arr.actor.fsdp_config.mixed_precision.param_dtype == "bf16"
+        assert "_node_ip_address" not in c.ray_kwargs.ray_init
+
+
+def test_early_stopping_metrics_per_phase(env: None) -> None:
+    assert dict(composed("b1_grpo").early_stopping.metrics) == {"f1": 1.0, "valid_json": 0.25}
+    assert dict(composed("b2_grpo").early_stopping.metrics) == {"cell_accuracy": 1.0}
+    assert dict(composed("c1_grpo").early_stopping.metrics) == {"reward": 1.0}
+    assert dict(composed("c2_grpo").early_stopping.metrics) == {"cell_accuracy": 1.0}
+
+
+@pytest.mark.parametrize("phase", ["a1", "a2"])
+@pytest.mark.parametrize("profile", ["gpu", "cpu-smoke"])
+def test_sft_configs(env: None, phase: str, profile: str) -> None:
+    c = composed(f"{phase}_sft", f"sft_profile={profile}")
+    assert c.data.train_files == f"/data/{phase}/train.parquet" and c.data.messages_key == "messages"
+    assert c.model.path == "/models/start" and c.engine.strategy == "fsdp2"
+    want = "fp32" if profile == "cpu-smoke" else "bf16"
+    assert c.engine.mixed_precision.param_dtype == want
+    if profile == "cpu-smoke":
+        assert c.data.pad_mode == "no_padding"
+
+
+def test_cli_override_wins(env: None) -> None:
+    c = composed("c1_grpo", "profile=cpu-smoke", "actor_rollout_ref.rollout.n=4", "trainer.total_training_steps=1")
+    assert c.actor_rollout_ref.rollout.n == 4 and c.trainer.total_training_steps == 1
+
+
+def test_phase_run_command_and_env(tmp_path: Path) -> None:
+    run = PhaseRun(get_phase("c1"), "cpu-smoke", tmp_path / "d", tmp_path / "o", "/m", "http://r", ("a.b=1",))
+    cmd = run.command()
+    assert cmd[1:] == ["-m", "trainer.phases.verl_main", "--config-name", "c1_grpo", "profile=cpu-smoke", "a.b=1"]
+    env = run.env({"PATH": "/bin"})
+    for k, v in CPU_ENV.items():
+        assert env[k] == v
+    assert env["REWARD_API_URL"] == "http://r" and env["POLICY_MODEL_PATH"] == "/m"
+    assert env["TRAINER_DATA_DIR"] == str((tmp_path / "d").resolve())
+    assert env["VERL_FILE_LOGGER_PATH"] == str((tmp_path / "o" / "metrics.jsonl").resolve())
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO_ROOT)
+    sft = PhaseRun(get_phase("a2"), "gpu", tmp_path, tmp_path, "/m", nproc=8).command()
+    assert "verl.trainer.sft_trainer" in sft and "--nproc_per_node=8" in sft and "sft_profile=gpu" in sft
+    assert sft[sft.index("--config-path") + 1] == str(CONFIG_DIR)
+
+
+def test_grpo_run_needs_a_reward_url(tmp_path: Path) -> None:
+    run = PhaseRun(get_phase("b1"), "gpu", tmp_path, tmp_path, "/m")
+    with pytest.raises(ValueError, match="REWARD_API_URL"):
+        run.env({})
+    PhaseRun(get_phase("a1"), "gpu", tmp_path, tmp_path, "/m").env({})  # SFT needs none
+
+
+def test_bad_phase_and_profile_are_named() -> None:
+    with pytest.raises(ValueError, match="phase must be one of"):
+        get_phase("d")
+    with pytest.raises(ValueError, match="--profile"):
+        check_profile("tpu")
+    assert set(PHASES) == {"a1", "a2", "b1", "b2", "c1", "c2"}
+
+
+def test_result_roundtrip(tmp_path: Path) -> None:
+    res = PhaseResult("b1", "cpu-smoke", "ok", 0, ["x"], "/m", "/d", str(tmp_path), "t", 1.0, best_step=3)
+    res.write(tmp_path)
+    back = read_result(tmp_path)
+    assert back is not None and back.best_step == 3 and back.status == "ok"
+
+
+def test_export_helpers(tmp_path: Path) -> None:
+    step = tmp_path / "global_step_3"
+    (step / "actor").mkdir(parents=True)
+    assert fsdp_dir(step, "grpo") == step / "actor"
+    with pytest.raises(ExportError, match="no actor/"):
+        fsdp_dir(tmp_path / "global_step_9", "grpo")
+    assert fsdp_dir(tmp_path / "global_step_9", "sft") == tmp_path / "global_step_9"
+    cmd = merge_command(step / "actor", tmp_path / "hf")
+    assert cmd[1:5] == ["-m", "verl.model_merger", "merge", "--backend"] and "--target_dir" in cmd
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    with pytest.raises(ExportError, match=r"config\.json, weights"):
+        check_hf_dir(hf)
+    for f in ("config.json", "model.safetensors", "tokenizer.json"):
+        (hf / f).write_text("{}")
+    check_hf_dir(hf)

@@ -1,0 +1,100 @@
+"""Concurrent chat completions against an OpenAI-compatible executor (vLLM), for inference and eval.
+
+Why not reward_api's client (``services/reward_api/executor_client.py``): a batch job over a fixed
+list (greedy eval, ``n`` samples for RFT, progress callbacks) needs none of a long-running service's
+single-flight, LRU cache, replica routing and cool-down, and must not depend on its settings.
+
+Calls run concurrently under a semaphore; each has a timeout; connection errors, 5xx and 429 are
+retried (generation with temperature 0 and a seed is repeatable). A request that still fails raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import httpx
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+Message = dict[str, str]
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, httpx.HTTPStatusError):
+        return exc.response.status_code == 429 or exc.response.status_code >= 500
+    return isinstance(exc, httpx.TransportError)
+
+
+def base_url(url: str) -> str:
+    """Accept ``http://h:p`` or ``http://h:p/v1``; return the part before ``/v1``."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Sampling settings of one run (greedy by default, so evaluations are repeatable)."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    seed: int = 0
+    concurrency: int = 16
+    timeout_s: float = 300.0
+    max_attempts: int = 3
+
+
+class ExecutorClient:
+    """``POST /v1/chat/completions`` for many message lists, concurrently, results in input order."""
+
+    def __init__(self, url: str, model: str, gen: GenerationConfig | None = None) -> None:
+        self.url = f"{base_url(url)}/v1/chat/completions"
+        self.model = model
+        self.gen = gen or GenerationConfig()
+
+    async def _choices(
+        self, client: httpx.AsyncClient, sem: asyncio.Semaphore, messages: Sequence[Message], n: int, seed: int
+    ) -> list[str]:
+        body = {
+            "model": self.model,
+            "messages": list(messages),
+            "max_tokens": self.gen.max_tokens,
+            "temperature": self.gen.temperature,
+            "seed": seed,
+        }
+        if n != 1:
+            body["n"] = n
+        async with sem:
+            async for attempt in AsyncRetrying(
+                stop=stop_after_attempt(self.gen.max_attempts),
+                wait=wait_exponential(multiplier=0.5, max=10),
+                retry=retry_if_exception(_retryable),
+                reraise=True,
+            ):
+                with attempt:
+                    resp = await client.post(self.url, json=body)
+                    resp.raise_for_status()
+                    return [str(c["message"]["content"] or "") for c in resp.json()["choices"]]
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def generate(
+        self, prompts: Sequence[Sequence[Message]], on_done: Callable[[], None] | None = None
+    ) -> list[str]:
+        """Completions for ``prompts`` in order; ``on_done`` is called after each (progress bars)."""
+        sem = asyncio.Semaphore(self.gen.concurrency)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(self.gen.timeout_s)) as client:
+
+            async def run(msgs: Sequence[Message]) -> str:
+                out = (await self._choices(client, sem, msgs, 1, self.gen.seed))[0]
+                if on_done:
+                    on_done()
+                return out
+
+            return list(await asyncio.gather(*(run(p) for p in prompts)))
+
+    async def sample(self, prompts: Sequence[Sequence[Message]], n: int) -> list[list[str]]:
+        """``n`` completions per prompt (one request with ``n`` each; seed ``gen.seed + i`` for prompt ``i``)."""
+        sem = asyncio.Semaphore(self.gen.concurrency)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(self.gen.timeout_s)) as client:
+            calls = (self._choices(client, sem, p, n, self.gen.seed + i) for i, p in enumerate(prompts))
+            return list(await asyncio.gather(*calls))

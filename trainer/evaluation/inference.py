@@ -1,0 +1,134 @@
+"""Stage-1 / Stage-2 inference and C2 schema precomputation against an executor URL."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from tqdm import tqdm
+
+from shared import PROMPT_VERSION, GoldenExample, build_stage1_messages, build_stage2_messages, read_golden
+from trainer.data.datasets import RL_SCHEMA, rl_row, update_manifest, write_parquet
+from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig, Message
+
+Stage = Literal["stage1", "stage2"]
+
+
+def messages_hash(messages: Sequence[Message]) -> str:
+    """sha256 of the messages as canonical JSON: ties a prediction to the exact prompt."""
+    return hashlib.sha256(json.dumps(list(messages), sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def stage_messages(stage: Stage, ex: GoldenExample) -> list[Message]:
+    """Stage 1 from the document; Stage 2 from the document and the *gold* schema."""
+    if stage == "stage1":
+        return build_stage1_messages(ex.text)
+    return build_stage2_messages(ex.text, ex.schema_dict())
+
+
+async def generate_with_progress(client: ExecutorClient, prompts: Sequence[Sequence[Message]], desc: str) -> list[str]:
+    with tqdm(total=len(prompts), desc=desc, unit="ex", leave=False) as bar:
+        return await client.generate(prompts, on_done=lambda: bar.update(1))
+
+
+def infer(
+    stage: Stage, examples: Sequence[GoldenExample], client: ExecutorClient, out: Path | None = None
+) -> list[dict[str, Any]]:
+    """Predictions for ``examples``: id, stage, prediction, messages_sha256, model, prompt_version."""
+    prompts = [stage_messages(stage, ex) for ex in examples]
+    outputs = asyncio.run(generate_with_progress(client, prompts, stage))
+    records = [
+        {
+            "id": ex.id,
+            "stage": stage,
+            "prediction": text,
+            "messages_sha256": messages_hash(msgs),
+            "model": client.model,
+            "prompt_version": PROMPT_VERSION,
+        }
+        for ex, msgs, text in zip(examples, prompts, outputs, strict=True)
+    ]
+    if out is not None:
+        write_jsonl(out, records)
+    return records
+
+
+def write_jsonl(path: Path, records: Sequence[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as fh:
+        for r in records:
+            fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    out = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except ValueError as exc:
+                    raise ValueError(f"{path}:{lineno}: invalid JSON: {exc}") from None
+    return out
+
+
+@dataclass
+class PrecomputeReport:
+    """Per split: rows written, invalid predicted schemas (skipped or replaced by gold)."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    invalid: dict[str, int] = field(default_factory=dict)
+    invalid_ids: dict[str, list[str]] = field(default_factory=dict)
+
+
+def precompute_c2(
+    golden: Path,
+    out: Path,
+    client: ExecutorClient,
+    splits: Sequence[str] = ("train", "validation"),
+    on_invalid: Literal["skip", "gold"] = "skip",
+    limit: int | None = None,
+) -> PrecomputeReport:
+    """Run π1 over the splits and write ``out/c2/<split>.parquet``: Stage-2 prompts on the *predicted*
+    schema, ground truth = gold table. Invalid schemas are counted, then skipped or given the gold one."""
+    report = PrecomputeReport()
+    sources = []
+    for split in splits:
+        src = golden / f"common_{split}_schemas.jsonl"
+        if not src.is_file():
+            raise FileNotFoundError(f"--golden: {src} is missing")
+        sources.append(src)
+        examples = read_golden(src, limit)
+        schemas = asyncio.run(
+            generate_with_progress(client, [build_stage1_messages(ex.text) for ex in examples], f"π1 {split}")
+        )
+        rows: list[dict[str, Any]] = []
+        bad: list[str] = []
+        for ex, schema_text in zip(examples, schemas, strict=True):
+            try:
+                prompt = build_stage2_messages(ex.text, schema_text, schema_id=ex.schema_.table_id or ex.id)
+            except ValueError:
+                bad.append(ex.id)
+                if on_invalid == "skip":
+                    continue
+                prompt = build_stage2_messages(ex.text, ex.schema_dict())
+            rows.append(rl_row("c2", ex, len(rows), split, prompt=prompt))
+        report.counts[split] = write_parquet(rows, out / "c2" / f"{split}.parquet", RL_SCHEMA)
+        report.invalid[split] = len(bad)
+        report.invalid_ids[split] = bad
+    update_manifest(
+        out,
+        {"c2": report.counts},
+        sources,
+        c2={"schema_model": client.model, "on_invalid": on_invalid, "invalid_schemas": report.invalid, "limit": limit},
+    )
+    return report
+
+
+def generation_config(max_tokens: int, concurrency: int, timeout_s: float, seed: int = 0) -> GenerationConfig:
+    return GenerationConfig(max_tokens=max_tokens, concurrency=concurrency, timeout_s=timeout_s, seed=seed)

@@ -1,0 +1,239 @@
+"""Phase-D evaluation: run or score the two-stage pipeline per named setting, report side by side.
+
+Every number comes from ``shared`` (schema P/R/F1, cell accuracy, aligned metrics); this module only
+runs models, averages and renders. Data source of an example = its id before the first ``-``.
+Invalid outputs count as zero in every quality metric (and lower the valid rates), so a setting
+cannot gain by emitting nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shared import (
+    PROMPT_VERSION,
+    AlignedMetrics,
+    GoldenExample,
+    build_stage1_messages,
+    build_stage2_messages,
+    compute_schema_reward_single,
+    compute_table_reward_single,
+)
+from shared.golden import source_of
+from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
+from trainer.evaluation.inference import generate_with_progress, messages_hash, read_jsonl, write_jsonl
+from trainer.evaluation.report import SCHEMA_METRICS, TABLE_METRICS, aligned_key, markdown_report, plot_metrics
+
+DEFAULT_DECISION_METRIC = "cell_accuracy"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A named π1/π2 pair: ``NAME=π1URL,π1MODEL,π2URL,π2MODEL``."""
+
+    name: str
+    schema_url: str
+    schema_model: str
+    table_url: str
+    table_model: str
+
+    @classmethod
+    def parse(cls, spec: str) -> Setting:
+        name, sep, rest = spec.partition("=")
+        parts = rest.split(",")
+        if not sep or not name or len(parts) != 4 or not all(parts):
+            raise ValueError(f"--setting {spec!r}: expected NAME=π1URL,π1MODEL,π2URL,π2MODEL")
+        return cls(name, *parts)
+
+
+def parse_named_path(spec: str) -> tuple[str, Path]:
+    """``NAME=FILE`` for ``evaluate score --predictions``."""
+    name, sep, path = spec.partition("=")
+    if not sep or not name or not path:
+        raise ValueError(f"--predictions {spec!r}: expected NAME=FILE")
+    return name, Path(path)
+
+
+# ---- scoring ----------------------------------------------------------------------------------
+
+
+def score_example(ex: GoldenExample, pred: Mapping[str, Any]) -> dict[str, Any]:
+    """Metrics of one example. ``schema_prediction`` / ``table_prediction`` may be absent (not
+    evaluated) or, for the table, ``None`` (the pipeline stopped at an invalid schema: scored 0)."""
+    row: dict[str, Any] = {"id": ex.id, "source": source_of(ex.id)}
+    if "schema_prediction" in pred:
+        s = compute_schema_reward_single(str(pred["schema_prediction"]), ex.schema_dict())
+        row.update(
+            schema_valid=float(s.valid_json), schema_precision=s.precision, schema_recall=s.recall, schema_f1=s.f1
+        )
+    if "table_prediction" in pred:
+        text = pred["table_prediction"]
+        t = compute_table_reward_single(text, ex.table_dict()) if text is not None else None
+        row["table_valid"] = float(bool(t and t.valid_json))
+        row["cell_accuracy"] = t.cell_accuracy if t else 0.0
+        aligned = t.aligned.as_dict() if t and t.aligned else dict.fromkeys(AlignedMetrics.__dataclass_fields__, 0.0)
+        row.update({aligned_key(k): v for k, v in aligned.items()})
+    return row
+
+
+def aggregate(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Means of every metric present, overall and per data source."""
+
+    def means(group: Sequence[Mapping[str, Any]]) -> dict[str, float | int]:
+        out: dict[str, float | int] = {"n": len(group)}
+        for key in (*SCHEMA_METRICS, *TABLE_METRICS):
+            vals = [float(r[key]) for r in group if key in r]
+            if vals:
+                out[key] = statistics.fmean(vals)
+        return out
+
+    sources = sorted({str(r["source"]) for r in rows})
+    return {
+        "overall": means(rows),
+        "per_source": {s: means([r for r in rows if r["source"] == s]) for s in sources},
+    }
+
+
+def score_predictions(golden: Sequence[GoldenExample], preds: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Score prediction records against golden examples by id; a missing or unknown id is an error."""
+    by_id = {ex.id: ex for ex in golden}
+    unknown = [p.get("id") for p in preds if p.get("id") not in by_id]
+    if unknown:
+        raise ValueError(f"predictions: ids not in the golden file: {unknown[:5]}")
+    return [score_example(by_id[str(p["id"])], p) for p in preds]
+
+
+def normalize_prediction_record(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """Accept pipeline records (schema_/table_prediction) and ``trainer infer`` records (stage + prediction)."""
+    if "id" not in rec:
+        raise ValueError("prediction record lacks field 'id'")
+    if "schema_prediction" in rec or "table_prediction" in rec:
+        return dict(rec)
+    stage = rec.get("stage")
+    if stage not in ("stage1", "stage2") or "prediction" not in rec:
+        raise ValueError(
+            f"prediction {rec['id']!r}: need 'schema_prediction'/'table_prediction' or 'stage'+'prediction'"
+        )
+    key = "schema_prediction" if stage == "stage1" else "table_prediction"
+    return {"id": rec["id"], key: rec["prediction"]}
+
+
+# ---- running ----------------------------------------------------------------------------------
+
+
+def run_pipeline(setting: Setting, examples: Sequence[GoldenExample], gen: GenerationConfig) -> list[dict[str, Any]]:
+    """Stage 1 with π1, then Stage 2 with π2 on each *predicted* schema (no call when it is invalid)."""
+    pi1 = ExecutorClient(setting.schema_url, setting.schema_model, gen)
+    pi2 = ExecutorClient(setting.table_url, setting.table_model, gen)
+    s1_prompts = [build_stage1_messages(ex.text) for ex in examples]
+    schemas = asyncio.run(generate_with_progress(pi1, s1_prompts, f"{setting.name} π1"))
+    s2_prompts: dict[int, list[dict[str, str]]] = {}
+    for i, (ex, schema_text) in enumerate(zip(examples, schemas, strict=True)):
+        try:
+            s2_prompts[i] = build_stage2_messages(ex.text, schema_text, schema_id=ex.schema_.table_id or ex.id)
+        except ValueError:
+            continue
+    order = sorted(s2_prompts)
+    tables = asyncio.run(generate_with_progress(pi2, [s2_prompts[i] for i in order], f"{setting.name} π2"))
+    table_by_index = dict(zip(order, tables, strict=True))
+    return [
+        {
+            "id": ex.id,
+            "setting": setting.name,
+            "schema_prediction": schemas[i],
+            "table_prediction": table_by_index.get(i),
+            "stage1_messages_sha256": messages_hash(s1_prompts[i]),
+            "stage2_messages_sha256": messages_hash(s2_prompts[i]) if i in s2_prompts else None,
+            "schema_model": setting.schema_model,
+            "table_model": setting.table_model,
+            "prompt_version": PROMPT_VERSION,
+        }
+        for i, ex in enumerate(examples)
+    ]
+
+
+# ---- decision and report ----------------------------------------------------------------------
+
+
+def loop2_decision(
+    metrics: Mapping[str, Mapping[str, Any]],
+    metric: str = DEFAULT_DECISION_METRIC,
+    min_gain_points: float = 1.0,
+    compare: tuple[str, str] | None = None,
+) -> dict[str, Any]:
+    """The seed's loop-2 rule: stop when ``last`` gains < ``min_gain_points`` (×100) over ``previous``.
+
+    ``compare`` = (previous, last); default: the last two settings.
+    """
+    names = list(metrics)
+    if compare is None and len(names) < 2:
+        return {"decision": "n/a", "reason": "needs at least two settings", "metric": metric}
+    prev, last = compare or (names[-2], names[-1])
+    if prev not in metrics or last not in metrics:
+        raise ValueError(f"loop-2 comparison {prev!r} vs {last!r}: settings are {names}")
+    a = metrics[prev]["overall"].get(metric)
+    b = metrics[last]["overall"].get(metric)
+    if a is None or b is None:
+        return {"decision": "n/a", "reason": f"metric {metric!r} missing", "metric": metric}
+    gain = 100.0 * (float(b) - float(a))
+    stop = gain < min_gain_points
+    return {
+        "decision": "stop" if stop else "continue",
+        "metric": metric,
+        "previous": prev,
+        "last": last,
+        "gain_points": round(gain, 3),
+        "min_gain_points": min_gain_points,
+        "reason": f"{last} vs {prev}: {gain:+.2f} points {'<' if stop else '>='} {min_gain_points}",
+    }
+
+
+@dataclass
+class EvalOutputs:
+    metrics: dict[str, Any]
+    decision: dict[str, Any]
+    report: Path
+    metrics_path: Path
+    plots: list[Path]
+    predictions: dict[str, Path]
+
+
+def write_outputs(
+    out: Path,
+    golden: Sequence[GoldenExample],
+    predictions: Mapping[str, Sequence[Mapping[str, Any]]],
+    title: str,
+    decision_metric: str = DEFAULT_DECISION_METRIC,
+    min_gain_points: float = 1.0,
+    write_predictions: bool = True,
+    compare: tuple[str, str] | None = None,
+) -> EvalOutputs:
+    """Score every setting's predictions; write metrics.json, report.md, plots/ (and predictions)."""
+    out.mkdir(parents=True, exist_ok=True)
+    metrics: dict[str, Any] = {}
+    pred_paths: dict[str, Path] = {}
+    for name, preds in predictions.items():
+        rows = score_predictions(golden, preds)
+        metrics[name] = aggregate(rows)
+        if write_predictions:
+            pred_paths[name] = out / f"predictions_{name}.jsonl"
+            write_jsonl(pred_paths[name], [{**p, **r} for p, r in zip(preds, rows, strict=True)])
+    decision = loop2_decision(metrics, decision_metric, min_gain_points, compare)
+    metrics_path = out / "metrics.json"
+    metrics_path.write_text(
+        json.dumps({"prompt_version": PROMPT_VERSION, "settings": metrics, "loop2": decision}, indent=2) + "\n"
+    )
+    report = out / "report.md"
+    report.write_text(markdown_report(metrics, decision, title))
+    plots = plot_metrics(metrics, out / "plots")
+    return EvalOutputs(metrics, decision, report, metrics_path, plots, pred_paths)
+
+
+def load_predictions(path: Path) -> list[dict[str, Any]]:
+    return [normalize_prediction_record(r) for r in read_jsonl(path)]

@@ -1,0 +1,107 @@
+"""Phase-D rendering: the Markdown report, the plots and the console summary of one evaluation.
+
+Pure presentation of the metrics that :mod:`trainer.evaluation.phase_d` computed (no model, no scoring).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from shared import PROMPT_VERSION, AlignedMetrics
+
+SCHEMA_METRICS = ("schema_valid", "schema_precision", "schema_recall", "schema_f1")
+
+
+def aligned_key(name: str) -> str:
+    """Report key of an aligned metric: one ``aligned_`` prefix (``aligned_cell_accuracy`` keeps its name)."""
+    return name if name.startswith("aligned_") else f"aligned_{name}"
+
+
+TABLE_METRICS = ("table_valid", "cell_accuracy", *(aligned_key(k) for k in AlignedMetrics.__dataclass_fields__))
+SUMMARY_KEYS = ("n", "schema_valid", "schema_f1", "table_valid", "cell_accuracy", "aligned_cell_f1")
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.3f}" if isinstance(v, float) else ("–" if v is None else str(v))
+
+
+def markdown_report(metrics: Mapping[str, Mapping[str, Any]], decision: Mapping[str, Any], title: str) -> str:
+    names = list(metrics)
+    keys = ["n", *SCHEMA_METRICS, *TABLE_METRICS]
+    keys = [k for k in keys if any(k in metrics[n]["overall"] for n in names)]
+    lines = [f"# {title}", "", f"Prompt version: `{PROMPT_VERSION}`", "", "## Overall", ""]
+    lines += ["| metric | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines += [f"| {k} | " + " | ".join(_fmt(metrics[n]["overall"].get(k)) for n in names) + " |" for k in keys]
+    sources = sorted({s for n in names for s in metrics[n]["per_source"]})
+    for key in ("schema_f1", "cell_accuracy", "aligned_cell_f1"):
+        if not any(key in metrics[n]["overall"] for n in names):
+            continue
+        lines += ["", f"## {key} per data source", "", "| source | n | " + " | ".join(names) + " |"]
+        lines += ["|---|---|" + "---|" * len(names)]
+        for s in sources:
+            n_s = next((metrics[n]["per_source"][s]["n"] for n in names if s in metrics[n]["per_source"]), 0)
+            vals = [_fmt(metrics[n]["per_source"].get(s, {}).get(key)) for n in names]
+            lines.append(f"| {s} | {n_s} | " + " | ".join(vals) + " |")
+    lines += ["", "## Loop-2 decision", "", f"**{decision['decision']}**: {decision.get('reason', '')}", ""]
+    return "\n".join(lines)
+
+
+def plot_metrics(metrics: Mapping[str, Mapping[str, Any]], out_dir: Path) -> list[Path]:
+    """Grouped bars: overall metrics per setting, and cell accuracy per data source."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = list(metrics)
+    written: list[Path] = []
+    panels: list[tuple[str, list[str], Callable[[str, str], Any]]] = [
+        ("overall.png", [k for k in ("schema_valid", "schema_f1", "table_valid", "cell_accuracy", "aligned_cell_f1")
+                         if any(k in metrics[n]["overall"] for n in names)], lambda n, k: metrics[n]["overall"].get(k)),
+    ]
+    sources = sorted({s for n in names for s in metrics[n]["per_source"]})
+    key = "cell_accuracy" if any("cell_accuracy" in metrics[n]["overall"] for n in names) else "schema_f1"
+    panels.append((f"per_source_{key}.png", sources, lambda n, s: metrics[n]["per_source"].get(s, {}).get(key)))
+    for fname, groups, value in panels:
+        if not groups:
+            continue
+        fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(groups) * max(1, len(names)) / 2), 3.5))
+        width = 0.8 / max(1, len(names))
+        for j, n in enumerate(names):
+            xs = [i + j * width for i in range(len(groups))]
+            ax.bar(xs, [float(value(n, g) or 0.0) for g in groups], width, label=n)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], groups, rotation=20, ha="right")
+        ax.set_ylim(0, 1)
+        ax.set_title(fname.removesuffix(".png").replace("_", " "))
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out_dir / fname
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def print_summary(
+    console: Console,
+    metrics: Mapping[str, Mapping[str, Any]],
+    decision: Mapping[str, Any],
+    report: Path,
+    metrics_path: Path,
+) -> None:
+    """The overall table, the loop-2 decision and where the report and metrics were written."""
+    names = list(metrics)
+    table = Table("metric", *names, title="overall")
+    for k in SUMMARY_KEYS:
+        vals = [metrics[n]["overall"].get(k) for n in names]
+        if any(v is not None for v in vals):
+            table.add_row(k, *(_fmt(v) for v in vals))
+    console.print(table)
+    console.print(f"loop-2 decision: [bold]{decision['decision']}[/bold] ({decision.get('reason', '')})")
+    console.print(f"report: {report}\nmetrics: {metrics_path}")

