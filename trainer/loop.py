@@ -398,7 +398,8 @@ def redecide(
     if decision != recorded.get("loop2"):
         recorded["loop2"] = decision
         (out / "metrics.json").write_text(json.dumps(recorded, indent=2) + "\n")
-        (out / "report.md").write_text(markdown_report(recorded["settings"], decision, title))
+        report = markdown_report(recorded["settings"], decision, title, recorded.get("paired_tests"))
+        (out / "report.md").write_text(report)
     return decision
 
 

@@ -9,6 +9,7 @@ cannot gain by emitting nothing.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import statistics
 from collections.abc import Mapping, Sequence
@@ -29,8 +30,10 @@ from shared.golden import source_of
 from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
 from trainer.evaluation.inference import generate_with_progress, messages_hash, read_jsonl, write_jsonl
 from trainer.evaluation.report import SCHEMA_METRICS, TABLE_METRICS, aligned_key, markdown_report, plot_metrics
+from trainer.evaluation.significance import intervals, paired_tests
 
 DEFAULT_DECISION_METRIC = "cell_accuracy"
+DEFAULT_PAIRED_METRIC = "aligned_cell_f1"  # end-to-end, order-invariant: the seed's question
 
 
 @dataclass(frozen=True)
@@ -213,24 +216,36 @@ def write_outputs(
     min_gain_points: float = 1.0,
     write_predictions: bool = True,
     compare: tuple[str, str] | None = None,
+    paired_metric: str = DEFAULT_PAIRED_METRIC,
 ) -> EvalOutputs:
-    """Score every setting's predictions; write metrics.json, report.md, plots/ (and predictions)."""
+    """Score every setting's predictions; write metrics.json, report.md, plots/ (and predictions).
+
+    Every setting gets 95% bootstrap intervals (``ci95``); each setting is paired-tested against the
+    one before it (base → sft → local → pipe) on ``paired_metric``.
+    """
     out.mkdir(parents=True, exist_ok=True)
     metrics: dict[str, Any] = {}
     pred_paths: dict[str, Path] = {}
+    scored: dict[str, list[dict[str, Any]]] = {}
     for name, preds in predictions.items():
-        rows = score_predictions(golden, preds)
+        rows = scored[name] = score_predictions(golden, preds)
         metrics[name] = aggregate(rows)
+        metrics[name]["ci95"] = intervals(rows, (*SCHEMA_METRICS, *TABLE_METRICS))
         if write_predictions:
             pred_paths[name] = out / f"predictions_{name}.jsonl"
             write_jsonl(pred_paths[name], [{**p, **r} for p, r in zip(preds, rows, strict=True)])
     decision = loop2_decision(metrics, decision_metric, min_gain_points, compare)
+    names = list(predictions)
+    tests = paired_tests(scored, list(itertools.pairwise(names)), paired_metric)
     metrics_path = out / "metrics.json"
     metrics_path.write_text(
-        json.dumps({"prompt_version": PROMPT_VERSION, "settings": metrics, "loop2": decision}, indent=2) + "\n"
+        json.dumps(
+            {"prompt_version": PROMPT_VERSION, "settings": metrics, "loop2": decision, "paired_tests": tests}, indent=2
+        )
+        + "\n"
     )
     report = out / "report.md"
-    report.write_text(markdown_report(metrics, decision, title))
+    report.write_text(markdown_report(metrics, decision, title, tests))
     plots = plot_metrics(metrics, out / "plots")
     return EvalOutputs(metrics, decision, report, metrics_path, plots, pred_paths)
 

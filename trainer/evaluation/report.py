@@ -5,7 +5,7 @@ Pure presentation of the metrics that :mod:`trainer.evaluation.phase_d` computed
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,12 @@ def _fmt(v: Any) -> str:
     return f"{v:.3f}" if isinstance(v, float) else ("–" if v is None else str(v))
 
 
-def markdown_report(metrics: Mapping[str, Mapping[str, Any]], decision: Mapping[str, Any], title: str) -> str:
+def markdown_report(
+    metrics: Mapping[str, Mapping[str, Any]],
+    decision: Mapping[str, Any],
+    title: str,
+    paired_tests: Sequence[Mapping[str, Any]] | None = None,
+) -> str:
     names = list(metrics)
     keys = ["n", *SCHEMA_METRICS, *TABLE_METRICS]
     keys = [k for k in keys if any(k in metrics[n]["overall"] for n in names)]
@@ -47,8 +52,39 @@ def markdown_report(metrics: Mapping[str, Mapping[str, Any]], decision: Mapping[
             n_s = next((metrics[n]["per_source"][s]["n"] for n in names if s in metrics[n]["per_source"]), 0)
             vals = [_fmt(metrics[n]["per_source"].get(s, {}).get(key)) for n in names]
             lines.append(f"| {s} | {n_s} | " + " | ".join(vals) + " |")
+    lines += _interval_lines(metrics, names, keys)
+    lines += _paired_lines(paired_tests or [])
     lines += ["", "## Loop-2 decision", "", f"**{decision['decision']}**: {decision.get('reason', '')}", ""]
     return "\n".join(lines)
+
+
+def _interval_lines(metrics: Mapping[str, Mapping[str, Any]], names: Sequence[str], keys: Sequence[str]) -> list[str]:
+    if not any("ci95" in metrics[n] for n in names):
+        return []
+    lines = ["", "## 95% bootstrap intervals (documents resampled)", ""]
+    lines += ["| metric | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for k in keys:
+        cells = []
+        for n in names:
+            ci = metrics[n].get("ci95", {}).get("overall", {}).get(k)
+            cells.append(f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "–")
+        if any(c != "–" for c in cells):
+            lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _paired_lines(tests: Sequence[Mapping[str, Any]]) -> list[str]:
+    if not tests:
+        return []
+    lines = ["", "## Paired bootstrap tests (same documents, treatment − baseline)", ""]
+    lines += ["| metric | baseline → treatment | n | diff (points) | 95% interval (points) | p |"]
+    lines += ["|---|---|---|---|---|---|"]
+    for t in tests:
+        lines.append(
+            f"| {t['metric']} | {t['baseline']} → {t['treatment']} | {t['n']} | {100 * t['diff']:+.2f} | "
+            f"[{100 * t['ci_low']:+.2f}, {100 * t['ci_high']:+.2f}] | {t['p_value']:.3f} |"
+        )
+    return lines
 
 
 def plot_metrics(metrics: Mapping[str, Mapping[str, Any]], out_dir: Path) -> list[Path]:

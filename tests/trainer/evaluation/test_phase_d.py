@@ -105,6 +105,14 @@ def test_evaluate_score_cli_writes_report_and_plots(tmp_path: Path) -> None:
     report = (out / "report.md").read_text()
     assert "| metric | worse | gold |" in report and "## cell_accuracy per data source" in report
     assert "**continue**" in report
+    # 95% intervals per setting, and a paired test of each setting against the one before it
+    lo, hi = metrics["settings"]["worse"]["ci95"]["overall"]["cell_accuracy"]
+    assert lo <= worse["cell_accuracy"] <= hi and hi - lo > 0
+    assert metrics["settings"]["gold"]["ci95"]["overall"]["aligned_cell_f1"] == [1.0, 1.0]
+    (test,) = metrics["paired_tests"]
+    assert (test["baseline"], test["treatment"], test["metric"], test["n"]) == ("worse", "gold", "aligned_cell_f1", 6)
+    assert test["diff"] == pytest.approx(1.0 - worse["aligned_cell_f1"]) and test["ci_low"] > 0
+    assert "## 95% bootstrap intervals" in report and "| aligned_cell_f1 | worse → gold | 6 |" in report
     for png in ("overall.png", "per_source_cell_accuracy.png"):
         assert (out / "plots" / png).read_bytes()[:4] == b"\x89PNG"
     res = CliRunner().invoke(app, ["evaluate", "score", "--golden", str(TEST), "--out", str(tmp_path / "e2"),
