@@ -1,7 +1,7 @@
-"""``python -m bench all|local|pipeline|dedup|gpu-pipeline|reliability [--quick]``.
+"""``python -m bench all|local|profile-local|pipeline|dedup|gpu-pipeline|reliability [--quick]``.
 
 ``all`` runs local, pipeline and dedup (one vLLM-CPU executor shared by the last two); ``gpu-pipeline``
-is the hook for a GPU vLLM URL and never runs as part of ``all``.
+and ``gpu-scaling`` are hooks for GPU vLLM URLs and never run as part of ``all``.
 """
 
 from __future__ import annotations
@@ -34,6 +34,18 @@ def local(quick: Quick = False, golden: Golden = None, workers: int = 2) -> None
     _report(local_rewards.run(golden, quick=quick, workers=workers))
 
 
+@app.command(name="profile-local")
+def profile_local(
+    kind: Annotated[list[str] | None, typer.Option("--kind", help="schema and/or table (default both).")] = None,
+    requests: Annotated[int, typer.Option(help="Requests per kind under the profiler.")] = 10,
+    batch: int = 1024,
+) -> None:
+    """cProfile of local-reward requests through the app: top-20 tables in bench/results/local_rewards_profile.*."""
+    from bench import profile_local as pl
+
+    pl.run(tuple(kind or ("schema", "table")), n_requests=requests, batch=batch)
+
+
 @app.command()
 def pipeline(quick: Quick = False, golden: Golden = None, executor_url: ExecutorUrl = None) -> None:
     """Benchmark 2: executor ceiling vs /reward/pipeline vs the sequential loop."""
@@ -64,6 +76,43 @@ def gpu_pipeline(
     from bench import gpu_pipeline as gp
 
     _report(gp.run(executor_url, model=model, golden=golden, quick=quick, n_items=items))
+
+
+def _int_list(text: str, param: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"comma-separated integers expected, got {text!r}", param_hint=param) from None
+
+
+@app.command(name="gpu-scaling")
+def gpu_scaling(
+    executor_url: Annotated[
+        list[str], typer.Option("--executor-url", help="A running vLLM executor (repeat; one per GPU).")
+    ],
+    model: Annotated[str, typer.Option(help="Served model name on those executors.")] = "smollm2-135m-instruct",
+    replicas: Annotated[str, typer.Option(help="Executor counts to measure (first N URLs).")] = "1,2,4",
+    workers: Annotated[str, typer.Option(help="reward_api uvicorn worker counts.")] = "1,4,8",
+    items: Annotated[int, typer.Option(min=1, help="Distinct Stage-2 prompts per configuration.")] = 2000,
+    clients: Annotated[int, typer.Option(min=1, help="Concurrent clients.")] = 16,
+    batch: Annotated[int, typer.Option(min=1, help="Items per /reward/pipeline request.")] = 32,
+    max_in_flight: Annotated[int, typer.Option(min=1, help="REWARD_API_MAX_IN_FLIGHT per worker.")] = 256,
+    max_tokens: Annotated[int | None, typer.Option(help="Default: gold NDJSON p99 tokens + 25%.")] = None,
+    tokenizer: Annotated[str | None, typer.Option(help="Model dir whose tokenizer counts gold tokens.")] = None,
+    quick: Quick = False,
+    golden: Golden = None,
+) -> None:
+    """Executor scale-out on GPUs: items/s at 1/2/4 executors × reward_api workers (bench/gpu_scaling.py)."""
+    from bench import gpu_scaling as gs
+
+    try:
+        payload = gs.run(
+            executor_url, model, golden, _int_list(replicas, "--replicas"), _int_list(workers, "--workers"),
+            items, clients, batch, max_in_flight, max_tokens, tokenizer, quick,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    _report(payload)
 
 
 @app.command(name="all")

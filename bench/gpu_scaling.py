@@ -1,0 +1,402 @@
+"""Executor scale-out: one reward_api in front of 1, 2, 4 … vLLM executors (each on its own GPU).
+
+    python -m bench gpu-scaling --executor-url URL [--executor-url URL ...] --model NAME \\
+        [--replicas 1,2,4] [--workers 1,4,8] [--items 2000] [--clients 16] [--batch 32]
+
+The executors are started once (bench/gpu/scaling.sh: one vLLM per GPU with CUDA_VISIBLE_DEVICES) and
+reused; only reward_api is restarted per configuration, with ``REWARD_API_EXECUTOR_URLS`` set to the
+first ``r`` URLs and ``--workers w`` uvicorn workers. Load: distinct Stage-2 prompts from the golden
+test split, each a pipeline item whose prediction is the gold schema (so the prompt is exactly what a
+good π1 makes), ``max_tokens`` from the gold NDJSON lengths; ``clients`` concurrent clients post
+batches of ``batch`` items to ``/reward/pipeline`` (cache off: every item is one executor call).
+
+Per configuration: pipeline items/s, executor generated tokens/s, p50/p99 request latency and the share
+of items per replica, from each executor's own ``/metrics`` (``vllm:request_success_total``).
+Goal (issue 14): ≥ 1.8× items/s at 2 executors and ≥ 3.4× at 4, against 1, in the same run (each
+replica count at its best worker count; the table shows every worker count).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.common import golden_dir, header_md, md_table, met, percentile, run_record, write_result
+from shared import GoldenExample, canonical_schema_json, gold_ndjson, read_split
+
+NAME = "gpu_scaling"
+GOALS = {2: 1.8, 4: 3.4}
+VLLM_DONE = "vllm:request_success_total"
+VLLM_GEN_TOKENS = "vllm:generation_tokens_total"
+
+
+@dataclass(frozen=True)
+class Config:
+    replicas: int
+    workers: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.replicas} exec × {self.workers} workers"
+
+
+def plan(replicas: Sequence[int], workers: Sequence[int], n_urls: int) -> list[Config]:
+    """Every (replicas, workers) pair, replicas outer so the table reads by replica count."""
+    bad = [r for r in replicas if r < 1 or r > n_urls]
+    if bad:
+        raise ValueError(f"--replicas {bad}: only {n_urls} executor URL(s) given")
+    if any(w < 1 for w in workers):
+        raise ValueError("--workers: every worker count must be ≥ 1")
+    return [Config(r, w) for r in sorted(set(replicas)) for w in sorted(set(workers))]
+
+
+def reward_api_env(urls: Sequence[str], model: str, max_tokens: int, max_in_flight: int) -> dict[str, str]:
+    """reward_api settings for one configuration: cache off, so every item costs one executor call."""
+    return {
+        "REWARD_API_EXECUTOR_URLS": ",".join(u.rstrip("/") for u in urls),
+        "REWARD_API_EXECUTOR_MODEL": model,
+        "REWARD_API_MAX_TOKENS": str(max_tokens),
+        "REWARD_API_TEMPERATURE": "0",
+        "REWARD_API_SEED": "0",
+        "REWARD_API_CACHE_SIZE": "0",
+        "REWARD_API_MAX_IN_FLIGHT": str(max_in_flight),
+        "REWARD_API_EXECUTOR_TIMEOUT_S": "600",
+        "REWARD_API_REQUEST_DEADLINE_S": "1800",
+        "REWARD_API_LOG_LEVEL": "WARNING",
+    }
+
+
+def build_items(examples: Sequence[GoldenExample], n: int) -> list[dict[str, Any]]:
+    """``n`` pipeline items over distinct documents, the prediction being the gold schema."""
+    items: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for ex in examples:
+        if ex.text in seen:
+            continue
+        seen.add(ex.text)
+        schema = ex.schema_dict()
+        items.append(
+            {
+                "id": f"{ex.id}#{len(items)}",
+                "prediction": canonical_schema_json(schema),
+                "text": ex.text,
+                "gold_schema": schema,
+                "gold_table": ex.table_dict(),
+            }
+        )
+        if len(items) == n:
+            break
+    if len(items) < n:
+        raise ValueError(f"only {len(items)} distinct documents in the split, {n} asked for")
+    return items
+
+
+def realistic_max_tokens(items: Sequence[dict[str, Any]], count_tokens: Any = None, q: float = 99.0) -> int:
+    """max_tokens that lets the gold NDJSON of ``q``% of the items through, with 25% headroom (rounded
+    up to 16). ``count_tokens`` is the served model's tokenizer; without it, 3.5 characters a token."""
+    counts = [
+        int(count_tokens(gold_ndjson(it["gold_table"])))
+        if count_tokens
+        else math.ceil(len(gold_ndjson(it["gold_table"])) / 3.5)
+        for it in items
+    ]
+    return int(math.ceil(percentile(counts, q) * 1.25 / 16) * 16)
+
+
+def metric_sum(text: str, name: str) -> float:
+    """Sum of every sample of counter ``name`` (all label sets) in a Prometheus text page."""
+    family = name[: -len("_total")] if name.endswith("_total") else name
+    total = 0.0
+    for fam in text_string_to_metric_families(text):
+        if fam.name == family:
+            total += sum(s.value for s in fam.samples if s.name == name)
+    return total
+
+
+def scrape(urls: Sequence[str]) -> list[dict[str, float]]:
+    out = []
+    with httpx.Client(timeout=10) as client:
+        for u in urls:
+            text = client.get(f"{u.rstrip('/')}/metrics").text
+            out.append({"done": metric_sum(text, VLLM_DONE), "gen_tokens": metric_sum(text, VLLM_GEN_TOKENS)})
+    return out
+
+
+def shares(before: Sequence[dict[str, float]], after: Sequence[dict[str, float]]) -> list[float]:
+    """Each replica's share of the requests it finished between two scrapes."""
+    done = [a["done"] - b["done"] for a, b in zip(after, before, strict=True)]
+    total = sum(done)
+    return [round(d / total, 4) if total else 0.0 for d in done]
+
+
+async def _load(api_url: str, items: list[dict[str, Any]], clients: int, batch: int) -> tuple[float, list[float], int]:
+    """``clients`` concurrent clients take batches off one queue until it is empty."""
+    queue: asyncio.Queue[list[dict[str, Any]]] = asyncio.Queue()
+    for i in range(0, len(items), batch):
+        queue.put_nowait(items[i : i + batch])
+    latencies: list[float] = []
+    failed = 0
+
+    async def client(http: httpx.AsyncClient) -> None:
+        nonlocal failed
+        while not queue.empty():
+            chunk = queue.get_nowait()
+            t0 = time.perf_counter()
+            r = await http.post(f"{api_url}/reward/pipeline", json={"items": chunk})
+            latencies.append(time.perf_counter() - t0)
+            if r.status_code != 200:
+                raise RuntimeError(f"/reward/pipeline answered {r.status_code}: {r.text[:300]}")
+            body = r.json()
+            if [x["id"] for x in body["results"]] != [it["id"] for it in chunk]:
+                raise RuntimeError("/reward/pipeline results missing or out of order")
+            failed += int(body.get("failed", 0))
+
+    limits = httpx.Limits(max_connections=clients + 4)
+    async with httpx.AsyncClient(timeout=1800.0, limits=limits) as http:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+        return time.perf_counter() - t0, latencies, failed
+
+
+def measure(
+    cfg: Config,
+    urls: Sequence[str],
+    model: str,
+    items: list[dict[str, Any]],
+    warmup: list[dict[str, Any]],
+    max_tokens: int,
+    clients: int,
+    batch: int,
+    max_in_flight: int,
+) -> dict[str, Any]:
+    from services.reward_api.process import RewardApiProcess
+
+    used = list(urls[: cfg.replicas])
+    env = reward_api_env(used, model, max_tokens, max_in_flight)
+    with RewardApiProcess(env, workers=cfg.workers) as api:
+        asyncio.run(_load(api.url, warmup, clients, max(1, len(warmup) // clients)))  # connections, first calls
+        before = scrape(used)
+        seconds, lat, failed = asyncio.run(_load(api.url, items, clients, batch))
+        after = scrape(used)
+    gen = sum(a["gen_tokens"] - b["gen_tokens"] for a, b in zip(after, before, strict=True))
+    done = sum(a["done"] - b["done"] for a, b in zip(after, before, strict=True))
+    return {
+        "replicas": cfg.replicas,
+        "workers": cfg.workers,
+        "items": len(items),
+        "seconds": round(seconds, 3),
+        "items_per_s": round(len(items) / seconds, 2),
+        "executor_tokens_per_s": round(gen / seconds, 1),
+        "generated_tokens_per_item": round(gen / len(items), 1),
+        "executor_requests": int(done),
+        "p50_ms": round(percentile(lat, 50) * 1000, 1),
+        "p99_ms": round(percentile(lat, 99) * 1000, 1),
+        "mean_ms": round(statistics.fmean(lat) * 1000, 1),
+        "failed": failed,
+        "share_per_replica": shares(before, after),
+    }
+
+
+def goals_from(rows: Sequence[dict[str, Any]]) -> tuple[dict[int, float], list[dict[str, Any]]]:
+    """Best items/s per replica count and the speed-up goals against 1 replica."""
+    best: dict[int, float] = {}
+    for r in rows:
+        best[r["replicas"]] = max(best.get(r["replicas"], 0.0), r["items_per_s"])
+    goals = []
+    base = best.get(1)
+    for n, target in GOALS.items():
+        if base and n in best:
+            ratio = best[n] / base
+            goals.append(
+                {
+                    "goal": f"items/s at {n} executors ≥ {target}× 1 executor",
+                    "value": round(ratio, 2),
+                    "target": target,
+                    "met": ratio >= target,
+                }
+            )
+    return best, goals
+
+
+def report(
+    rows: list[dict[str, Any]],
+    record: dict[str, Any],
+    setup: dict[str, Any],
+    quick: bool,
+    plot: bool = True,
+) -> dict[str, Any]:
+    best, goals = goals_from(rows)
+    payload = {
+        "benchmark": NAME,
+        "run": record,
+        **setup,
+        "rows": rows,
+        "best_items_per_s": {str(k): v for k, v in sorted(best.items())},
+        "goals": goals,
+    }
+    write_result(NAME, payload, render_md(payload), quick)
+    if plot:
+        render_png(payload, quick)
+    return payload
+
+
+def render_md(p: dict[str, Any]) -> str:
+    md = header_md("Executor scale-out: reward_api over 1/2/4 vLLM executors, each on its own GPU", p["run"])
+    gpu = p.get("gpu") or {}
+    md += (
+        f"- GPUs: {gpu.get('count', '?')} × {gpu.get('name', '?')}; vLLM {p['run']['versions'].get('vllm')}; "
+        f"model `{p['model']}`\n"
+        f"- load: {p['items']} distinct Stage-2 prompts (golden test split, prediction = gold schema), "
+        f"max_tokens {p['max_tokens']} (gold NDJSON p99 + 25%), temperature 0; {p['clients']} concurrent "
+        f"clients, {p['batch']} items per request; reward_api cache off, MAX_IN_FLIGHT {p['max_in_flight']} "
+        "per worker\n\n"
+    )
+    md += "## Goals\n\n" + md_table(
+        ["goal", "value", "target", "result"], [[g["goal"], g["value"], g["target"], met(g["met"])] for g in p["goals"]]
+    )
+    md += "\n## Every configuration\n\n" + md_table(
+        [
+            "executors",
+            "workers",
+            "items/s",
+            "exec tokens/s",
+            "tokens/item",
+            "p50 ms",
+            "p99 ms",
+            "failed",
+            "share per replica",
+        ],
+        [
+            [
+                r["replicas"],
+                r["workers"],
+                r["items_per_s"],
+                r["executor_tokens_per_s"],
+                r["generated_tokens_per_item"],
+                r["p50_ms"],
+                r["p99_ms"],
+                r["failed"],
+                " / ".join(f"{s:.2f}" for s in r["share_per_replica"]),
+            ]
+            for r in p["rows"]
+        ],
+    )
+    md += "\n" + bottleneck_note(p["rows"]) + "\n"
+    return md
+
+
+def bottleneck_note(rows: Sequence[dict[str, Any]]) -> str:
+    """Where the limit sits: if more workers raise items/s at a replica count, reward_api was the limit."""
+    lines = []
+    for n in sorted({r["replicas"] for r in rows}):
+        by_w = sorted((r["workers"], r["items_per_s"]) for r in rows if r["replicas"] == n)
+        if len(by_w) < 2:
+            continue
+        lo, hi = by_w[0], max(by_w, key=lambda x: x[1])
+        gain = hi[1] / lo[1] if lo[1] else float("nan")
+        where = "reward_api (more workers help)" if gain >= 1.15 else "the executors (more workers do not help)"
+        lines.append(f"- {n} executor(s): {lo[0]} → {hi[0]} workers gives {gain:.2f}×: the limit is {where}.")
+    return "## Where the limit is\n\n" + ("\n".join(lines) if lines else "- one worker count only") + "\n"
+
+
+def render_png(p: dict[str, Any], quick: bool) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bench.common import RESULTS_DIR
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for w in sorted({r["workers"] for r in p["rows"]}):
+        pts = sorted((r["replicas"], r["items_per_s"]) for r in p["rows"] if r["workers"] == w)
+        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=f"reward_api {w} worker(s)")
+    base = p["best_items_per_s"].get("1")
+    if base:
+        xs = sorted(int(k) for k in p["best_items_per_s"])
+        ax.plot(xs, [base * x for x in xs], ls=":", color="grey", label="linear from 1 executor")
+    ax.set_xlabel("vLLM executors (one GPU each)")
+    ax.set_ylabel("pipeline items/s")
+    ax.set_title("Pipeline reward scale-out")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    out = RESULTS_DIR / (f"{NAME}.quick.png" if quick else f"{NAME}.png")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def gpu_info() -> dict[str, Any]:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return {
+                "count": torch.cuda.device_count(),
+                "name": torch.cuda.get_device_name(0),
+                "torch": torch.__version__,
+            }
+    except Exception:
+        pass
+    return {}
+
+
+def run(
+    urls: Sequence[str],
+    model: str,
+    golden: str | Path | None = None,
+    replicas: Sequence[int] = (1, 2, 4),
+    workers: Sequence[int] = (1, 4, 8),
+    n_items: int = 2000,
+    clients: int = 16,
+    batch: int = 32,
+    max_in_flight: int = 256,
+    max_tokens: int | None = None,
+    tokenizer: str | None = None,
+    quick: bool = False,
+) -> dict[str, Any]:
+    configs = plan(replicas, workers, len(urls))
+    record = run_record(quick)
+    examples = read_split(golden_dir(golden), "test")
+    warm_n = min(64, n_items)
+    pool = build_items(examples, n_items + warm_n)
+    items, warmup = pool[:n_items], pool[n_items:]
+    if max_tokens is None:
+        count = None
+        if tokenizer:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(tokenizer)
+
+            def count(s: str) -> int:
+                return len(tok(s)["input_ids"])
+
+        max_tokens = realistic_max_tokens(items, count)
+    setup = {
+        "executor_urls": list(urls),
+        "model": model,
+        "items": n_items,
+        "max_tokens": max_tokens,
+        "clients": clients,
+        "batch": batch,
+        "max_in_flight": max_in_flight,
+        "gpu": gpu_info(),
+    }
+    rows: list[dict[str, Any]] = []
+    for cfg in configs:
+        row = measure(cfg, urls, model, items, warmup, max_tokens, clients, batch, max_in_flight)
+        print(f"[{NAME}] {cfg.label}: {row['items_per_s']} items/s, shares {row['share_per_replica']}", flush=True)
+        rows.append(row)
+        # Written after every configuration: a run cut off by a time limit still leaves its rows.
+        report(rows, record, setup, quick, plot=False)
+    return report(rows, record, setup, quick)

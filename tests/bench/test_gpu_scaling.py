@@ -1,0 +1,161 @@
+"""The GPU scale-out bench without a GPU: its plan, the settings and commands it builds, the metrics it
+reads from vLLM's /metrics, and the report it writes from recorded rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import gpu_scaling as gs
+from bench.gpu import serve
+from shared import read_split
+
+GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "data" / "golden"
+
+VLLM_METRICS = """\
+# HELP vllm:request_success_total Count of successfully processed requests.
+# TYPE vllm:request_success_total counter
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 30.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 12.0
+vllm:request_success_created{engine="0",finished_reason="stop",model_name="m"} 1.7e9
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="m"} 5000.0
+"""
+
+
+def test_plan_covers_every_pair_replicas_first() -> None:
+    got = [(c.replicas, c.workers) for c in gs.plan([4, 1, 2], [8, 1], n_urls=4)]
+    assert got == [(1, 1), (1, 8), (2, 1), (2, 8), (4, 1), (4, 8)]
+
+
+def test_plan_refuses_more_replicas_than_urls() -> None:
+    with pytest.raises(ValueError, match=r"--replicas \[4\]: only 2 executor URL"):
+        gs.plan([1, 2, 4], [1], n_urls=2)
+    with pytest.raises(ValueError, match="--workers"):
+        gs.plan([1], [0], n_urls=1)
+
+
+def test_reward_api_env_lists_the_urls_and_turns_the_cache_off() -> None:
+    env = gs.reward_api_env(["http://127.0.0.1:1/", "http://127.0.0.1:2"], "m", 160, 256)
+    assert env["REWARD_API_EXECUTOR_URLS"] == "http://127.0.0.1:1,http://127.0.0.1:2"
+    assert env["REWARD_API_CACHE_SIZE"] == "0"
+    assert env["REWARD_API_MAX_TOKENS"] == "160" and env["REWARD_API_MAX_IN_FLIGHT"] == "256"
+
+
+def test_metric_sum_adds_every_label_set_and_skips_created() -> None:
+    assert gs.metric_sum(VLLM_METRICS, gs.VLLM_DONE) == 42.0
+    assert gs.metric_sum(VLLM_METRICS, gs.VLLM_GEN_TOKENS) == 5000.0
+    assert gs.metric_sum(VLLM_METRICS, "vllm:absent_total") == 0.0
+
+
+def test_shares_are_per_replica_deltas() -> None:
+    before = [{"done": 10.0, "gen_tokens": 0.0}, {"done": 0.0, "gen_tokens": 0.0}]
+    after = [{"done": 70.0, "gen_tokens": 0.0}, {"done": 20.0, "gen_tokens": 0.0}]
+    assert gs.shares(before, after) == [0.75, 0.25]
+    assert gs.shares(before, before) == [0.0, 0.0]
+
+
+@pytest.mark.skipif(not (GOLDEN / "common_test_schemas.jsonl").is_file(), reason="golden data not beside the repo")
+def test_items_are_distinct_documents_with_the_gold_schema_as_prediction() -> None:
+    examples = read_split(GOLDEN, "test", limit=300)
+    items = gs.build_items(examples, 200)
+    assert len({it["text"] for it in items}) == 200
+    first = items[0]
+    assert json.loads(first["prediction"]) == json.loads(gs.canonical_schema_json(first["gold_schema"]))
+    with pytest.raises(ValueError, match="distinct documents"):
+        gs.build_items(examples[:5], 10)
+
+
+def test_max_tokens_follows_the_gold_lengths() -> None:
+    table = {"columns": [{"name": "a"}], "data": [["x" * 341]]}  # {"a": "x…x"} is 350 characters
+    items = [{"gold_table": table}] * 10
+    # ~100 tokens at 3.5 chars each, +25%, rounded up to 16
+    assert gs.realistic_max_tokens(items) == 128
+    assert gs.realistic_max_tokens(items, count_tokens=lambda s: 200) == 256
+
+
+ROWS = [
+    {"replicas": 1, "workers": 1, "items_per_s": 100.0},
+    {"replicas": 1, "workers": 8, "items_per_s": 110.0},
+    {"replicas": 2, "workers": 1, "items_per_s": 150.0},
+    {"replicas": 2, "workers": 8, "items_per_s": 210.0},
+    {"replicas": 4, "workers": 1, "items_per_s": 160.0},
+    {"replicas": 4, "workers": 8, "items_per_s": 360.0},
+]
+
+
+def test_goals_compare_best_rates_against_one_replica() -> None:
+    best, goals = gs.goals_from(ROWS)
+    assert best == {1: 110.0, 2: 210.0, 4: 360.0}
+    by = {g["target"]: g for g in goals}
+    assert by[1.8]["value"] == round(210 / 110, 2) and by[1.8]["met"]
+    assert by[3.4]["value"] == round(360 / 110, 2) and not by[3.4]["met"]
+
+
+def test_bottleneck_note_names_reward_api_when_workers_help() -> None:
+    note = gs.bottleneck_note(ROWS)
+    assert "4 executor(s): 1 → 8 workers gives 2.25×: the limit is reward_api" in note
+    assert "1 executor(s): 1 → 8 workers gives 1.10×: the limit is the executors" in note
+
+
+def test_report_writes_json_md_png(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gs, "write_result", _writer(tmp_path))
+    import bench.common
+
+    monkeypatch.setattr(bench.common, "RESULTS_DIR", tmp_path)
+    rows = [
+        {
+            **r,
+            "items": 2000,
+            "seconds": 2000 / r["items_per_s"],
+            "executor_tokens_per_s": 10 * r["items_per_s"],
+            "generated_tokens_per_item": 10.0,
+            "executor_requests": 2000,
+            "p50_ms": 100.0,
+            "p99_ms": 300.0,
+            "mean_ms": 120.0,
+            "failed": 0,
+            "share_per_replica": [round(1 / r["replicas"], 4)] * r["replicas"],
+        }
+        for r in ROWS
+    ]
+    record = gs.run_record(quick=True)
+    setup = {"model": "m", "items": 2000, "max_tokens": 160, "clients": 16, "batch": 32, "max_in_flight": 256}
+    payload = gs.report(rows, record, {**setup, "gpu": {"count": 4, "name": "H100"}}, quick=True)
+    assert [g["met"] for g in payload["goals"]] == [True, False]
+    md = (tmp_path / "gpu_scaling.quick.md").read_text()
+    assert "| items/s at 2 executors ≥ 1.8× 1 executor | 1.91 | 1.8 | met |" in md
+    assert "| items/s at 4 executors ≥ 3.4× 1 executor | 3.27 | 3.4 | NOT met |" in md
+    assert "0.25 / 0.25 / 0.25 / 0.25" in md and "4 × H100" in md
+    assert (tmp_path / "gpu_scaling.quick.png").stat().st_size > 1000
+
+
+def _writer(folder: Path):  # type: ignore[no-untyped-def]
+    def write(name: str, payload: dict, markdown: str, quick: bool) -> tuple[Path, Path]:  # type: ignore[type-arg]
+        stem = f"{name}.quick" if quick else name
+        (folder / f"{stem}.json").write_text(json.dumps(payload))
+        (folder / f"{stem}.md").write_text(markdown)
+        return folder / f"{stem}.json", folder / f"{stem}.md"
+
+    return write
+
+
+def test_executors_get_one_gpu_each_and_the_safe_environment() -> None:
+    assert serve.assign(["0", "1", "3"], 18201) == [("0", 18201), ("1", 18202), ("3", 18203)]
+    with pytest.raises(ValueError, match="a GPU of its own"):
+        serve.assign(["0", "0"], 18201)
+    env = serve.executor_env("2", base={"PATH": "/bin", "NCCL_NVLS_ENABLE": "1"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "2" and env["NCCL_NVLS_ENABLE"] == "0"
+    assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and env["NVSHMEM_DISABLE_NVLS"] == "1"
+    assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+
+
+def test_vllm_command_serves_on_loopback() -> None:
+    cmd = serve.vllm_command("/m", "pi2", 18201, 0.3, prefix_cache=False)
+    assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--port") + 1] == "18201"
+    assert "--no-enable-prefix-caching" in cmd
+    assert "--no-enable-prefix-caching" not in serve.vllm_command("/m", "pi2", 1, 0.3)
