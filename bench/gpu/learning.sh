@@ -6,6 +6,8 @@
 #   bash bench/gpu/learning.sh wait-sft SECONDS
 #   bash bench/gpu/learning.sh eval NAME PI1_PORT PI2_PORT   # executors already serving π1/π2 there
 #   bash bench/gpu/learning.sh serve-sft GPU_A1 GPU_A2 PORT  # π1ˢ on PORT, π2ˢ on PORT+1
+#   bash bench/gpu/learning.sh c1-step GPU_TRAIN GPU_EXEC     # issue 14.2: a few C1 steps, 64 prompts × n 8,
+#                                                            # π1 from A1 SFT, executor serving A2 SFT
 #   bash bench/gpu/learning.sh collect                       # Phase-D table of every eval, files to $OUT
 # Every stage's wall time goes to $LEARN/stages.tsv (name, start, end, seconds).
 set -euo pipefail
@@ -67,6 +69,23 @@ eval)
     --max-tokens "$EVAL_MAX_TOKENS" --concurrency 256 --timeout 600
   stage "phase_d_$name" "$t0" "$(date +%s)"
   ;;
+c1-step)
+  t0=$(date +%s)
+  python3 -m trainer data build --golden "$GOLDEN_DIR" --out "$LEARN/data_c1" --phases c1
+  python3 -m bench.gpu.serve start --model "$LEARN/a2/hf" --name pi2-sft --gpus "$3" --port 18221 --mem 0.3 --wait
+  REWARD_API_EXECUTOR_URLS=http://127.0.0.1:18221 REWARD_API_EXECUTOR_MODEL=pi2-sft REWARD_API_LOG_LEVEL=WARNING \
+    setsid python3 -m services.reward_api --host 127.0.0.1 --port 18230 --workers 4 > "$LEARN/reward_api_c1.log" 2>&1 < /dev/null &
+  for _ in $(seq 60); do curl -sf http://127.0.0.1:18230/healthz > /dev/null && break; sleep 1; done
+  CUDA_VISIBLE_DEVICES=$2 python3 -m trainer run c1 --profile gpu --data "$LEARN/data_c1" --out "$LEARN/c1" \
+    --model "$LEARN/a1/hf" --reward-url http://127.0.0.1:18230 --no-export trainer.n_gpus_per_node=1 \
+    trainer.total_training_steps=${C1_STEPS:-3} trainer.test_freq=-1 trainer.val_before_train=false \
+    data.train_batch_size=64 actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=64 \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.4 data.max_response_length=256 \
+    ray_kwargs.ray_init.num_cpus=32 +ray_kwargs.ray_init._node_ip_address=127.0.0.1 \
+    +ray_kwargs.ray_init.include_dashboard=false > "$LEARN/c1.log" 2>&1 || echo "c1 exit $?"
+  stage c1_step "$t0" "$(date +%s)"
+  tail -20 "$LEARN/c1.log"
+  ;;
 collect)
   args=()
   for d in "$LEARN"/eval_*; do n=${d##*/eval_}; args+=(--predictions "$n=$d/predictions_$n.jsonl"); done
@@ -77,6 +96,8 @@ collect)
   cp -r "$LEARN/phase_d" "$o/" 2>/dev/null || true
   for d in "$LEARN"/eval_*; do mkdir -p "$o/${d##*/}"; cp "$d/metrics.json" "$d/report.md" "$o/${d##*/}/" 2>/dev/null || true; done
   rm -f "$o"/phase_d/predictions_*.jsonl
+  cp "$LEARN/c1/metrics.jsonl" "$o/c1_metrics.jsonl" 2>/dev/null || true
+  tail -c 100000 "$LEARN/c1.log" > "$o/c1.log" 2>/dev/null || true
   for ph in a1 a2; do
     tail -c 100000 "$LEARN/$ph.log" > "$o/$ph.log" 2>/dev/null || true
     cp "$LEARN/$ph/phase_result.json" "$o/${ph}_phase_result.json" 2>/dev/null || true
