@@ -132,6 +132,8 @@ class PhaseRun:
         env["TRAINER_OUT_DIR"] = str(self.out_dir.resolve())
         env["POLICY_MODEL_PATH"] = self.model_path
         env["VERL_FILE_LOGGER_PATH"] = str((self.out_dir / "metrics.jsonl").resolve())
+        # VERL's tensorboard logger writes under the cwd (the repository) unless told otherwise.
+        env["TENSORBOARD_DIR"] = str((self.out_dir / "tensorboard").resolve())
         if self.reward_url:
             env["REWARD_API_URL"] = self.reward_url
         if self.phase.kind == "grpo" and not env.get("REWARD_API_URL"):
