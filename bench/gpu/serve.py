@@ -70,7 +70,8 @@ def start(model: str, name: str, gpus: Sequence[str], port: int, mem: float, pre
         log = (RUN_DIR / f"stx-vllm-{p}.log").open("ab")
         proc = subprocess.Popen(
             vllm_command(model, name, p, mem, prefix_cache),
-            env=executor_env(gpu),
+            # A compile cache of its own: executors that start together never race on one.
+            env={**executor_env(gpu), "VLLM_CACHE_ROOT": str(RUN_DIR / f"stx-vllm-cache-{p}")},
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
