@@ -143,7 +143,8 @@ def _report(payload: dict[str, object]) -> None:
     goals = payload.get("goals", [])
     name = payload.get("benchmark")
     for g in goals if isinstance(goals, list) else []:
-        typer.echo(f"[{name}] {g['goal']}: {g['value']} → {'met' if g['met'] else 'NOT met'}")
+        note = "" if g.get("binding", True) else " (informational)"
+        typer.echo(f"[{name}] {g['goal']}: {g['value']} → {'met' if g['met'] else 'NOT met'}{note}")
 
 
 if __name__ == "__main__":

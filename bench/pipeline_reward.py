@@ -11,7 +11,8 @@ service builds them) and the same sampling parameters:
 
 All prompts go through the executor once before timing, so vLLM's prefix cache is equally warm for the
 three modes (none gets an advantage from running later). Ceiling and ours alternate for ``repeats``
-rounds and the median is reported. Goals (DESIGN §6): ours ≥ 0.9× ceiling; ours ≥ 10× seed.
+rounds and the median is reported. Goals (DESIGN §6): ours ≥ 0.9× ceiling; ours ≥ 10× seed
+(informational on a CPU executor, whose own ceiling bounds it; binding on GPU: ``sequential_binding``).
 """
 
 from __future__ import annotations
@@ -148,6 +149,7 @@ def run(
     max_in_flight: int = 64,
     name: str = "pipeline_reward",
     seed: int = 0,
+    sequential_binding: bool = False,
 ) -> dict[str, Any]:
     from services.reward_api.process import RewardApiProcess
 
@@ -202,18 +204,23 @@ def run(
             "value": round(rate["ours"] / rate["ceiling"], 3),
             "target": CEILING_RATIO,
             "met": rate["ours"] >= CEILING_RATIO * rate["ceiling"],
+            "binding": True,
         },
         {
             "goal": f"/reward/pipeline ≥ {SEQUENTIAL_FACTOR:g}× sequential loop",
             "value": round(rate["ours"] / rate["sequential"], 2),
             "target": SEQUENTIAL_FACTOR,
             "met": rate["ours"] >= SEQUENTIAL_FACTOR * rate["sequential"],
+            # On CPU the executor's own ceiling bounds it (ours is ~1.0x of that ceiling): informational
+            # there, binding on GPU (issue 14, point 4).
+            "binding": sequential_binding,
         },
         {
             "goal": "executor calls per request = items (cache off, prompts distinct)",
             "value": calls[-1],
             "target": n,
             "met": all(c == n for c in calls),
+            "binding": True,
         },
     ]
     payload = {
@@ -243,8 +250,18 @@ def render_md(p: dict[str, Any]) -> str:
         f"{p['max_in_flight']}; median of {p['repeats']} alternating rounds (sequential: one round).\n\n"
     )
     md += "## Goals\n\n" + md_table(
-        ["goal", "value", "target", "result"], [[g["goal"], g["value"], g["target"], met(g["met"])] for g in p["goals"]]
+        ["goal", "value", "target", "binding", "result"],
+        [
+            [g["goal"], g["value"], g["target"], "yes" if g.get("binding", True) else "info", met(g["met"])]
+            for g in p["goals"]
+        ],
     )
+    if not all(g.get("binding", True) for g in p["goals"]):
+        md += (
+            "\n`info`: the ≥ 10× sequential-loop goal is informational on a CPU executor, whose own ceiling "
+            "bounds what batching can gain (the service is at ~1.0× of that ceiling); it is binding on GPU "
+            "(`python -m bench gpu-pipeline`).\n"
+        )
     r, s = p["items_per_s"], p["seconds"]
     md += "\n## Rates\n\n" + md_table(
         ["mode", "items/s", "seconds (each round)"],
