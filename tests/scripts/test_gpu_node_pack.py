@@ -249,3 +249,25 @@ def test_dry_run_prints_pip_commands_and_downloads_nothing(tmp_path: Path, capsy
     assert "pip download" in out and "vllm==0.24.0" in out and "verl==0.9.1" in out
     assert "--python-version 3.12" in out
     assert not list((tmp_path / "wh" / "cache").iterdir())
+
+
+def test_record_entries_absent_from_the_wheel_are_allowed_but_lost_members_are_not(tmp_path: Path) -> None:
+    # Ray's wheel lists files in RECORD that it does not contain; pip installs it, so must we.
+    w = make_wheel(tmp_path / "demo-1.0-py3-none-any.whl", payload=os.urandom(40_000) * 3)
+    odd = tmp_path / "odd-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(w) as src, zipfile.ZipFile(odd, "w") as dst:
+        for n in src.namelist():
+            data = src.read(n)
+            if n.endswith("RECORD"):
+                data += b"vendored-1.0.dist-info/INSTALLER,sha256=AAAA,4\n"
+            dst.writestr(n, data)
+    verify_wheel_members(odd)
+    out = tmp_path / "chunks"
+    m = pack([(odd, "wheel")], out, chunk_bytes=1_000_000, xz_min_bytes=1)
+    assert m["files"][0]["encoding"] == "wheel-tar-xz"
+    restore(out, tmp_path / "ok")
+    verify_wheel_members(tmp_path / "ok" / odd.name)
+    m["files"][0]["members"] += 1  # as if the rebuilt wheel had lost a file
+    (out / "chunk-000" / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(PackError, match="members differ"):
+        restore(out, tmp_path / "files")
