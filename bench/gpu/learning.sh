@@ -20,6 +20,9 @@ MICRO=${MICRO:-32}
 EVAL_MAX_TOKENS=${EVAL_MAX_TOKENS:-384}
 TEST=$GOLDEN_DIR/common_test_schemas.jsonl
 mkdir -p "$LEARN"
+served_model() {  # the model name an executor serves (no curl needed on the node)
+  python3 -c "import json,urllib.request as u; print(json.load(u.urlopen('http://127.0.0.1:$1/v1/models'))['data'][0]['id'])"
+}
 stage() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" $(( $3 - $2 )) >> "$LEARN/stages.tsv"; }
 
 case "$1" in
@@ -61,8 +64,8 @@ serve-sft)
   ;;
 eval)
   name=$2
-  m1=$(curl -s "http://127.0.0.1:$3/v1/models" | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')
-  m2=$(curl -s "http://127.0.0.1:$4/v1/models" | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')
+  m1=$(served_model "$3")
+  m2=$(served_model "$4")
   t0=$(date +%s)
   python3 -m trainer evaluate pipeline --golden "$TEST" --out "$LEARN/eval_$name" \
     --setting "$name=http://127.0.0.1:$3,$m1,http://127.0.0.1:$4,$m2" \
@@ -75,7 +78,7 @@ c1-step)
   python3 -m bench.gpu.serve start --model "$LEARN/a2/hf" --name pi2-sft --gpus "$3" --port 18221 --mem 0.3 --wait
   REWARD_API_EXECUTOR_URLS=http://127.0.0.1:18221 REWARD_API_EXECUTOR_MODEL=pi2-sft REWARD_API_LOG_LEVEL=WARNING \
     setsid python3 -m services.reward_api --host 127.0.0.1 --port 18230 --workers 4 > "$LEARN/reward_api_c1.log" 2>&1 < /dev/null &
-  for _ in $(seq 60); do curl -sf http://127.0.0.1:18230/healthz > /dev/null && break; sleep 1; done
+  for _ in $(seq 60); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:18230/healthz')" 2>/dev/null && break; sleep 1; done
   CUDA_VISIBLE_DEVICES=$2 python3 -m trainer run c1 --profile gpu --data "$LEARN/data_c1" --out "$LEARN/c1" \
     --model "$LEARN/a1/hf" --reward-url http://127.0.0.1:18230 --no-export trainer.n_gpus_per_node=1 \
     trainer.total_training_steps=${C1_STEPS:-3} trainer.test_freq=-1 trainer.val_before_train=false \
