@@ -11,8 +11,9 @@ setup:
 model: setup
 	$(PY) -m services.executor_vllm.default_model
 
+# `make demo RETRAIN=1` trains A1/A2 again; otherwise models in demo_out/runs are reused.
 demo: model
-	$(PY) -m trainer demo
+	$(PY) -m trainer demo $(if $(RETRAIN),--retrain,) $(DEMO_ARGS)
 
 test: model
 	$(PY) -m pytest $(PYTEST_ARGS)

