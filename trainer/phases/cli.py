@@ -114,6 +114,9 @@ def loop_cmd(
         None, help="Stop after this stage group (sft, local, c1, c2, eval); a rerun goes on from there."
     ),
     reward_workers: int = typer.Option(1, min=1, help="uvicorn workers of the reward_api the loop starts."),
+    preflight_min: float | None = typer.Option(
+        None, min=0.0, max=1.0, help="Before each GRPO phase: stop unless this share of groups has rewards that differ."
+    ),
 ) -> None:
     """(A1, A2 →) B1 → B2 → C1 → C2 → Phase-D evaluation; Hydra overrides after the options apply to every RL phase."""
     from trainer.loop import STAGE_GROUPS, Loop, LoopConfig
@@ -152,12 +155,45 @@ def loop_cmd(
         gpus=gpu_ids,
         until=until,
         reward_workers=reward_workers,
+        preflight_min=preflight_min,
     )
     manifest = Loop(cfg).run()
     if manifest.get("stopped_after"):
         console.print(f"stopped after {manifest['stopped_after']!r} (--until); rerun to go on")
     console.print(f"manifest: {out / 'loop_manifest.json'}")
     console.print_json(json.dumps(manifest.get("final_decision", {})))
+
+
+@app.command("preflight")
+def preflight_cmd(
+    golden: Path = typer.Option(..., exists=True, file_okay=False, help="Golden folder (training prompts)."),
+    phase: str = typer.Option(..., help="GRPO phase whose reward is checked: b1, b2, c1 or c2."),
+    policy_url: str = typer.Option(..., help="Executor serving the phase's start policy."),
+    policy_model: str = typer.Option(..., help="Served model name of the policy."),
+    reward_url: str = typer.Option(..., help="Reward API the phase will use (C1: its executor serves π2)."),
+    n: int = typer.Option(8, min=2, help="Samples per prompt (the phase's rollout.n)."),
+    prompts: int = typer.Option(32, min=1, help="Training prompts to sample."),
+    temperature: float = typer.Option(1.0, min=0.0, help="Sampling temperature (the phase's rollout temperature)."),
+    max_tokens: int = typer.Option(512, min=1, help="max_tokens per sample (the phase's response length)."),
+    min_informative: float = typer.Option(0.25, min=0.0, max=1.0, help="Fail below this share of informative groups."),
+    out: Path | None = typer.Option(None, help="Write the report JSON here."),
+) -> None:
+    """Before a long GRPO run: the share of groups whose rewards differ (all-equal groups teach nothing)."""
+    from trainer.phases.preflight import PHASE_STAGE, advantage_check, write_report
+
+    if phase not in PHASE_STAGE:
+        raise _bad("--phase", ValueError(f"must be one of {list(PHASE_STAGE)}, got {phase!r}"))
+    rep = advantage_check(
+        golden, PHASE_STAGE[phase], policy_url, policy_model, reward_url,
+        n=n, prompts=prompts, temperature=temperature, max_tokens=max_tokens, min_informative=min_informative,
+    )  # fmt: skip
+    if out:
+        write_report(rep, out)
+    console.print_json(json.dumps(rep.as_dict()))
+    if not rep.ok:
+        share = f"{rep.informative_share:.0%} < {min_informative:.0%}"
+        console.print(f"[red]too few groups whose rewards differ ({share}): GRPO would learn little[/red]")
+        raise typer.Exit(1)
 
 
 @app.command("rft", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
