@@ -96,6 +96,9 @@ class LoopConfig:
     gpus: tuple[str, ...] = ()
     until: str | None = None
     reward_workers: int = 1
+    # Before each GRPO phase: the share of groups whose rewards differ (trainer/phases/preflight.py);
+    # below it, the phase is not started. None: no check.
+    preflight_min: float | None = None
 
     def __post_init__(self) -> None:
         if self.until is not None and self.until not in STAGE_GROUPS:
@@ -288,6 +291,8 @@ class Loop:
         done = phase_done(out_dir)
         if done is None:
             sft = get_phase(name).kind == "sft"
+            if not sft and self.cfg.preflight_min is not None and reward_url:
+                self.preflight(name, model, reward_url, out_dir, placement)
             placed: tuple[str, ...] = ()
             if placement is not None:
                 placed = placement.sft_overrides() if sft else placement.grpo_overrides()
@@ -309,6 +314,27 @@ class Loop:
         self.manifest.set(f"phase:{key}", asdict(done))
         assert done.hf_dir is not None
         return done.hf_dir
+
+    def preflight(self, name: str, model: str, reward_url: str, out_dir: Path, placement: Placement | None) -> None:
+        """The advantage check of ``name``'s start policy; stops the loop when its groups teach too little."""
+        from trainer.phases.preflight import PHASE_STAGE, advantage_check, write_report
+
+        slot = ExecutorSlot(placement.gpus[:1], 0.3) if placement else None
+        key = str(out_dir.relative_to(self.out))
+        with local_executor(model, self.out / "logs" / f"executor_preflight_{name}.log", slot) as url:
+            rep = advantage_check(
+                self.cfg.golden, PHASE_STAGE[name], url, SERVED_NAME, reward_url,
+                min_informative=float(self.cfg.preflight_min or 0.0), max_tokens=self.cfg.eval_max_tokens,
+            )  # fmt: skip
+        write_report(rep, out_dir / "preflight.json")
+        self.manifest.set(f"preflight:{key}", rep.as_dict())
+        if not rep.ok:
+            raise RuntimeError(
+                f"phase {key}: only {rep.informative_groups}/{rep.prompts} groups of {rep.n} samples have rewards "
+                f"that differ ({rep.informative_share:.0%} < {rep.min_informative:.0%}): GRPO would learn little. "
+                "Raise the rollout temperature or n, or start from another policy (report: "
+                f"{out_dir / 'preflight.json'})"
+            )
 
     @contextlib.contextmanager
     def reward_api(
