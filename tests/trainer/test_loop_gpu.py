@@ -110,3 +110,31 @@ def test_loop_cli_names_bad_gpu_options(tmp_path: Path, monkeypatch: pytest.Monk
     assert res.exit_code == 2 and "distinct" in res.output
     res = CliRunner().invoke(app, [*base, "--gpus", "0", "--until", "b1"])
     assert res.exit_code == 2 and "--until" in res.output
+
+
+def test_preflight_stops_the_loop_before_a_phase_whose_groups_teach_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import contextlib
+
+    from trainer import loop as loop_mod
+    from trainer.phases import preflight
+
+    out = tmp_path / "loop"
+    for p in ("a1", "a2"):
+        recorded(out / p, p, out / p / "hf")
+    seen: list[tuple[str, str, float]] = []
+
+    def fake_check(golden: Path, stage: str, url: str, model: str, reward_url: str, **kw: object):  # type: ignore[no-untyped-def]
+        seen.append((stage, reward_url, float(kw["min_informative"])))  # type: ignore[arg-type]
+        return preflight.PreflightReport(stage, 32, 8, 1.0, 2, 0.0625, 0.9, 0.01, 0.25, False)
+
+    monkeypatch.setattr(preflight, "advantage_check", fake_check)
+    monkeypatch.setattr(loop_mod, "local_executor", lambda *a, **k: contextlib.nullcontext("http://127.0.0.1:1"))
+    cfg = config(out, ("0",))
+    cfg = LoopConfig(**{**cfg.__dict__, "preflight_min": 0.25})
+    runner = RecordingRunnerForTests(0.01)
+    with pytest.raises(RuntimeError, match=r"phase b1: only 2/32 groups .* GRPO would learn little"):
+        Loop(cfg, runner=runner).run()
+    assert "b1" not in runner.runs and seen == [("schema", "http://127.0.0.1:9", 0.25)]
+    assert json.loads((out / "b1" / "preflight.json").read_text())["ok"] is False
