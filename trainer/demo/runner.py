@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -149,8 +150,6 @@ class Demo:
                 self.console.print(f"reusing {recorded.hf_dir} (trained in {recorded.seconds:.0f} s with {key['sft']})")
                 return recorded.hf_dir
             if out.exists():
-                import shutil
-
                 shutil.rmtree(out)
             out.mkdir(parents=True)
             overrides = tuple(self.s.sft.overrides())
@@ -162,6 +161,8 @@ class Demo:
             if res.status != "ok" or not res.hf_dir:
                 raise RuntimeError(f"{phase} SFT failed (exit {res.exit_code}); log: {out / 'train.log'}")
             key_path.write_text(json.dumps(key, indent=2) + "\n")
+            # The exported HF directory is what the demo serves; the FSDP checkpoint is 0.5 GB more.
+            shutil.rmtree(out / "checkpoints", ignore_errors=True)
             loss = (res.final_metrics or {}).get("train/loss")
             tail = f" (last train loss {loss:.3f})" if loss is not None else ""
             self.console.print(f"exported {res.hf_dir}{tail}")
