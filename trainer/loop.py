@@ -26,9 +26,17 @@ side by side. Executors start through ``services.executor_vllm`` (GpuExecutor / 
 time-limited job; the next command goes on from there.
 
 Resumable: a phase whose ``phase_result.json`` says ok and whose exported model exists is skipped,
-as are data files and evaluations already recorded. ``loop_manifest.json`` records every input
-(golden files with sha256, start models, reward URLs), config (phase YAML sha256, command),
-checkpoint, exported model and metric, and is rewritten after every stage.
+as are the built data files. The C2 precompute and Phase D are reused only if their content key
+matches (``precompute_key.json``, ``eval_key.json``: the models' content fingerprints, the golden
+files' sha256 and the settings); otherwise they are recomputed. ``loop_manifest.json`` records
+every input (golden files with sha256, start models, reward URLs), config (phase YAML sha256,
+command), checkpoint, exported model and metric, and is rewritten after every stage.
+
+External URLs are checked before use: ``--pi1-pipe-url`` must serve π1ʳ-pipe, and
+``--c1-reward-url``'s executor must serve the π2 of this round (π2ʳ-local in loop 1, π2ʳ-pipe in
+loop 2), by folder (``/v1/models`` ``root``) or by the content hash in the served name
+(:mod:`trainer.phases.model_identity`). A mismatch stops the loop; the manifest's ``served:*``
+entries record what was served.
 """
 
 from __future__ import annotations
@@ -38,14 +46,13 @@ import contextlib
 import datetime as dt
 import hashlib
 import json
+import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from trainer.phases.gpus import ExecutorSlot, GpuPlan, Placement, waves
 from trainer.phases.launch import (
@@ -58,8 +65,12 @@ from trainer.phases.launch import (
     read_result,
     run_phase,
 )
+from trainer.phases.model_identity import check_executor_url, check_reward_api_url, fingerprint
 
 MANIFEST = "loop_manifest.json"
+# content keys of reused results: C2's precomputed data and Phase D's scores (see precompute_key, eval_key)
+PRECOMPUTE_KEY = "precompute_key.json"
+EVAL_KEY = "eval_key.json"
 SERVED_NAME = "policy"
 # Stage groups of ``--until``: a run stops after the named group; a rerun goes on from there.
 STAGE_GROUPS = ("sft", "local", "c1", "c2", "eval")
@@ -310,7 +321,8 @@ class Loop:
             done = self.runner(run)
             if done.status != "ok" or not done.hf_dir:
                 self.manifest.set(f"phase:{key}", asdict(done))
-                raise RuntimeError(f"phase {key} failed (exit {done.exit_code}); log {out_dir / 'train.log'}")
+                why = f": {done.error}" if done.error else ""
+                raise RuntimeError(f"phase {key} failed (exit {done.exit_code}){why}; log {out_dir / 'train.log'}")
         self.manifest.set(f"phase:{key}", asdict(done))
         assert done.hf_dir is not None
         return done.hf_dir
@@ -345,8 +357,17 @@ class Loop:
         slots: Sequence[ExecutorSlot | None] = (None,),
     ) -> Iterator[str]:
         """The external URL if given, else local services (executors only when a model is given: one
-        replica per slot, on its GPU; ``(None,)`` is one vLLM-CPU executor)."""
+        replica per slot, on its GPU; ``(None,)`` is one vLLM-CPU executor).
+
+        An external reward API whose executor must serve ``executor_model`` is checked first
+        (:func:`~trainer.phases.model_identity.check_reward_api_url`); the manifest records what it serves.
+        """
         if external:
+            if executor_model is not None:
+                served = check_reward_api_url(
+                    external, executor_model, f"{tag} reward API", token=os.environ.get("REWARD_API_TOKEN")
+                )
+                self.manifest.set(f"served:{tag}", served.as_dict())
             yield external
             return
         logs = self.out / "logs"
@@ -361,11 +382,32 @@ class Loop:
         ):
             yield url
 
+    def golden_sha256(self, splits: Sequence[str]) -> dict[str, str]:
+        return {s: sha256(self.cfg.golden / f"common_{s}_schemas.jsonl") for s in splits}
+
+    def precompute_key(self, pi1_pipe: str) -> dict[str, Any]:
+        """What the C2 data depends on: π1ʳ-pipe's content, the golden files, the settings."""
+        from shared import PROMPT_VERSION
+
+        return {
+            "schema_model": fingerprint(pi1_pipe),
+            "golden": self.golden_sha256(("train", "validation")),
+            "config": {
+                "limit": self.cfg.limit,
+                "max_tokens": self.cfg.eval_max_tokens,
+                "on_invalid": "gold",
+                "prompt_version": PROMPT_VERSION,
+            },
+        }
+
     def precompute(self, pi1_pipe: str, data_dir: Path, tag: str) -> None:
+        """C2's data from π1ʳ-pipe's schemas; reused only if its key (model content, golden, config) matches."""
         from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
         from trainer.evaluation.inference import precompute_c2
 
-        if (data_dir / "c2" / "train.parquet").is_file():
+        key = self.precompute_key(pi1_pipe)
+        key_path = data_dir / "c2" / PRECOMPUTE_KEY
+        if (data_dir / "c2" / "train.parquet").is_file() and _read_json(key_path) == key:
             return
         gen = GenerationConfig(max_tokens=self.cfg.eval_max_tokens)
 
@@ -379,11 +421,17 @@ class Loop:
                     yield url
 
         with serve() as url:
-            model = SERVED_NAME if not self.cfg.pi1_pipe_url else _served_model(url)
+            model = SERVED_NAME
+            served: dict[str, Any] | None = None
+            if self.cfg.pi1_pipe_url:
+                checked = check_executor_url(url, pi1_pipe, f"precompute {tag} (π1ʳ-pipe)")
+                model, served = checked.served_name, checked.as_dict()
+                self.manifest.set(f"served:precompute_{tag}", served)
             rep = precompute_c2(
                 self.cfg.golden, data_dir, ExecutorClient(url, model, gen), on_invalid="gold", limit=self.cfg.limit
             )
-        self.manifest.set(f"precompute:{tag}", asdict(rep) | {"schema_model": pi1_pipe})
+        key_path.write_text(json.dumps(key, indent=2) + "\n")
+        self.manifest.set(f"precompute:{tag}", asdict(rep) | {"schema_model": pi1_pipe, "key": key, "served": served})
 
     def evaluate(self, settings: dict[str, tuple[str, str]], tag: str, compare: tuple[str, str]) -> dict[str, Any]:
         """Phase D: each setting's π1 then π2, served one at a time; returns the loop-2 decision.
@@ -394,7 +442,8 @@ class Loop:
         from trainer.evaluation.phase_d import write_outputs
 
         out = self.out / f"eval_{tag}"
-        if (out / "metrics.json").is_file():
+        key = self.eval_key(settings)
+        if (out / "metrics.json").is_file() and _read_json(out / EVAL_KEY) == key:
             recorded = json.loads((out / "metrics.json").read_text())
             if set(recorded["settings"]) == set(settings):
                 # scores are reused; the decision follows the current rule (metric, min gain, pair)
@@ -420,11 +469,26 @@ class Loop:
         res = write_outputs(
             out, examples, preds, f"Phase D ({tag})", self.cfg.decision_metric, self.cfg.min_gain, compare=compare
         )
+        (out / EVAL_KEY).write_text(json.dumps(key, indent=2) + "\n")
         self.manifest.set(
             f"eval:{tag}",
             {"dir": str(out), "settings": settings, "metrics": str(res.metrics_path), "loop2": res.decision},
         )
         return res.decision
+
+    def eval_key(self, settings: dict[str, tuple[str, str]]) -> dict[str, Any]:
+        """What Phase D's scores depend on: every setting's model contents, the test file, the settings."""
+        from shared import PROMPT_VERSION
+
+        return {
+            "settings": {name: [fingerprint(pi1), fingerprint(pi2)] for name, (pi1, pi2) in settings.items()},
+            "golden": self.golden_sha256(("test",)),
+            "config": {
+                "eval_limit": self.cfg.eval_limit,
+                "max_tokens": self.cfg.eval_max_tokens,
+                "prompt_version": PROMPT_VERSION,
+            },
+        }
 
     def staged_pipeline(
         self, name: str, pi1: str, pi2: str, examples: Sequence[Any], slot: ExecutorSlot | None = None
@@ -442,7 +506,7 @@ class Loop:
         s2: dict[int, list[dict[str, str]]] = {}
         for i, (ex, text) in enumerate(zip(examples, schemas, strict=True)):
             with contextlib.suppress(ValueError):
-                s2[i] = build_stage2_messages(ex.text, text, schema_id=ex.schema_.table_id or ex.id)
+                s2[i] = build_stage2_messages(ex.text, text)
         order = sorted(s2)
         tables: dict[int, str] = {}
         if order:
@@ -567,8 +631,9 @@ def redecide(
     return decision
 
 
-def _served_model(url: str) -> str:
-    """The first model an OpenAI-compatible server lists (cluster executors)."""
-    base = url.rstrip("/").removesuffix("/v1")
-    data = httpx.get(f"{base}/v1/models", timeout=30).json()["data"]
-    return str(data[0]["id"])
+def _read_json(path: Path) -> Any:
+    """The JSON in ``path``, or None when there is none (a key never written)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

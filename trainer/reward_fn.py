@@ -12,12 +12,18 @@ VERL calls ``compute_score`` once per sample, concurrently on one event loop per
 :mod:`trainer.reward_client` coalesces those calls into batched POSTs, enforces the deadline and
 the retries, and raises rather than invent a score (its docstring states the failure policy).
 The endpoint is chosen by ``data_source`` ("schema", "table" or "pipeline").
+
+When the call fails, the error is appended to ``reward_kwargs.failure_log`` (if set) and re-raised.
+VERL then marks the prompt group ``failure`` and keeps the exception in the rollout worker's log
+only; the phase's trainer reads this file to name the cause when it stops the phase
+(:mod:`trainer.phases.failures`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from trainer.phases.failures import record_reward_failure
 from trainer.reward_client import client_config_from_kwargs, score_one
 
 
@@ -32,8 +38,15 @@ async def compute_score(
 
     ``kwargs`` are VERL's ``reward_kwargs`` (url, token, timeout_s, max_batch, max_wait_ms,
     max_attempts, on_executor_error, schema_config / table_config / pipeline_config); ``url`` and
-    ``token`` fall back to ``REWARD_API_URL`` / ``REWARD_API_TOKEN``.
+    ``token`` fall back to ``REWARD_API_URL`` / ``REWARD_API_TOKEN``; ``failure_log`` is the file
+    a failed call is recorded in before it re-raises.
     """
-    cfg = client_config_from_kwargs(kwargs)
+    failure_log = kwargs.pop("failure_log", None)
     item_id = str((extra_info or {}).get("id") or (extra_info or {}).get("index") or "sample")
-    return await score_one(str(data_source), solution_str, ground_truth, cfg, item_id)
+    try:
+        cfg = client_config_from_kwargs(kwargs)
+        return await score_one(str(data_source), solution_str, ground_truth, cfg, item_id)
+    except Exception as exc:
+        if failure_log:
+            record_reward_failure(str(failure_log), str(data_source), item_id, exc)
+        raise

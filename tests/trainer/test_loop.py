@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from trainer.loop import MANIFEST, Loop, LoopConfig, phase_done, redecide
+from trainer.loop import EVAL_KEY, MANIFEST, PRECOMPUTE_KEY, Loop, LoopConfig, phase_done, redecide
 from trainer.phases.launch import PhaseResult, PhaseRun
+from trainer.phases.model_identity import ServedModelMismatch, fingerprint, short
 
 SAMPLE = Path(__file__).resolve().parents[2] / "trainer" / "data" / "sample"
 
@@ -32,7 +36,7 @@ class FaultyPhaseRunner:
     def __call__(self, run: PhaseRun) -> PhaseResult:
         self.launched.append(run)
         return PhaseResult(run.phase.name, run.profile, "failed", 1, run.command(), run.model_path,
-                           str(run.data_dir), str(run.out_dir), "t", 0.1)  # fmt: skip
+                           str(run.data_dir), str(run.out_dir), "t", 0.1, error="reward down")  # fmt: skip
 
 
 def test_phase_done_requires_ok_and_export(tmp_path: Path) -> None:
@@ -43,21 +47,36 @@ def test_phase_done_requires_ok_and_export(tmp_path: Path) -> None:
     assert phase_done(tmp_path / "b1") is None
 
 
+@contextlib.contextmanager
+def c1_reward_api(tmp_path: Path, pi2: Path) -> Iterator[str]:
+    """A real reward API whose executor model name carries π2's content hash (issue 17.3)."""
+    from services.reward_api.process import RewardApiProcess
+
+    env = {
+        "REWARD_API_EXECUTOR_URLS": "http://127.0.0.1:9",
+        "REWARD_API_EXECUTOR_MODEL": f"pi2-{short(fingerprint(pi2))}",
+    }
+    with RewardApiProcess(env, log_path=tmp_path / "c1_api.log") as api:
+        yield api.url
+
+
+@pytest.mark.service
 def test_loop_resumes_and_records_manifest(tmp_path: Path) -> None:
     out = tmp_path / "loop"
     recorded(out / "b1", "b1", out / "b1" / "hf")
     recorded(out / "b2", "b2", out / "b2" / "hf")
     runner = FaultyPhaseRunner()
-    cfg = LoopConfig(
-        golden=SAMPLE, out=out, profile="cpu-smoke", pi1_sft="/pi1s", pi2_sft="/pi2s",
-        reward_url="http://127.0.0.1:9", c1_reward_url="http://127.0.0.1:10", overrides=("x=1",),
-    )  # fmt: skip
-    with pytest.raises(RuntimeError, match=r"phase c1 failed \(exit 1\)"):
-        Loop(cfg, runner=runner).run()
+    with c1_reward_api(tmp_path, out / "b2" / "hf") as c1_url:
+        cfg = LoopConfig(
+            golden=SAMPLE, out=out, profile="cpu-smoke", pi1_sft="/pi1s", pi2_sft="/pi2s",
+            reward_url="http://127.0.0.1:9", c1_reward_url=c1_url, overrides=("x=1",),
+        )  # fmt: skip
+        with pytest.raises(RuntimeError, match=r"phase c1 failed \(exit 1\): reward down"):
+            Loop(cfg, runner=runner).run()
     # B1/B2 were skipped (recorded outputs exist); C1 started from π1ʳ-local with the C1 reward URL.
     assert [r.phase.name for r in runner.launched] == ["c1"]
     c1 = runner.launched[0]
-    assert c1.model_path == str(out / "b1" / "hf") and c1.reward_url == "http://127.0.0.1:10"
+    assert c1.model_path == str(out / "b1" / "hf") and c1.reward_url == c1_url
     assert c1.overrides == ("x=1",) and c1.data_dir == out / "data"
     m = json.loads((out / MANIFEST).read_text())
     assert m["phase:b1"]["status"] == "ok" and m["phase:b2"]["status"] == "ok"
@@ -65,13 +84,15 @@ def test_loop_resumes_and_records_manifest(tmp_path: Path) -> None:
     assert set(m["inputs"]["golden"]) == {str(p) for p in SAMPLE.glob("common_*_schemas.jsonl")}
     assert "c1_grpo.yaml" in m["configs"] and "profile/cpu-smoke.yaml" in m["configs"]
     assert m["data"]["counts"]["c1"] == {"train": 12, "validation": 6}
+    assert m["served:c1_loop1"]["served_name"].startswith("pi2-")  # what the C1 reward API really served
     # C1 recorded now -> a rerun goes straight to precompute (which needs π1ʳ-pipe served)
     recorded(out / "c1", "c1", out / "c1" / "hf")
     (out / "data" / "c2").mkdir(parents=True)
-    (out / "data" / "c2" / "train.parquet").write_bytes(b"")  # precompute output recorded
+    (out / "data" / "c2" / "train.parquet").write_bytes(b"")  # precompute output recorded, with its key
+    (out / "data" / "c2" / PRECOMPUTE_KEY).write_text(json.dumps(Loop(cfg).precompute_key(str(out / "c1" / "hf"))))
     runner2 = FaultyPhaseRunner()
-    with pytest.raises(RuntimeError, match="phase c2 failed"):
-        Loop(cfg, runner=runner2).run()
+    with c1_reward_api(tmp_path, out / "b2" / "hf") as c1_url2, pytest.raises(RuntimeError, match="phase c2 failed"):
+        Loop(dataclasses.replace(cfg, c1_reward_url=c1_url2), runner=runner2).run()
     assert [r.phase.name for r in runner2.launched] == ["c2"]
     assert runner2.launched[0].model_path == str(out / "b2" / "hf")
 
@@ -139,3 +160,57 @@ def test_recorded_phase_d_gets_the_current_decision_rule(tmp_path: Path) -> None
     assert (d["previous"], d["last"], d["decision"]) == ("local", "pipe", "continue")
     assert json.loads((tmp_path / "metrics.json").read_text())["loop2"] == d
     assert "pipe vs local: +10.00 points" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.service
+def test_c1_reward_url_serving_another_pi2_stops_the_loop_before_c1(tmp_path: Path) -> None:
+    out = tmp_path / "loop"
+    recorded(out / "b1", "b1", out / "b1" / "hf")
+    recorded(out / "b2", "b2", out / "b2" / "hf")
+    (out / "b2" / "hf" / "model.safetensors").write_bytes(b"pi2-local")
+    stale = tmp_path / "yesterdays_pi2"
+    stale.mkdir()
+    runner = FaultyPhaseRunner()
+    with c1_reward_api(tmp_path, stale) as c1_url:  # the fault: the cluster still serves another π2
+        cfg = LoopConfig(golden=SAMPLE, out=out, profile="cpu-smoke", pi1_sft="/pi1s", pi2_sft="/pi2s",
+                         reward_url="http://127.0.0.1:9", c1_reward_url=c1_url)  # fmt: skip
+        with pytest.raises(ServedModelMismatch, match=rf"expects {out / 'b2' / 'hf'} \(fingerprint"):
+            Loop(cfg, runner=runner).run()
+    assert runner.launched == []
+
+
+def test_precompute_and_phase_d_are_reused_only_for_the_same_content(tmp_path: Path) -> None:
+    """Resume keys on content: a new π1ʳ-pipe (same folder, new weights) or a changed golden file means recompute."""
+    out, golden = tmp_path / "loop", tmp_path / "golden"
+    golden.mkdir()
+    for f in SAMPLE.glob("common_*_schemas.jsonl"):
+        (golden / f.name).write_bytes(f.read_bytes())
+    pi1 = tmp_path / "c1_hf"
+    pi1.mkdir()
+    (pi1 / "model.safetensors").write_bytes(b"v1")
+    loop = Loop(LoopConfig(golden=golden, out=out, profile="cpu-smoke", pi1_sft="/a", pi2_sft="/b"))
+    key = loop.precompute_key(str(pi1))
+    (pi1 / "model.safetensors").write_bytes(b"v2")  # C1 ran again
+    assert loop.precompute_key(str(pi1)) != key
+    settings = {"pipe": (str(pi1), "/b")}
+    ekey = loop.eval_key(settings)
+    assert loop.eval_key(settings) == ekey
+    with (golden / "common_test_schemas.jsonl").open("a") as fh:
+        fh.write("\n")
+    assert loop.eval_key(settings) != ekey
+
+    # a recorded Phase D with a stale key is not reused: evaluation runs again (here: serving π1 fails)
+    ev = out / "eval_loop1"
+    ev.mkdir(parents=True)
+    (ev / "metrics.json").write_text(json.dumps({"settings": {"pipe": {}}, "loop2": {}}))
+    (ev / EVAL_KEY).write_text(json.dumps(ekey))
+    calls: list[str] = []
+
+    def staged(name: str, *_a: object, **_k: object) -> list[dict[str, object]]:
+        calls.append(name)
+        raise RuntimeError("re-evaluated")
+
+    loop.staged_pipeline = staged  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="re-evaluated"):
+        loop.evaluate(settings, "loop1", ("pipe", "pipe"))
+    assert calls == ["pipe"]

@@ -111,7 +111,7 @@ def precompute_c2(
         bad: list[str] = []
         for ex, schema_text in zip(examples, schemas, strict=True):
             try:
-                prompt = build_stage2_messages(ex.text, schema_text, schema_id=ex.schema_.table_id or ex.id)
+                prompt = build_stage2_messages(ex.text, schema_text)
             except ValueError:
                 bad.append(ex.id)
                 if on_invalid == "skip":

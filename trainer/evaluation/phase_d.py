@@ -139,7 +139,7 @@ def run_pipeline(setting: Setting, examples: Sequence[GoldenExample], gen: Gener
     s2_prompts: dict[int, list[dict[str, str]]] = {}
     for i, (ex, schema_text) in enumerate(zip(examples, schemas, strict=True)):
         try:
-            s2_prompts[i] = build_stage2_messages(ex.text, schema_text, schema_id=ex.schema_.table_id or ex.id)
+            s2_prompts[i] = build_stage2_messages(ex.text, schema_text)
         except ValueError:
             continue
     order = sorted(s2_prompts)

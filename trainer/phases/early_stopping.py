@@ -1,11 +1,20 @@
 """Early stopping for the RL phases (VERL has none): the pure decision logic and its state file.
 
 Policy, stated once: after every validation the phase's score is the weighted mean of its
-validation metrics (``val-core|val-aux/<data_source>/<key>/mean@N``, largest N). A score counts as
-an improvement when it beats the best so far by more than ``min_delta`` (in ``mode`` direction).
-After ``patience`` validations in a row without an improvement, the run stops, and the best step
-is the checkpoint to keep and export. Step 0 (``val_before_train``) is the starting policy: if
-nothing beats it, the best "checkpoint" is the input model itself (``best_step == 0``).
+validation metrics (``val-core|val-aux/<data_source>/<key>/mean@N``, largest N). Two questions, kept
+apart:
+
+- *Which checkpoint is best?* The highest-scoring validated step (``mode`` direction; an earlier
+  step wins a tie). ``min_delta`` plays no part: a step that beats the best by less than
+  ``min_delta`` is still the better checkpoint, so it is kept and exported, never pruned.
+- *Is training still improving?* A score counts as progress when it beats the score of the last
+  progress (``patience_ref``) by more than ``min_delta``. After ``patience`` validations in a row
+  without progress, the run stops.
+
+Step 0 (``val_before_train``) is the starting policy: if nothing beats it, the best "checkpoint" is
+the input model itself (``best_step == 0``). Each step is scored once: a resumed run that validates
+a step the state already holds (VERL re-validates the resumed step) changes nothing and spends no
+patience.
 
 The state is a JSON file written after every validation, so a resumed run continues the count and
 the loop knows which checkpoint to export. :mod:`trainer.phases.early_stopping_verl` hooks it into VERL.
@@ -91,6 +100,7 @@ class StopState:
 
     best_step: int | None = None
     best_score: float | None = None
+    patience_ref: float | None = None
     bad_evals: int = 0
     stopped: bool = False
     stop_step: int | None = None
@@ -105,6 +115,8 @@ class StopState:
         return cls(
             best_step=raw.get("best_step"),
             best_score=raw.get("best_score"),
+            # state files written before patience_ref existed compared patience against best_score
+            patience_ref=raw.get("patience_ref", raw.get("best_score")),
             bad_evals=int(raw.get("bad_evals", 0)),
             stopped=bool(raw.get("stopped", False)),
             stop_step=raw.get("stop_step"),
@@ -143,27 +155,43 @@ class EarlyStopper:
         if state_path is not None and state_path.is_file():
             self.state = StopState.from_json(json.loads(state_path.read_text()))
 
-    def _better(self, score: float, best: float) -> bool:
-        gain = score - best if self.cfg.mode == "max" else best - score
-        return gain > self.cfg.min_delta
+    def _gain(self, score: float, reference: float) -> float:
+        return score - reference if self.cfg.mode == "max" else reference - score
+
+    def has_evaluation(self, step: int) -> bool:
+        """The state already holds a validation of ``step`` (a resumed run need not repeat it)."""
+        return any(e.step == step for e in self.state.history)
 
     def update(self, step: int, val_metrics: Mapping[str, Any]) -> Decision:
-        """Record one validation; returns the decision (``stop`` only when enabled)."""
+        """Record one validation; returns the decision (``stop`` only when enabled).
+
+        A step already recorded (a resumed run re-validating its checkpoint) keeps its first score
+        and spends no patience.
+        """
+        st = self.state
+        if self.has_evaluation(step):
+            first = next(e for e in st.history if e.step == step)
+            return self._decision(step, first.score, first.improved)
         score = phase_score(self.cfg, val_metrics)
         if math.isnan(score):
             raise ValueError(f"early stopping: validation score at step {step} is NaN ({self.cfg.metrics})")
-        st = self.state
-        improved = st.best_score is None or self._better(score, st.best_score)
+        if st.best_score is None or self._gain(score, st.best_score) > 0:
+            st.best_step, st.best_score = step, score
+        improved = st.patience_ref is None or self._gain(score, st.patience_ref) > self.cfg.min_delta
         if improved:
-            st.best_step, st.best_score, st.bad_evals = step, score, 0
+            st.patience_ref, st.bad_evals = score, 0
         else:
             st.bad_evals += 1
         st.history.append(Evaluation(step=step, score=score, improved=improved))
-        stop = self.cfg.enabled and st.bad_evals >= self.cfg.patience
-        if stop and not st.stopped:
+        if self.cfg.enabled and st.bad_evals >= self.cfg.patience and not st.stopped:
             st.stopped, st.stop_step = True, step
         self.save()
+        return self._decision(step, score, improved)
+
+    def _decision(self, step: int, score: float, improved: bool) -> Decision:
+        st = self.state
         assert st.best_step is not None and st.best_score is not None
+        stop = self.cfg.enabled and st.bad_evals >= self.cfg.patience
         return Decision(step, score, improved, st.best_step, st.best_score, st.bad_evals, stop)
 
     def save(self) -> None:

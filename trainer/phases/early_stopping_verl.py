@@ -1,15 +1,33 @@
-"""VERL hook of early stopping: a registered V1 trainer whose ``_validate`` decides to stop.
+"""VERL hook of the GRPO phases: VERL 0.9.1's own synchronous trainer plus early stopping and the
+failure policy of :mod:`trainer.phases.failures`.
 
-Why this hook: in VERL 0.9.1 every validation of ``PPOTrainer.fit`` goes through ``_validate()``
+Why this shape. VERL takes its synchronous path only when ``trainer.v1.trainer_mode`` is exactly
+``"sync"``: ``PPOTrainer._build_replay_buffer`` picks ``ReplayBuffer`` (not ``ReplayBufferAsync``)
+and its ``gen_batch_size``; ``_init_dataloader`` computes ``requires_exact_refill = trainer_mode !=
+"sync" or …`` and otherwise forces ``data.gen_batch_size=1``; ``_load_checkpoint`` /
+``_save_checkpoint`` restore and save TransferQueue state and ``_reissue_inflight_prompts``
+re-issues in-flight prompts only when the mode is not ``"sync"``; ``trainer.v1.<mode>`` holds the
+mode's own settings. A trainer registered under another mode name therefore runs VERL's async
+semantics. So the mode stays ``"sync"``, and :func:`install` points VERL's registry entry
+``"sync"`` (``trainer_base.TRAINER_REGISTRY``, read by ``get_trainer_cls`` in
+``TaskRunnerV1.run``) at :class:`EarlyStoppingPPOTrainer`, a subclass of VERL's ``PPOTrainerSync``.
+It is a narrow patch: one dict entry, in the Ray task-runner process that builds the trainer
+(:mod:`trainer.phases.verl_main`), and every ``trainer_mode == "sync"`` branch of VERL still applies.
+``register_trainer`` refuses to re-register a name, which is why the entry is set directly.
+
+Early stopping: every validation of ``PPOTrainer.fit`` goes through ``_validate()``
 (``val_before_train`` and every ``test_freq`` step), and the loop runs ``while global_steps <=
 total_training_steps``. Lowering ``total_training_steps`` to the current step when patience runs
-out ends the loop after this step's logging, through VERL's own exit path (``on_train_end``,
-dump-executor shutdown, tracking finish) — the run really stops, nothing is killed. Checkpoints
-are saved before validation on the same steps (``save_freq == test_freq``), so the best
-validated step always has a checkpoint; the others are pruned (the latest is kept for resume).
+out ends the loop after this step's logging, through VERL's own exit path. Checkpoints are saved
+before validation on the same steps (``save_freq == test_freq``), so the best validated step always
+has a checkpoint; the others are pruned (the latest is kept for resume). On resume (``on_init_end``,
+after ``_load_checkpoint`` set ``global_steps``) a step the state file already scored is not
+validated again, and a step it never scored (its validation failed) is.
 
-Select it with ``trainer.v1.trainer_mode=sync_early_stop`` and run through
-:mod:`trainer.phases.verl_main`, whose Ray task runner imports this module in the trainer process.
+Failures: ``on_sample_end`` (right after ``ReplayBuffer.sample``, before the update and the
+checkpoint) counts the failed samples of the step; ``_val_metrics_update`` (which ``_validate``
+calls with every scored sample and ``expected_acc_counts``) compares the scored samples with the
+validation set. Both stop the phase beyond ``failures.max_share``.
 """
 
 from __future__ import annotations
@@ -18,13 +36,24 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-from verl.trainer.ppo.v1.trainer_base import register_trainer
+from omegaconf import DictConfig, OmegaConf, open_dict
+from verl.trainer.ppo.v1 import trainer_base
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from trainer.phases.early_stopping import STATE_FILE, Decision, EarlyStopper, EarlyStoppingConfig, prune_checkpoints
+from trainer.phases.failures import (
+    FAILURE_FILE,
+    FailureCount,
+    FailurePolicy,
+    RewardFailureLog,
+    RolloutFailureError,
+    describe_cause,
+    judge,
+    training_failures,
+    validation_failures,
+)
 
-TRAINER_MODE = "sync_early_stop"
+TRAINER_MODE = "sync"
 log = logging.getLogger(__name__)
 
 
@@ -41,22 +70,152 @@ def stopper_from_config(config: DictConfig) -> EarlyStopper:
     return EarlyStopper(cfg, Path(str(config.trainer.default_local_dir)) / STATE_FILE)
 
 
+def failure_policy_from_config(config: DictConfig) -> FailurePolicy:
+    raw = OmegaConf.to_container(config.get("failures") or {}, resolve=True)
+    assert isinstance(raw, dict)
+    try:
+        return FailurePolicy.model_validate(raw)
+    except ValueError as exc:
+        raise ValueError(f"failures: {exc}") from None
+
+
+def reward_failure_log_path(config: DictConfig) -> str | None:
+    kwargs = config.reward.custom_reward_function.get("reward_kwargs") or {}
+    path = kwargs.get("failure_log")
+    return str(path) if path else None
+
+
 def apply_decision(trainer: Any, decision: Decision) -> None:
     """Make VERL's loop end after the current step (it checks ``global_steps <= total_training_steps``)."""
     if decision.stop and decision.step > 0:
         trainer.total_training_steps = min(int(trainer.total_training_steps), decision.step)
 
 
-@register_trainer(TRAINER_MODE)
+def install(config: DictConfig) -> type[PPOTrainerSync]:
+    """Make VERL's ``sync`` mode build :class:`EarlyStoppingPPOTrainer` in this process."""
+    mode = config.trainer.v1.trainer_mode
+    if mode != TRAINER_MODE:
+        raise ValueError(
+            f"trainer.v1.trainer_mode must be {TRAINER_MODE!r} (VERL's synchronous path; early stopping and the "
+            f"failure policy hook into it), got {mode!r}"
+        )
+    trainer_base.TRAINER_REGISTRY[TRAINER_MODE] = EarlyStoppingPPOTrainer
+    return EarlyStoppingPPOTrainer
+
+
 class EarlyStoppingPPOTrainer(PPOTrainerSync):
-    """PPOTrainerSync plus early stopping on the phase's validation score."""
+    """VERL's PPOTrainerSync plus early stopping and the failure policy."""
 
     def __init__(self, config: DictConfig) -> None:
         super().__init__(config)
         self.early_stopper = stopper_from_config(config)
+        self.failure_policy = failure_policy_from_config(config)
+        ckpt_dir = Path(str(config.trainer.default_local_dir))
+        self.failure_file = ckpt_dir / FAILURE_FILE
+        self.reward_failures = RewardFailureLog(reward_failure_log_path(config))
+        self._failure_metrics: dict[str, float] = {}
+
+    # -- resume -------------------------------------------------------------------------------------
+    def on_init_end(self) -> None:
+        super().on_init_end()  # type: ignore[no-untyped-call]
+        step = int(self.global_steps)
+        if step <= 0:
+            return
+        scored = self.early_stopper.has_evaluation(step)
+        with open_dict(self.config):
+            # A scored step is not validated again (same score, no patience spent); a step whose
+            # validation never finished (it failed) is validated before training goes on.
+            self.config.trainer.val_before_train = not scored
+        log.info("resume at step %s: validation before training %s", step, "skipped" if scored else "forced")
+
+    # -- training failures --------------------------------------------------------------------------
+    def on_sample_end(self) -> None:
+        super().on_sample_end()  # type: ignore[no-untyped-call]
+        self._check_training_failures()
+
+    def _step_once(self, metrics: dict[str, Any], timing_raw: dict[str, Any], sample_batch_size: int) -> Any:
+        try:
+            return super()._step_once(metrics, timing_raw, sample_batch_size)
+        except RolloutFailureError:
+            raise
+        except Exception as exc:
+            # e.g. VERL's own "selected terminal groups with no materializable trajectories" when
+            # every group failed: keep VERL's error as the __cause__, and name the cause it cannot see.
+            entries = self.reward_failures.new_entries()
+            if not entries:
+                raise
+            self._stop(self._training_count(), describe_cause(entries), exc)
+            raise
+
+    def _training_count(self) -> FailureCount:
+        n = int(self.config.actor_rollout_ref.rollout.n)
+        per_step = int(self.config.data.train_batch_size) // int(self.parameter_sync_step)
+        return training_failures(self.replay_buffer, n, int(self.global_steps), per_step * n)
+
+    def _check_training_failures(self) -> None:
+        count = self._training_count()
+        self._failure_metrics.update(count.as_metrics())
+        if count.failed:
+            self._stop(count, describe_cause(self.reward_failures.new_entries()), policy=self.failure_policy)
+
+    def _stop(
+        self,
+        count: FailureCount,
+        cause: str,
+        verl_error: BaseException | None = None,
+        policy: FailurePolicy | None = None,
+    ) -> None:
+        """Log the failure counts; raise unless ``policy`` allows them (without one, always raise)."""
+        self._log_failure_metrics(count)
+        error = judge(count, policy or FailurePolicy(max_share=0.0), cause, self.failure_file)
+        if error is not None:
+            raise error from verl_error
+
+    def _consume_sync_metrics(self) -> dict[str, Any]:
+        metrics: dict[str, Any] = super()._consume_sync_metrics()
+        metrics.update(self._failure_metrics)
+        self._failure_metrics = {}
+        return metrics
+
+    def _log_failure_metrics(self, count: FailureCount) -> None:
+        tracking = getattr(self, "logger", None)
+        if tracking is not None:
+            tracking.log(data=count.as_metrics(), step=int(self.global_steps))
+
+    # -- validation ---------------------------------------------------------------------------------
+    def _val_metrics_update(
+        self,
+        data_sources: Any,
+        sample_uids: Any,
+        reward_extra_infos_dict: Any,
+        sample_turns: Any,
+        expected_acc_counts: dict[tuple[str, str], int] | None = None,
+    ) -> dict[str, float]:
+        expected = sum((expected_acc_counts or {}).values())
+        count = validation_failures(int(self.global_steps), len(sample_uids), expected)
+        if count.failed:
+            self._stop(count, describe_cause(self.reward_failures.new_entries()), policy=self.failure_policy)
+        metrics: dict[str, float] = super()._val_metrics_update(
+            data_sources, sample_uids, reward_extra_infos_dict, sample_turns, expected_acc_counts=expected_acc_counts
+        )
+        metrics.update(count.as_metrics())
+        return metrics
 
     def _validate(self) -> dict[str, float]:
-        metrics: dict[str, float] = super()._validate()
+        try:
+            metrics: dict[str, float] = super()._validate()
+        except RolloutFailureError:
+            raise
+        except Exception as exc:
+            entries = self.reward_failures.new_entries()
+            if not entries:
+                raise
+            # Every sample failed, and VERL's _validate broke on the empty batch before counting.
+            expected = len(self.val_dataset) * int(self.config.actor_rollout_ref.rollout.val_kwargs.n)
+            self._stop(
+                FailureCount("validation", int(self.global_steps), expected, expected), describe_cause(entries), exc
+            )
+            raise
         step = int(self.global_steps)
         decision = self.early_stopper.update(step, metrics)
         metrics.update(decision.as_metrics())

@@ -13,7 +13,9 @@ YAML stays the single description of a phase. Only the ``cpu-smoke`` profile loa
 
 Outputs under ``--out``: ``checkpoints/global_step_N/…``, ``checkpoints/early_stopping.json``
 (RL), ``metrics.jsonl`` (VERL's file logger), ``train.log``, ``hf/`` (the exported best
-checkpoint) and ``phase_result.json`` (command, inputs, best step, final metrics, export dir).
+checkpoint) and ``phase_result.json`` (command, inputs, best step, final metrics, export dir; for a
+failed phase its ``error``, from ``checkpoints/phase_failure.json`` when the failure policy stopped it).
+A failed phase exports nothing.
 """
 
 from __future__ import annotations
@@ -245,6 +247,9 @@ class PhaseResult:
     checkpoint: str | None = None
     hf_dir: str | None = None
     final_metrics: dict[str, Any] | None = None
+    # why a failed phase stopped (trainer/phases/failures.py's record, else the exit code and log)
+    error: str | None = None
+    failure: dict[str, Any] | None = None
 
     def write(self, out_dir: Path) -> Path:
         path = out_dir / RESULT_FILE
@@ -264,17 +269,21 @@ def run_phase(
 ) -> PhaseResult:
     """Launch, then pick the best (RL) or last (SFT) checkpoint, export it to ``out/hf``, record it."""
     from trainer.phases.early_stopping import STATE_FILE, checkpoint_steps, read_state
+    from trainer.phases.failures import FAILURE_FILE, read_failure
     from trainer.phases.export import export_checkpoint
 
     started = dt.datetime.now(dt.UTC)
     t0 = time.monotonic()
+    failure_file = checkpoint_dir(run.out_dir) / FAILURE_FILE
+    failure_file.unlink(missing_ok=True)  # a resumed phase starts without its last run's failure
     code = launch(run, timeout_s=timeout_s)
+    failure = read_failure(failure_file)
     ckpts = checkpoint_dir(run.out_dir)
     metrics = read_metrics(run.out_dir / "metrics.jsonl")
     res = PhaseResult(
         phase=run.phase.name,
         profile=run.profile,
-        status="ok" if code == 0 else "failed",
+        status="ok" if code == 0 and failure is None else "failed",
         exit_code=code,
         command=run.command(),
         model_in=run.model_path,
@@ -290,7 +299,10 @@ def run_phase(
         res.best_step, res.best_score, res.stopped_early = st.best_step, st.best_score, st.stopped
     elif checkpoint_steps(ckpts):
         res.best_step = checkpoint_steps(ckpts)[-1]
-    if code == 0 and export and res.best_step is not None:
+    if res.status == "failed":
+        res.failure = failure
+        res.error = failure["message"] if failure else f"exit code {code}; see {run.out_dir / 'train.log'}"
+    if res.status == "ok" and export and res.best_step is not None:
         if res.best_step == 0:
             # Nothing beat the starting policy: the phase's output is its input model.
             res.hf_dir = run.model_path

@@ -2,8 +2,10 @@
 
 It is VERL 0.9.1's ``main_ppo`` with two differences: the configs are this project's phase files
 (``trainer/phases/configs``, composed on top of VERL's ``ppo_trainer``), and the Ray task runner first
-imports :mod:`trainer.phases.early_stopping_verl`, so ``trainer.v1.trainer_mode=sync_early_stop`` exists
-in the process that builds the trainer. Use ``python -m trainer run <phase>`` rather than this.
+calls :func:`trainer.phases.early_stopping_verl.install`, so that in the process that builds the
+trainer, VERL's ``trainer_mode=sync`` builds our ``PPOTrainerSync`` subclass (early stopping and the
+failure policy) while every ``trainer_mode == "sync"`` branch of VERL still applies. Use
+``python -m trainer run <phase>`` rather than this.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from verl.utils.device import auto_set_device
 
 class _EarlyStoppingTaskRunner(TaskRunnerV1.__ray_actor_class__):  # type: ignore[misc, name-defined]
     def run(self, config: DictConfig) -> Any:
-        import trainer.phases.early_stopping_verl  # noqa: F401  (registers trainer_mode "sync_early_stop")
+        from trainer.phases.early_stopping_verl import install
 
+        install(config)
         return super().run(config)
 
 

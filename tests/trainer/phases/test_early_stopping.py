@@ -44,11 +44,45 @@ def test_phase_score_is_weighted_mean() -> None:
 def test_plateau_stops_after_patience_and_keeps_best(tmp_path: Path) -> None:
     stopper = EarlyStopper(cfg(), tmp_path / "es.json")
     decisions = [stopper.update(step, val(acc)) for step, acc in [(0, 0.1), (10, 0.3), (20, 0.305), (30, 0.30)]]
+    # 0.305 is no *progress* (gain 0.005 < min_delta 0.01) but it is the best checkpoint (issue 17.4)
     assert [d.improved for d in decisions] == [True, True, False, False]
     assert [d.stop for d in decisions] == [False, False, False, True]
-    assert decisions[-1].best_step == 10 and decisions[-1].best_score == pytest.approx(0.3)
+    assert decisions[-1].best_step == 20 and decisions[-1].best_score == pytest.approx(0.305)
     st = read_state(tmp_path / "es.json")
-    assert st.stopped and st.stop_step == 30 and st.best_step == 10 and len(st.history) == 4
+    assert st.stopped and st.stop_step == 30 and st.best_step == 20 and len(st.history) == 4
+
+
+def test_small_gains_keep_the_best_checkpoint_but_spend_patience(tmp_path: Path) -> None:
+    """Patience counts from the last real progress; the best step is the highest score, whatever min_delta says."""
+    stopper = EarlyStopper(cfg(patience=3, min_delta=0.01))
+    steps = [(1, 0.30), (2, 0.304), (3, 0.308), (4, 0.309)]  # each beats the last, none by > 0.01 over 0.30
+    decisions = [stopper.update(s, val(a)) for s, a in steps]
+    assert [d.improved for d in decisions] == [True, False, False, False]
+    assert [d.best_step for d in decisions] == [1, 2, 3, 4]
+    assert decisions[-1].stop  # three validations without progress over 0.30
+    assert stopper.state.patience_ref == pytest.approx(0.30)
+
+
+def test_a_revalidated_step_spends_no_patience(tmp_path: Path) -> None:
+    """VERL re-validates the resumed step (val_before_train): the same step is scored once."""
+    path = tmp_path / "es.json"
+    s1 = EarlyStopper(cfg(patience=2), path)
+    s1.update(1, val(0.5))
+    s1.update(2, val(0.5))  # one validation without progress
+    for _restart in range(3):
+        again = EarlyStopper(cfg(patience=2), path).update(2, val(0.49))
+        assert again.bad_evals == 1 and not again.stop and again.score == 0.5
+    st = read_state(path)
+    assert [e.step for e in st.history] == [1, 2] and st.bad_evals == 1 and not st.stopped
+    assert EarlyStopper(cfg(patience=2), path).has_evaluation(2)
+
+
+def test_state_files_without_patience_ref_still_load(tmp_path: Path) -> None:
+    path = tmp_path / "es.json"
+    path.write_text(json.dumps({"best_step": 3, "best_score": 0.4, "bad_evals": 1, "history": []}))
+    s = EarlyStopper(cfg(patience=3), path)
+    assert s.state.patience_ref == 0.4
+    assert not s.update(4, val(0.405)).improved and s.state.best_step == 4
 
 
 def test_improvement_resets_patience() -> None:

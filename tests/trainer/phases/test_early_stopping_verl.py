@@ -56,11 +56,20 @@ def scripted_trainer(config: Any, scores: list[float], total_steps: int, monkeyp
     """EarlyStoppingPPOTrainer with a scripted step/validation around VERL's real fit loop."""
     from verl.trainer.ppo.v1 import trainer_base
 
-    from trainer.phases.early_stopping_verl import EarlyStoppingPPOTrainer, stopper_from_config
+    from trainer.phases.early_stopping_verl import (
+        EarlyStoppingPPOTrainer,
+        failure_policy_from_config,
+        stopper_from_config,
+    )
+    from trainer.phases.failures import FAILURE_FILE, RewardFailureLog
 
     t: Any = EarlyStoppingPPOTrainer.__new__(EarlyStoppingPPOTrainer)
     t.config = config
     t.early_stopper = stopper_from_config(config)
+    t.failure_policy = failure_policy_from_config(config)
+    t.failure_file = Path(config.trainer.default_local_dir) / FAILURE_FILE
+    t.reward_failures = RewardFailureLog(None)
+    t._failure_metrics = {}
     t.global_steps = 0
     t.steps_per_epoch = 1000
     t.total_training_steps = total_steps
@@ -113,9 +122,10 @@ def test_plateau_halts_verl_fit_loop(c1_config: Any, monkeypatch: pytest.MonkeyP
     assert t.trained_steps == [1, 2, 3, 4]
     assert t.train_end_called
     st = t.early_stopper.state
-    assert st.stopped and st.stop_step == 4 and st.best_step == 2
+    # step 3 (0.302) is no progress over 0.30 (min_delta), but it is the best checkpoint: kept, not pruned
+    assert st.stopped and st.stop_step == 4 and st.best_step == 3
     ckpt = Path(cfg.trainer.default_local_dir)
-    assert sorted(p.name for p in ckpt.glob("global_step_*")) == ["global_step_2", "global_step_4"]
+    assert sorted(p.name for p in ckpt.glob("global_step_*")) == ["global_step_3", "global_step_4"]
 
 
 def test_no_plateau_runs_to_the_end(c1_config: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -142,3 +152,91 @@ def test_save_freq_must_match_test_freq(c1_config: Any) -> None:
     cfg: Any = OmegaConf.merge(c1_config, {"trainer": {"test_freq": 5, "save_freq": 10}})
     with pytest.raises(ValueError, match=r"save_freq must equal trainer\.test_freq"):
         stopper_from_config(cfg)
+
+
+def test_a_gain_below_min_delta_keeps_that_checkpoint(
+    c1_config: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 17.4: step 2 scores highest but gains < min_delta over step 1; it is the one kept and exported."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.merge(
+        c1_config,
+        {
+            "trainer": {"test_freq": 1, "save_freq": 1, "val_before_train": False, "default_local_dir": str(tmp_path)},
+            "early_stopping": {"patience": 2, "min_delta": 0.01},
+        },
+    )
+    t = scripted_trainer(cfg, [0.30, 0.304, 0.29, 0.28, 0.5], 5, monkeypatch)
+    t.fit(agent_loop_manager=None)
+    st = t.early_stopper.state
+    assert t.trained_steps == [1, 2, 3] and st.stopped and st.stop_step == 3
+    assert st.best_step == 2 and st.best_score == pytest.approx(0.304)
+    assert sorted(p.name for p in tmp_path.glob("global_step_*")) == ["global_step_2", "global_step_3"]
+
+
+class _Replicas:
+    def update_weights(self, *_a: Any) -> None:
+        return None
+
+
+def resumed_trainer(cfg: Any, scores: list[float], monkeypatch: pytest.MonkeyPatch, step: int) -> Any:
+    """The trainer as VERL's init() leaves it after _load_checkpoint resumed ``step``."""
+    t = scripted_trainer(cfg, scores, 5, monkeypatch)
+    t.global_steps = step
+    t.checkpoint_manager = _Replicas()
+    t.on_init_end()
+    return t
+
+
+def test_resume_does_not_revalidate_a_scored_step(
+    c1_config: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from omegaconf import OmegaConf
+
+    from trainer.phases.early_stopping import EarlyStopper
+
+    cfg = OmegaConf.merge(
+        c1_config,
+        {
+            "trainer": {"test_freq": 1, "save_freq": 1, "val_before_train": True, "default_local_dir": str(tmp_path)},
+            "early_stopping": {"patience": 2},
+        },
+    )
+    first = scripted_trainer(cfg, [], 5, monkeypatch)
+    first.early_stopper.update(1, {"val-core/pipeline/reward/mean@1": 0.5})
+    first.early_stopper.update(2, {"val-core/pipeline/reward/mean@1": 0.5})  # 1 validation without progress
+    # resumed at step 2: step 2 is not validated again; steps 3 and 4 are validated and improve
+    t = resumed_trainer(cfg, [0.6, 0.7, 0.8], monkeypatch, step=2)
+    assert cfg.trainer.val_before_train is False
+    t.fit(agent_loop_manager=None)
+    assert t.trained_steps == [3, 4, 5]
+    assert [e.step for e in EarlyStopper(t.early_stopper.cfg, t.early_stopper.state_path).state.history] == [
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
+    assert not t.early_stopper.state.stopped
+
+
+def test_resume_validates_a_step_whose_validation_failed(
+    c1_config: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.merge(
+        c1_config,
+        {
+            "trainer": {"test_freq": 1, "save_freq": 1, "val_before_train": False, "default_local_dir": str(tmp_path)},
+            "early_stopping": {"patience": 2},
+        },
+    )
+    first = scripted_trainer(cfg, [], 5, monkeypatch)
+    first.early_stopper.update(1, {"val-core/pipeline/reward/mean@1": 0.5})
+    # step 2 was trained and saved, its validation failed: the resumed run validates it first
+    t = resumed_trainer(cfg, [0.55, 0.6, 0.7, 0.8], monkeypatch, step=2)
+    assert cfg.trainer.val_before_train is True
+    t.fit(agent_loop_manager=None)
+    assert [e.step for e in t.early_stopper.state.history] == [1, 2, 3, 4, 5]

@@ -69,7 +69,13 @@ def test_grpo_configs(env: None, phase: str, profile: str) -> None:
     assert c.reward.custom_reward_function.reward_kwargs.url == "http://127.0.0.1:8123"
     assert c.get("custom_reward_function") is None or c.custom_reward_function.path is None
     assert c.trainer.save_freq == c.trainer.test_freq > 0
-    assert c.trainer.v1.trainer_mode == "sync_early_stop"
+    # exactly VERL's "sync": any other name switches VERL onto its async sampler and batch sizes
+    assert c.trainer.v1.trainer_mode == "sync"
+    assert c.failures.max_share == 0.0
+    assert (
+        c.reward.custom_reward_function.reward_kwargs.failure_log
+        == f"{c.trainer.default_local_dir}/reward_failures.jsonl"
+    )
     assert c.phase.name == phase
     expected_ds = {"b1": "schema", "b2": "table", "c1": "pipeline", "c2": "table"}[phase]
     assert c.early_stopping.data_source == expected_ds

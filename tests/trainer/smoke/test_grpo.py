@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 
@@ -59,3 +61,27 @@ def test_reward_parts_keeps_scores_and_our_parts_per_step() -> None:
         1: {"critic/score/mean": 0.25, "val-aux/pipeline/f1/mean@1": 0.5},
         2: {"val-core/pipeline/reward/mean@1": -0.1},
     }
+
+
+@pytest.mark.service
+def test_killer_kills_the_real_reward_api_once_the_step_is_validated(tmp_path: Path) -> None:
+    """--kill-reward-api: nothing happens before step N's validation is recorded, then the API dies."""
+    import json
+    import time
+
+    from services.reward_api.process import RewardApiProcess
+    from trainer.smoke.grpo import RewardApiKiller
+
+    state = tmp_path / "early_stopping.json"
+    with RewardApiProcess(log_path=tmp_path / "api.log") as api:
+        with RewardApiKiller(api, state, after_step=2, interval_s=0.1) as killer:
+            state.write_text(json.dumps({"history": [{"step": 1, "score": 0.1, "improved": True}]}))
+            time.sleep(0.5)
+            assert killer.killed_at is None and httpx.get(f"{api.url}/healthz").status_code == 200
+            state.write_text(json.dumps({"history": [{"step": 1}, {"step": 2}]}))
+            deadline = time.monotonic() + 10
+            while killer.killed_at is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+        assert killer.killed_at is not None and "reward_api_" in killer.metrics_text
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{api.url}/healthz", timeout=2)
