@@ -187,8 +187,10 @@ def measure(
         before = scrape(used)
         seconds, lat, failed = asyncio.run(_load(api.url, items, clients, batch))
         after = scrape(used)
-    gen = sum(a["gen_tokens"] - b["gen_tokens"] for a, b in zip(after, before, strict=True))
-    done = sum(a["done"] - b["done"] for a, b in zip(after, before, strict=True))
+    # Totals over distinct servers (a URL listed twice is one server, scraped twice).
+    distinct = {u.rstrip("/"): i for i, u in enumerate(used)}.values()
+    gen = sum(after[i]["gen_tokens"] - before[i]["gen_tokens"] for i in distinct)
+    done = sum(after[i]["done"] - before[i]["done"] for i in distinct)
     return {
         "replicas": cfg.replicas,
         "workers": cfg.workers,
@@ -304,7 +306,9 @@ def bottleneck_note(rows: Sequence[dict[str, Any]]) -> str:
         lo, hi = by_w[0], max(by_w, key=lambda x: x[1])
         gain = hi[1] / lo[1] if lo[1] else float("nan")
         where = "reward_api (more workers help)" if gain >= 1.15 else "the executors (more workers do not help)"
-        lines.append(f"- {n} executor(s): {lo[0]} → {hi[0]} workers gives {gain:.2f}×: the limit is {where}.")
+        lines.append(
+            f"- {n} executor(s): best at {hi[0]} worker(s), {gain:.2f}× the rate with {lo[0]}: the limit is {where}."
+        )
     return "## Where the limit is\n\n" + ("\n".join(lines) if lines else "- one worker count only") + "\n"
 
 

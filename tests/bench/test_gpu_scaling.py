@@ -97,8 +97,8 @@ def test_goals_compare_best_rates_against_one_replica() -> None:
 
 def test_bottleneck_note_names_reward_api_when_workers_help() -> None:
     note = gs.bottleneck_note(ROWS)
-    assert "4 executor(s): 1 → 8 workers gives 2.25×: the limit is reward_api" in note
-    assert "1 executor(s): 1 → 8 workers gives 1.10×: the limit is the executors" in note
+    assert "4 executor(s): best at 8 worker(s), 2.25× the rate with 1: the limit is reward_api" in note
+    assert "1 executor(s): best at 8 worker(s), 1.10× the rate with 1: the limit is the executors" in note
 
 
 def test_report_writes_json_md_png(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
