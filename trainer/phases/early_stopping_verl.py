@@ -165,10 +165,14 @@ class EarlyStoppingPPOTrainer(PPOTrainerSync):
         verl_error: BaseException | None = None,
         policy: FailurePolicy | None = None,
     ) -> None:
-        """Log the failure counts; raise unless ``policy`` allows them (without one, always raise)."""
-        self._log_failure_metrics(count)
+        """Raise unless ``policy`` allows the failures (without one, always raise).
+
+        The counts of a stopped step are logged here, since VERL never reaches its own logging of
+        that step; allowed ones go out with the step's or the validation's metrics.
+        """
         error = judge(count, policy or FailurePolicy(max_share=0.0), cause, self.failure_file)
         if error is not None:
+            self._log_failure_metrics(count)
             raise error from verl_error
 
     def _consume_sync_metrics(self) -> dict[str, Any]:
