@@ -36,6 +36,7 @@ from shared.rewards import (
     EXECUTOR_FAILED,
     INVALID_JSON,
     INVALID_NDJSON,
+    PROMPT_TOO_LONG,
     PipelineReward,
     PipelineSchemaRewardConfig,
     SchemaReward,
@@ -47,6 +48,7 @@ from shared.rewards import (
     compute_table_reward_single,
     pipeline_reward_for_executor_failure,
     pipeline_reward_for_invalid_schema,
+    pipeline_reward_for_prompt_too_long,
 )
 from shared.schema_metrics import SchemaPRF, schema_prf_from_text
 from shared.schema_parsing import parse_schema_text, strip_code_fence
@@ -58,6 +60,7 @@ __all__ = [
     "EXECUTOR_FAILED",
     "INVALID_JSON",
     "INVALID_NDJSON",
+    "PROMPT_TOO_LONG",
     "PROMPT_VERSION",
     "AlignedMetrics",
     "GoldSchema",
@@ -93,6 +96,7 @@ __all__ = [
     "parse_schema_text",
     "pipeline_reward_for_executor_failure",
     "pipeline_reward_for_invalid_schema",
+    "pipeline_reward_for_prompt_too_long",
     "prompt_version",
     "read_golden",
     "read_split",

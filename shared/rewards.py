@@ -7,11 +7,13 @@
   parts take their invalid penalties. The executor call itself lives in the reward service; this
   module holds only the pure combining step.
 
-Configs reject unknown keys, so a typo in an override is an error, never a silent default.
+Configs reject unknown keys, so a typo in an override is an error, never a silent default. One
+validator (``RewardBounds``) checks every config: finite numbers and ordered, finite clip bounds.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -25,23 +27,36 @@ from shared.table_metrics import cell_accuracy, gold_table_to_rows, parse_ndjson
 INVALID_JSON = "invalid_json"
 INVALID_NDJSON = "invalid_ndjson"
 EXECUTOR_FAILED = "executor_failed"
+PROMPT_TOO_LONG = "prompt_too_long"
 
 
-class _RewardConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class RewardBounds(BaseModel):
+    """The one validator of every reward config (schema, table, pipeline), so they cannot drift apart.
+
+    Every number must be finite (``NaN`` or ``Infinity`` would make a reward ``NaN``, ``null`` or a clip
+    bound that clips nothing), ``min_reward ≤ max_reward``, and ``max_reward − min_reward`` must itself be
+    finite: the table reward is ``min + (max − min)·accuracy``, and an overflowing span gives ``NaN``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     min_reward: float = Field(-1.0, description="Lower clip bound of the reward.")
     max_reward: float = Field(1.0, description="Upper clip bound of the reward.")
-    invalid_json_penalty: float = Field(-1.0, description="Reward for output that does not parse.")
 
     @model_validator(mode="after")
-    def _bounds_ordered(self) -> _RewardConfig:
+    def _bounds_ordered(self) -> RewardBounds:
         if self.min_reward > self.max_reward:
             raise ValueError("min_reward must not exceed max_reward")
+        if not math.isfinite(self.max_reward - self.min_reward):
+            raise ValueError("max_reward - min_reward must be a finite number")
         return self
 
     def clip(self, value: float) -> float:
         return min(self.max_reward, max(self.min_reward, value))
+
+
+class _RewardConfig(RewardBounds):
+    invalid_json_penalty: float = Field(-1.0, description="Reward for output that does not parse.")
 
 
 class SchemaRewardConfig(_RewardConfig):
@@ -58,19 +73,14 @@ class TableRewardConfig(_RewardConfig):
     aligned_metrics: bool = Field(True, description="Also report order-invariant metrics (not part of the reward).")
 
 
-class PipelineSchemaRewardConfig(BaseModel):
+class PipelineSchemaRewardConfig(RewardBounds):
     """Pipeline reward: ``schema_weight·schema + (1 − schema_weight)·table``, clipped."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     schema_weight: float = Field(0.5, ge=0.0, le=1.0, description="Weight a of the schema part.")
     min_reward: float = Field(-1.0, description="Lower clip bound of the combined reward.")
     max_reward: float = Field(1.0, description="Upper clip bound of the combined reward.")
     schema_reward: SchemaRewardConfig = Field(default_factory=SchemaRewardConfig, description="Schema part.")
     table_reward: TableRewardConfig = Field(default_factory=TableRewardConfig, description="Table part.")
-
-    def clip(self, value: float) -> float:
-        return min(self.max_reward, max(self.min_reward, value))
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,3 +181,15 @@ def pipeline_reward_for_executor_failure(
     cfg = config or PipelineSchemaRewardConfig()
     table = invalid_table_reward(cfg.table_reward, len(gold_table.get("data", [])), EXECUTOR_FAILED)
     return combine_pipeline_reward(schema, table, cfg, EXECUTOR_FAILED)
+
+
+def pipeline_reward_for_prompt_too_long(
+    schema: SchemaReward, gold_table: Mapping[str, Any], config: PipelineSchemaRewardConfig | None = None
+) -> PipelineReward:
+    """The Stage-2 prompt (document + predicted schema) does not fit the executor's context, so no table
+    exists. The table part takes its invalid penalty like any item without a table, the schema part keeps
+    its own reward, and ``error="prompt_too_long"`` tells it apart from a wrong answer and from a broken
+    executor: the fix is in the data (drop or shorten the document), not in the policy or the infrastructure."""
+    cfg = config or PipelineSchemaRewardConfig()
+    table = invalid_table_reward(cfg.table_reward, len(gold_table.get("data", [])), PROMPT_TOO_LONG)
+    return combine_pipeline_reward(schema, table, cfg, PROMPT_TOO_LONG)

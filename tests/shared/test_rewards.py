@@ -1,5 +1,9 @@
+import math
+
 import pydantic
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from shared import (
     PipelineSchemaRewardConfig,
@@ -10,7 +14,9 @@ from shared import (
     compute_table_reward_single,
     pipeline_reward_for_executor_failure,
     pipeline_reward_for_invalid_schema,
+    pipeline_reward_for_prompt_too_long,
 )
+from shared.rewards import RewardBounds
 
 SCHEMA = {"columns": [{"name": "a"}, {"name": "b"}, {"name": "c"}, {"name": "d"}]}
 TABLE = {"columns": [{"name": "a"}, {"name": "b"}], "data": [["1", "2"], ["3", None]]}
@@ -94,6 +100,57 @@ def test_configs_reject_unknown_keys_and_bad_bounds() -> None:
         TableRewardConfig(min_reward=2, max_reward=1)
     with pytest.raises(pydantic.ValidationError, match="schema_weight"):
         PipelineSchemaRewardConfig(schema_weight=1.5)
+
+
+CONFIGS = (SchemaRewardConfig, TableRewardConfig, PipelineSchemaRewardConfig)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("field", ["min_reward", "max_reward"])
+def test_configs_reject_non_finite_numbers(config: type[RewardBounds], value: float, field: str) -> None:
+    with pytest.raises(pydantic.ValidationError, match=f"{field}\n.*finite number"):
+        config.model_validate({field: value})
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_one_bounds_validator_for_every_config(config: type[RewardBounds]) -> None:
+    assert issubclass(config, RewardBounds)
+    with pytest.raises(pydantic.ValidationError, match="min_reward must not exceed max_reward"):
+        config.model_validate({"min_reward": 1, "max_reward": 0})
+    with pytest.raises(pydantic.ValidationError, match="must be a finite number"):
+        config.model_validate({"min_reward": -1e308, "max_reward": 1e308})
+
+
+def test_weights_and_penalties_must_be_finite() -> None:
+    for cfg in ({"f1_weight": math.nan}, {"invalid_json_penalty": math.inf}):
+        with pytest.raises(pydantic.ValidationError, match="finite number"):
+            SchemaRewardConfig.model_validate(cfg)
+    with pytest.raises(pydantic.ValidationError, match="finite number"):
+        PipelineSchemaRewardConfig.model_validate({"table_reward": {"max_reward": math.nan}})
+
+
+_finite = st.floats(allow_nan=False, allow_infinity=False)
+
+
+@given(lo=_finite, hi=_finite, w=_finite, acc_pred=st.sampled_from(['["a"]', '["a", "b", "c", "d"]', "nope"]))
+def test_any_accepted_config_gives_a_finite_reward_within_bounds(lo: float, hi: float, w: float, acc_pred: str) -> None:
+    try:
+        cfg = SchemaRewardConfig(min_reward=lo, max_reward=hi, f1_weight=w, precision_weight=w)
+        tcfg = TableRewardConfig(min_reward=lo, max_reward=hi)
+    except pydantic.ValidationError:
+        return
+    for r in (compute_schema_reward_single(acc_pred, SCHEMA, cfg).reward, compute_table_reward_single(
+        '{"a": "1", "b": "2"}', TABLE, tcfg
+    ).reward):  # fmt: skip
+        assert math.isfinite(r) and lo <= r <= hi
+
+
+def test_prompt_too_long_is_labelled_and_keeps_the_schema_part() -> None:
+    s = compute_schema_reward_single('["a", "b"]', SCHEMA)
+    r = pipeline_reward_for_prompt_too_long(s, TABLE)
+    assert r.error == "prompt_too_long" and r.table.error == "prompt_too_long" and not r.table.valid_json
+    assert r.schema == s and r.reward == pytest.approx(0.5 * s.reward + 0.5 * -1.0)
 
 
 def test_seed_defaults() -> None:
