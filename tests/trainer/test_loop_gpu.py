@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.test_loop import SAMPLE, recorded
-from trainer.loop import MANIFEST, Loop, LoopConfig
+from trainer.loop import MANIFEST, PRECOMPUTE_KEY, Loop, LoopConfig
 from trainer.phases.launch import PhaseResult, PhaseRun
 
 
@@ -50,7 +50,17 @@ def config(out: Path, gpus: tuple[str, ...], until: str | None = None) -> LoopCo
     )  # fmt: skip
 
 
-def test_four_gpus_run_pairs_side_by_side_on_disjoint_halves(tmp_path: Path) -> None:
+def test_four_gpus_run_pairs_side_by_side_on_disjoint_halves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer import loop as loop_mod
+    from trainer.phases.model_identity import ServedModel
+
+    checked: list[tuple[str, str]] = []
+
+    def served_as_expected(url: str, expected: str, what: str, **_: object) -> ServedModel:
+        checked.append((url, expected))  # the identity check itself is tested in tests/trainer/phases
+        return ServedModel(url, "pi2-x", None, "test", expected, "x")
+
+    monkeypatch.setattr(loop_mod, "check_reward_api_url", served_as_expected)
     out = tmp_path / "loop"
     runner = RecordingRunnerForTests()
     manifest = Loop(config(out, ("0", "1", "2", "3"), until="local"), runner=runner).run()
@@ -63,14 +73,22 @@ def test_four_gpus_run_pairs_side_by_side_on_disjoint_halves(tmp_path: Path) -> 
     assert b1.overrides[-1] == "x=1"  # the user's overrides come last and win
     assert b1.model_path == str(out / "a1" / "hf") and b2.model_path == str(out / "a2" / "hf")
     assert b1.env({})["CUDA_VISIBLE_DEVICES"] == "0,1" and b1.env({})["NCCL_NVLS_ENABLE"] == "0"
-    # a rerun goes on from there: C1 on the trainer's GPUs (its executors would take GPUs 2 and 3), then C2
-    (out / "data" / "c2").mkdir(parents=True)
-    (out / "data" / "c2" / "train.parquet").write_bytes(b"")  # the precompute is recorded
+    # a rerun goes on from there: C1 on the trainer's GPUs (its executors would take GPUs 2 and 3) ...
+    cfg_c1 = config(out, ("0", "1", "2", "3"), until="c1")
     runner2 = RecordingRunnerForTests(0.01)
-    manifest = Loop(config(out, ("0", "1", "2", "3"), until="c2"), runner=runner2).run()
-    assert list(runner2.runs) == ["c1", "c2"] and manifest["stopped_after"] == "c2"
+    manifest = Loop(cfg_c1, runner=runner2).run()
+    assert list(runner2.runs) == ["c1"] and manifest["stopped_after"] == "c1"
     assert runner2.runs["c1"].gpus == ("0", "1") and runner2.runs["c1"].reward_url == "http://127.0.0.1:10"
-    assert runner2.runs["c2"].gpus == ("0", "1", "2", "3")
+    assert checked == [("http://127.0.0.1:10", str(out / "b2" / "hf"))]  # C1's reward API serves π2ʳ-local
+    # ... then (the precompute recorded with its content key) C2 on the whole node
+    (out / "data" / "c2").mkdir(parents=True)
+    (out / "data" / "c2" / "train.parquet").write_bytes(b"")
+    key = Loop(cfg_c1).precompute_key(str(out / "c1" / "hf"))
+    (out / "data" / "c2" / PRECOMPUTE_KEY).write_text(json.dumps(key))
+    runner3 = RecordingRunnerForTests(0.01)
+    manifest = Loop(config(out, ("0", "1", "2", "3"), until="c2"), runner=runner3).run()
+    assert list(runner3.runs) == ["c2"] and manifest["stopped_after"] == "c2"
+    assert runner3.runs["c2"].gpus == ("0", "1", "2", "3")
     m = json.loads((out / MANIFEST).read_text())
     assert m["done:sft"] and m["done:local"] and m["done:c1"] and m["done:c2"]
 
