@@ -1,6 +1,9 @@
 """Wire types of the reward API (DESIGN §4.4), shared by the service and the trainer's client.
 
-Requests reject unknown keys, so a misspelt field or config override is a 422 that names it.
+Requests reject unknown keys, so a misspelt field or config override is a 422 that names it, and
+non-finite numbers (``NaN``, ``Infinity``), so no reward can come back ``NaN`` or ``null``. Strings must
+be valid Unicode: a lone UTF-16 surrogate (``"\\ud800"``) is a 422 naming its field (the service checks
+the parsed body; Python models accept such strings, JSON encoders do not).
 Results come back one per item, in request order.
 """
 
@@ -23,7 +26,7 @@ from shared.rewards import (
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 # ---- items -------------------------------------------------------------------------------------
@@ -102,13 +105,14 @@ class SchemaResult(BaseModel):
     f1: float
     error: str | None = None
 
-    @classmethod
-    def of(cls, item_id: str, r: SchemaReward) -> SchemaResult:
-        # Our own computed values: skip re-validation (it cost more than the scoring itself at batch 1024).
-        return cls.model_construct(
-            id=item_id, reward=r.reward, valid_json=r.valid_json, precision=r.precision, recall=r.recall, f1=r.f1,
-            error=r.error,
-        )  # fmt: skip
+    @staticmethod
+    def row(item_id: str, r: SchemaReward) -> dict[str, Any]:
+        """This result as the JSON object it is sent as. The service encodes these dicts directly: a model
+        per item cost more than the scoring itself at batch 1024 (tests keep the keys equal to the fields)."""
+        return {
+            "id": item_id, "reward": r.reward, "valid_json": r.valid_json, "precision": r.precision,
+            "recall": r.recall, "f1": r.f1, "error": r.error,
+        }  # fmt: skip
 
 
 class TableResult(BaseModel):
@@ -121,12 +125,14 @@ class TableResult(BaseModel):
     error: str | None = None
     aligned: AlignedMetricsOut | None = None
 
-    @classmethod
-    def of(cls, item_id: str, r: TableReward) -> TableResult:
-        return cls.model_construct(
-            id=item_id, reward=r.reward, valid_json=r.valid_json, cell_accuracy=r.cell_accuracy,
-            n_pred_rows=r.n_pred_rows, n_gold_rows=r.n_gold_rows, error=r.error, aligned=_aligned_out(r.aligned),
-        )  # fmt: skip
+    @staticmethod
+    def row(item_id: str, r: TableReward) -> dict[str, Any]:
+        """This result as the JSON object it is sent as (see ``SchemaResult.row``)."""
+        return {
+            "id": item_id, "reward": r.reward, "valid_json": r.valid_json, "cell_accuracy": r.cell_accuracy,
+            "n_pred_rows": r.n_pred_rows, "n_gold_rows": r.n_gold_rows, "error": r.error,
+            "aligned": r.aligned.as_dict() if r.aligned is not None else None,
+        }  # fmt: skip
 
 
 class PipelineDebug(BaseModel):
@@ -147,11 +153,24 @@ class PipelineResult(BaseModel):
     f1: float
     cell_accuracy: float
     error: str | None = None
+    prompt_tokens: int | None = Field(
+        None, description="error='prompt_too_long': the Stage-2 prompt's token count (when the executor gave it)."
+    )
+    prompt_limit: int | None = Field(
+        None, description="error='prompt_too_long': the executor's context length (max_model_len)."
+    )
     aligned: AlignedMetricsOut | None = None
     debug: PipelineDebug | None = None
 
     @classmethod
-    def of(cls, item_id: str, r: PipelineReward, debug: PipelineDebug | None = None) -> PipelineResult:
+    def of(
+        cls,
+        item_id: str,
+        r: PipelineReward,
+        debug: PipelineDebug | None = None,
+        prompt_tokens: int | None = None,
+        prompt_limit: int | None = None,
+    ) -> PipelineResult:
         t = r.table
         return cls(
             id=item_id,
@@ -165,6 +184,8 @@ class PipelineResult(BaseModel):
             f1=r.schema.f1,
             cell_accuracy=t.cell_accuracy,
             error=r.error,
+            prompt_tokens=prompt_tokens,
+            prompt_limit=prompt_limit,
             aligned=_aligned_out(t.aligned),
             debug=debug,
         )
@@ -188,6 +209,11 @@ class TableResponse(_Response):
 class PipelineResponse(_Response):
     results: list[PipelineResult]
     executor_calls: int = Field(0, description="Executor calls this request made (after de-duplication and cache).")
+    prompt_too_long: int = Field(
+        0,
+        description="Items whose Stage-2 prompt does not fit the executor's context (error='prompt_too_long'): "
+        "bad input, not an infrastructure failure, so not counted in 'failed'.",
+    )
 
 
 class ErrorBody(BaseModel):

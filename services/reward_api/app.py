@@ -7,8 +7,10 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
+from pydantic.json_schema import models_json_schema
 
 from services.reward_api.errors import install_handlers
 from services.reward_api.executor_client import ExecutorClient
@@ -16,7 +18,7 @@ from services.reward_api.limits import BodyLimitMiddleware
 from services.reward_api.logs import configure_logging
 from services.reward_api.middleware import RequestContextMiddleware
 from services.reward_api.pipeline import PipelineScorer
-from services.reward_api.routes import ops_router, reward_router
+from services.reward_api.routes import REQUEST_MODELS, ops_router, reward_router
 from services.reward_api.settings import Settings
 from shared import __version__, prompt_version, stage2_template
 
@@ -59,12 +61,32 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.prompt_version = version
     install_handlers(app)
+    _document_request_models(app)
     app.include_router(reward_router)
     app.include_router(ops_router)
     # Added last = outermost: the request id and the catch-all wrap everything, including the body limit.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(RequestContextMiddleware)
     return app
+
+
+def _document_request_models(app: FastAPI) -> None:
+    """The /reward/* routes read their bodies themselves (``body``), so FastAPI does not see the request
+    models; their JSON schemas join the OpenAPI components that the routes' ``requestBody`` refers to."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()
+            _, defs = models_json_schema(
+                [(m, "validation") for m in REQUEST_MODELS], ref_template="#/components/schemas/{model}"
+            )
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for name, definition in defs.get("$defs", {}).items():
+                components.setdefault(name, definition)
+        return app.openapi_schema or {}
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 app = create_app()

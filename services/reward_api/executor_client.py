@@ -4,7 +4,11 @@
 - a deadline on every attempt and retries per the policy in ``failures``;
 - de-duplication: identical (model, messages, sampling params) share one in-flight call, within a
   request and across concurrent requests (single-flight), and a bounded LRU keeps finished outputs;
-- several replicas: least-in-flight routing; a failing replica is ejected for ``REPLICA_COOLDOWN_S``.
+- several replicas: least-in-flight routing; a failing replica is ejected for ``REPLICA_COOLDOWN_S``;
+- a prompt that cannot fit the executor's context raises ``PromptTooLong`` (``failures``, point 6).
+
+The trainer's batch client (``trainer/evaluation/executor_client.py``) is separate on purpose: the
+single-flight, cache, routing and cool-down here exist for a shared, long-running service only.
 """
 
 from __future__ import annotations
@@ -24,13 +28,25 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from tenacity.wait import wait_exponential_jitter
 
 from services.reward_api import metrics
-from services.reward_api.failures import EJECTING, ExecutorFailure, classify_status, classify_transport_error
+from services.reward_api.failures import (
+    EJECTING,
+    ExecutorFailure,
+    PromptTooLong,
+    classify_status,
+    classify_transport_error,
+    context_length_error,
+)
 from services.reward_api.settings import Settings
 
 log = logging.getLogger("reward_api.executor")
 
 Message = dict[str, str]
 Source = Literal["call", "cache", "inflight"]
+
+# Tokens a chat template adds around the messages (role markers, special tokens), with room to spare.
+# A prompt whose UTF-8 size plus this margin is below the context needs no /tokenize call: byte-level BPE
+# and SentencePiece with byte fallback never make more tokens than bytes.
+TEMPLATE_MARGIN_TOKENS = 512
 
 
 @dataclass
@@ -80,6 +96,7 @@ class ExecutorClient:
         self._sem = asyncio.Semaphore(settings.max_in_flight)
         self._inflight: dict[str, asyncio.Task[str]] = {}
         self._cache: LRUCache[str, str] | None = LRUCache(settings.cache_size) if settings.cache_size > 0 else None
+        self._context_len: int | None = None  # the executor's max_model_len, once /v1/models has told it
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -136,17 +153,69 @@ class ExecutorClient:
             resp = await self._http.get(f"{r.url}/v1/models", timeout=min(5.0, self.settings.executor_timeout_s))
             if resp.status_code != 200:
                 return {"replica": r.index, "ready": False, "reason": f"/v1/models answered {resp.status_code}"}
-            ids = [m.get("id") for m in resp.json().get("data", []) if isinstance(m, dict)]
+            cards = [m for m in resp.json().get("data", []) if isinstance(m, dict)]
+            ids = [m.get("id") for m in cards]
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
             return {"replica": r.index, "ready": False, "reason": f"unreachable: {type(exc).__name__}"}
+        self._note_context_len(cards)
         if model not in ids:
             return {"replica": r.index, "ready": False, "reason": f"model {model!r} not listed"}
         return {"replica": r.index, "ready": True, "reason": None}
+
+    # ---- prompt length (failures, point 6) -------------------------------------------------------
+
+    def _note_context_len(self, cards: list[dict[str, Any]]) -> None:
+        for card in cards:
+            n = card.get("max_model_len")
+            if card.get("id") == self.settings.executor_model and isinstance(n, int) and n > 0:
+                self._context_len = n
+
+    async def context_len(self) -> int | None:
+        """The executor's ``max_model_len`` from ``/v1/models`` (vLLM lists it); ``None`` if no replica says."""
+        if self._context_len is None:
+            for r in self.replicas:
+                try:
+                    resp = await self._http.get(
+                        f"{r.url}/v1/models", timeout=min(5.0, self.settings.executor_timeout_s)
+                    )
+                    self._note_context_len([m for m in resp.json().get("data", []) if isinstance(m, dict)])
+                except (httpx.HTTPError, ValueError, AttributeError):
+                    continue
+                if self._context_len is not None:
+                    break
+        return self._context_len
+
+    async def check_fit(self, messages: Sequence[Message]) -> None:
+        """Raise ``PromptTooLong`` when the executor's ``/tokenize`` counts at least ``max_model_len`` tokens
+        (vLLM needs room for one generated token). Unknown limit or no ``/tokenize``: the chat call's
+        context-length 400 is recognised instead."""
+        if not self.settings.check_prompt_length:
+            return
+        limit = await self.context_len()
+        if limit is None:
+            return
+        size = sum(len(m.get("content", "").encode("utf-8")) for m in messages)
+        if size + TEMPLATE_MARGIN_TOKENS < limit:
+            return
+        body = {"model": self.settings.executor_model, "messages": list(messages), "add_generation_prompt": True}
+        r = self._pick()
+        try:
+            async with self._sem:
+                resp = await self._http.post(f"{r.url}/tokenize", json=body)
+            data = resp.json() if resp.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError):
+            return
+        count, served = data.get("count"), data.get("max_model_len", limit)
+        if isinstance(count, int) and isinstance(served, int) and count >= served:
+            raise PromptTooLong(
+                count, served, f"the Stage-2 prompt has {count} tokens; the executor's context is {served}"
+            )
 
     # ---- one logical call: retries around attempts ---------------------------------------------
 
     async def _call(self, key: str, payload: dict[str, Any]) -> str:
         s = self.settings
+        await self.check_fit(payload["messages"])
         attempts = 0
         retrying = AsyncRetrying(
             retry=retry_if_exception(_is_retryable),
@@ -162,6 +231,9 @@ class ExecutorClient:
                 with attempt:
                     attempts += 1
                     text = await self._attempt(payload)
+        except PromptTooLong:
+            metrics.EXECUTOR_CALLS.labels("prompt_too_long").inc()
+            raise
         except ExecutorFailure as exc:
             exc.attempts = attempts
             metrics.EXECUTOR_CALLS.labels("failed").inc()
@@ -202,17 +274,22 @@ class ExecutorClient:
             metrics.EXECUTOR_IN_FLIGHT.inc()
             t0 = time.perf_counter()
             failure: ExecutorFailure | None = None
+            outcome = "ok"
             try:
                 text = await self._post(r, payload)
                 return text
             except ExecutorFailure as exc:
                 failure = exc
+                outcome = exc.cause
+                raise
+            except PromptTooLong:
+                outcome = "prompt_too_long"  # the replica answered correctly: it stays in rotation
                 raise
             finally:
                 r.in_flight -= 1
                 metrics.EXECUTOR_IN_FLIGHT.dec()
                 metrics.EXECUTOR_LATENCY.observe(time.perf_counter() - t0)
-                metrics.EXECUTOR_ATTEMPTS.labels(failure.cause if failure else "ok").inc()
+                metrics.EXECUTOR_ATTEMPTS.labels(outcome).inc()
                 self._mark(r, failure)
 
     async def _post(self, r: Replica, payload: dict[str, Any]) -> str:
@@ -228,6 +305,9 @@ class ExecutorClient:
         except httpx.TransportError as exc:
             cause = classify_transport_error(exc)
             raise ExecutorFailure(cause, f"{where}: {type(exc).__name__}: {exc}") from None
+        too_long = context_length_error(resp.status_code, resp.text)
+        if too_long is not None:
+            raise too_long
         bad = classify_status(resp.status_code)
         if bad is not None:
             raise ExecutorFailure(bad, f"{where}: HTTP {resp.status_code}: {resp.text[:300]}")

@@ -17,10 +17,17 @@ Policy, applied by ``executor_client`` and ``pipeline``:
    ``shared.pipeline_reward_for_executor_failure`` (table part = invalid penalty) with
    ``error="executor_failed"`` and is counted in the response's ``failed``.
 5. Every failure is counted in ``reward_api_failures_total{cls=...}`` and logged with its request id.
+6. A Stage-2 prompt longer than the executor's context is bad input, not a failure (``PromptTooLong``):
+   found before the call where the executor tells its ``max_model_len`` (``/v1/models``) and counts
+   tokens (``/tokenize``), else recognised in vLLM's context-length 400. It is never retried, never
+   ejects a replica, never fails the request or the other items, and is never ``executor_failed``: the
+   item gets ``error="prompt_too_long"`` with its token count and the limit
+   (``shared.pipeline_reward_for_prompt_too_long``), counted in the response's ``prompt_too_long``.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 import httpx
@@ -70,3 +77,30 @@ def classify_status(status: int) -> Cause | None:
     if status >= 400:
         return "http_4xx"
     return None
+
+
+class PromptTooLong(Exception):
+    """The Stage-2 prompt does not fit the executor's context (policy point 6): the item's own outcome."""
+
+    def __init__(self, tokens: int | None, limit: int | None, message: str) -> None:
+        super().__init__(message)
+        self.tokens = tokens
+        self.limit = limit
+        self.message = message
+
+
+# vLLM's wording (vllm/renderers/params.py): "This model's maximum context length is N tokens. However,
+# your prompt contains [at least] M input tokens, ..." or "... contains M characters (more than ...".
+_CONTEXT_LIMIT = re.compile(r"maximum context length is (\d+) tokens")
+_PROMPT_TOKENS = re.compile(r"contains (?:at least )?(\d+) input tokens")
+
+
+def context_length_error(status: int, body: str) -> PromptTooLong | None:
+    """A ``PromptTooLong`` if this answer is vLLM's context-length 400, else ``None``."""
+    if status != 400:
+        return None
+    limit = _CONTEXT_LIMIT.search(body)
+    if limit is None:
+        return None
+    tokens = _PROMPT_TOKENS.search(body)
+    return PromptTooLong(int(tokens.group(1)) if tokens else None, int(limit.group(1)), body[:300])

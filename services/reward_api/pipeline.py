@@ -5,7 +5,8 @@ For each item: score the predicted schema (``shared``); an invalid schema takes
 Stage-2 prompt (``shared.build_stage2_messages`` from the document and the *predicted* schema, with the
 template's neutral ``schema_id``, as SFT, RL data and evaluation use); identical prompts are sent once; the
 executor's text is scored with ``shared.compute_table_reward_single`` and combined with
-``shared.combine_pipeline_reward``. Failures follow ``failures``' policy.
+``shared.combine_pipeline_reward``. Failures follow ``failures``' policy; a prompt that does not fit the
+executor's context is the item's own outcome, ``prompt_too_long`` (``failures``, point 6).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from services.reward_api import metrics
 from services.reward_api.errors import ExecutorPhaseError
 from services.reward_api.executor_client import Completion, ExecutorClient, Message
-from services.reward_api.failures import ExecutorFailure
+from services.reward_api.failures import ExecutorFailure, PromptTooLong
 from services.reward_api.scoring import observe, off_loop
 from services.reward_api.settings import Settings
 from shared import (
@@ -30,12 +31,15 @@ from shared import (
     compute_table_reward_single,
     pipeline_reward_for_executor_failure,
     pipeline_reward_for_invalid_schema,
+    pipeline_reward_for_prompt_too_long,
 )
 from shared.prompts import PromptTemplate
 from shared.rewards import PipelineSchemaRewardConfig, SchemaReward
 from shared.wire import PipelineDebug, PipelineItem, PipelineRequest, PipelineResponse, PipelineResult
 
 log = logging.getLogger("reward_api.pipeline")
+
+Outcome = Completion | ExecutorFailure | PromptTooLong
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ def _prepare(
 def _finish(
     items: Sequence[PipelineItem],
     prepared: Sequence[_Prepared],
-    outputs: dict[str, Completion | ExecutorFailure],
+    outputs: dict[str, Outcome],
     cfg: PipelineSchemaRewardConfig,
     debug: bool,
     first_use: set[int],
@@ -76,11 +80,17 @@ def _finish(
     for i, (it, p) in enumerate(zip(items, prepared, strict=True)):
         gold_table = it.gold_table.model_dump()
         view: PipelineDebug | None = PipelineDebug() if debug else None
+        tokens = limit = None
         if p.key is None:
             reward = pipeline_reward_for_invalid_schema(p.schema, gold_table, cfg)
         else:
             out = outputs[p.key]
-            if isinstance(out, ExecutorFailure):
+            if isinstance(out, PromptTooLong):
+                reward = pipeline_reward_for_prompt_too_long(p.schema, gold_table, cfg)
+                tokens, limit = out.tokens, out.limit
+                if view:
+                    view = PipelineDebug(messages=p.messages)
+            elif isinstance(out, ExecutorFailure):
                 reward = pipeline_reward_for_executor_failure(p.schema, gold_table, cfg)
                 if view:
                     view = PipelineDebug(messages=p.messages)
@@ -91,7 +101,7 @@ def _finish(
                     # cached: this item did not cause its own call (LRU hit, a joined or an earlier identical one).
                     cached = not (out.source == "call" and i in first_use)
                     view = PipelineDebug(messages=p.messages, executor_output=out.text, cached=cached)
-        results.append(PipelineResult.of(it.id, reward, view))
+        results.append(PipelineResult.of(it.id, reward, view, prompt_tokens=tokens, prompt_limit=limit))
     return results
 
 
@@ -128,6 +138,9 @@ class PipelineScorer:
         observe("/reward/pipeline", results)
         calls = sum(1 for v in outputs.values() if isinstance(v, Completion) and v.source == "call")
         calls += sum(1 for v in failures.values() if v.cause not in ("deadline", "not_configured"))
+        too_long = sum(1 for p in prepared if p.key is not None and isinstance(outputs.get(p.key), PromptTooLong))
+        if too_long:
+            metrics.FAILURES.labels("prompt_too_long").inc(too_long)
         return PipelineResponse(
             results=results,
             count=len(results),
@@ -135,9 +148,10 @@ class PipelineScorer:
             prompt_version=self.prompt_version,
             elapsed_ms=round((time.perf_counter() - t0) * 1000, 3),
             executor_calls=calls,
+            prompt_too_long=too_long,
         )
 
-    async def _generate(self, needed: dict[str, list[Message]]) -> dict[str, Completion | ExecutorFailure]:
+    async def _generate(self, needed: dict[str, list[Message]]) -> dict[str, Outcome]:
         """One executor call per distinct prompt, all concurrent, bounded by ``REQUEST_DEADLINE_S``."""
         if not needed:
             return {}
@@ -149,7 +163,7 @@ class PipelineScorer:
         _done, pending = await asyncio.wait(tasks.values(), timeout=self.settings.request_deadline_s)
         for task in pending:
             task.cancel()  # only this request's wait; the shared call itself is shielded in the client
-        out: dict[str, Completion | ExecutorFailure] = {}
+        out: dict[str, Outcome] = {}
         for key, task in tasks.items():
             if task in pending:
                 out[key] = ExecutorFailure(
@@ -159,7 +173,7 @@ class PipelineScorer:
             exc = task.exception()
             if exc is None:
                 out[key] = task.result()
-            elif isinstance(exc, ExecutorFailure):
+            elif isinstance(exc, ExecutorFailure | PromptTooLong):
                 out[key] = exc
             else:
                 raise exc

@@ -1,4 +1,4 @@
-"""Thin HTTP routes: validate, check limits, hand the batch to ``scoring`` / ``pipeline``, return wire types."""
+"""Thin HTTP routes: read the body (``body``), check limits, score (``scoring`` / ``pipeline``), answer wire types."""
 
 from __future__ import annotations
 
@@ -7,10 +7,13 @@ import time
 from importlib import metadata
 from typing import Any
 
+import msgspec
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from services.reward_api import metrics
+from services.reward_api.body import FastSchemaRequest, FastTableRequest, read_fast, read_model
 from services.reward_api.limits import check_auth, check_items
 from services.reward_api.pipeline import PipelineScorer
 from services.reward_api.scoring import observe, off_loop, score_schema_batch, score_table_batch
@@ -23,11 +26,13 @@ from shared.wire import (
     PipelineResponse,
     SchemaRequest,
     SchemaResponse,
+    SchemaResult,
     TableRequest,
     TableResponse,
+    TableResult,
 )
 
-_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (401, 413, 422, 500, 503)}
+_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 401, 413, 422, 500, 503)}
 
 reward_router = APIRouter(prefix="/reward", dependencies=[Depends(check_auth)], responses=_ERRORS)
 ops_router = APIRouter()
@@ -38,46 +43,63 @@ def _settings(request: Request) -> Settings:
     return s
 
 
-def _json(resp: SchemaResponse | TableResponse) -> Response:
-    """Serialise once with pydantic's JSON encoder. Returning the model would make FastAPI validate and
-    encode all results again (``response_model`` stays on the route for the OpenAPI schema)."""
-    return Response(resp.model_dump_json(), media_type="application/json")
+def request_body(model: type[BaseModel]) -> dict[str, Any]:
+    """OpenAPI ``requestBody`` for a route that reads its body itself (``body``): the pydantic model
+    stays the documented contract; ``app.py`` adds the models to the components."""
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (SchemaRequest, TableRequest, PipelineRequest)
+
+
+def _encoded(results: list[dict[str, Any]], prompt_version: str, t0: float) -> Response:
+    """The response (the route's ``response_model``, field for field) encoded once by msgspec from plain
+    dicts: building and re-validating a pydantic model per result cost more than the scoring."""
+    body = {
+        "count": len(results), "failed": 0, "prompt_version": prompt_version, "elapsed_ms": _elapsed_ms(t0),
+        "results": results,
+    }  # fmt: skip
+    return Response(_ENCODER.encode(body), media_type="application/json")
+
+
+_ENCODER = msgspec.json.Encoder()
 
 
 def _elapsed_ms(t0: float) -> float:
     return round((time.perf_counter() - t0) * 1000, 3)
 
 
-@reward_router.post("/schema", response_model=SchemaResponse)
-async def reward_schema(body: SchemaRequest, request: Request) -> Response:
+@reward_router.post("/schema", response_model=SchemaResponse, openapi_extra=request_body(SchemaRequest))
+async def reward_schema(request: Request) -> Response:
     t0 = time.perf_counter()
+    body, cfg = await read_fast(request, FastSchemaRequest, SchemaRequest, SchemaRewardConfig)
     check_items(body.items, _settings(request), ("prediction",))
-    results = await off_loop(lambda: score_schema_batch(body.items, body.config))
-    observe("/reward/schema", results)
-    return _json(
-        SchemaResponse.model_construct(
-            results=results, count=len(results), failed=0, prompt_version=request.app.state.prompt_version,
-            elapsed_ms=_elapsed_ms(t0),
-        )
-    )  # fmt: skip
+    scored = await off_loop(lambda: score_schema_batch(body.items, cfg))
+    observe("/reward/schema", [r for _, r in scored])
+    results = [SchemaResult.row(i, r) for i, r in scored]
+    return _encoded(results, request.app.state.prompt_version, t0)
 
 
-@reward_router.post("/table", response_model=TableResponse)
-async def reward_table(body: TableRequest, request: Request) -> Response:
+@reward_router.post("/table", response_model=TableResponse, openapi_extra=request_body(TableRequest))
+async def reward_table(request: Request) -> Response:
     t0 = time.perf_counter()
+    body, cfg = await read_fast(request, FastTableRequest, TableRequest, TableRewardConfig)
     check_items(body.items, _settings(request), ("prediction",))
-    results = await off_loop(lambda: score_table_batch(body.items, body.config))
-    observe("/reward/table", results)
-    return _json(
-        TableResponse.model_construct(
-            results=results, count=len(results), failed=0, prompt_version=request.app.state.prompt_version,
-            elapsed_ms=_elapsed_ms(t0),
-        )
-    )  # fmt: skip
+    scored = await off_loop(lambda: score_table_batch(body.items, cfg))
+    observe("/reward/table", [r for _, r in scored])
+    results = [TableResult.row(i, r) for i, r in scored]
+    return _encoded(results, request.app.state.prompt_version, t0)
 
 
-@reward_router.post("/pipeline", response_model=PipelineResponse, response_model_exclude_none=False)
-async def reward_pipeline(body: PipelineRequest, request: Request) -> PipelineResponse:
+@reward_router.post(
+    "/pipeline",
+    response_model=PipelineResponse,
+    response_model_exclude_none=False,
+    openapi_extra=request_body(PipelineRequest),
+)
+async def reward_pipeline(request: Request) -> PipelineResponse:
+    body = await read_model(request, PipelineRequest)
     check_items(body.items, _settings(request), ("prediction", "text"))
     scorer: PipelineScorer = request.app.state.pipeline
     return await scorer.score(body)

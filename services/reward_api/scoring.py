@@ -8,15 +8,14 @@ worker processes (``--workers N``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio.to_thread
 
 from services.reward_api import metrics
 from shared import compute_schema_reward_single, compute_table_reward_single
-from shared.golden import GoldTable
-from shared.rewards import SchemaRewardConfig, TableRewardConfig
-from shared.wire import PipelineResult, SchemaItem, SchemaResult, TableItem, TableResult
+from shared.rewards import SchemaReward, SchemaRewardConfig, TableReward, TableRewardConfig
+from shared.wire import PipelineResult
 
 T = TypeVar("T")
 
@@ -26,27 +25,52 @@ async def off_loop(fn: Callable[[], T]) -> T:
     return await anyio.to_thread.run_sync(fn)
 
 
-def _table_view(table: GoldTable) -> dict[str, Any]:
-    """The two fields the table reward reads, without copying the model (``model_dump`` per item was
+class HasNames(Protocol):
+    def names(self) -> list[str]: ...
+
+
+class TableLike(HasNames, Protocol):
+    @property
+    def data(self) -> list[list[str | None]]: ...
+
+
+class SchemaItemLike(Protocol):
+    """A schema item: ``shared.wire.SchemaItem`` or the hot path's ``body.FastSchemaItem``."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def prediction(self) -> str: ...
+    @property
+    def gold_schema(self) -> HasNames: ...
+
+
+class TableItemLike(Protocol):
+    """A table item: ``shared.wire.TableItem`` or the hot path's ``body.FastTableItem``."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def prediction(self) -> str: ...
+    @property
+    def gold_table(self) -> TableLike: ...
+
+
+def _table_view(table: TableLike) -> dict[str, Any]:
+    """The two fields the table reward reads, without copying the item (``model_dump`` per item was
     a fifth of the request time at batch 1024)."""
     return {"columns": table.names(), "data": table.data}
 
 
-def score_schema_batch(items: Sequence[SchemaItem], config: SchemaRewardConfig) -> list[SchemaResult]:
-    return [
-        SchemaResult.of(it.id, compute_schema_reward_single(it.prediction, it.gold_schema.names(), config))
-        for it in items
-    ]
+def score_schema_batch(items: Sequence[SchemaItemLike], config: SchemaRewardConfig) -> list[tuple[str, SchemaReward]]:
+    return [(it.id, compute_schema_reward_single(it.prediction, it.gold_schema.names(), config)) for it in items]
 
 
-def score_table_batch(items: Sequence[TableItem], config: TableRewardConfig) -> list[TableResult]:
-    return [
-        TableResult.of(it.id, compute_table_reward_single(it.prediction, _table_view(it.gold_table), config))
-        for it in items
-    ]
+def score_table_batch(items: Sequence[TableItemLike], config: TableRewardConfig) -> list[tuple[str, TableReward]]:
+    return [(it.id, compute_table_reward_single(it.prediction, _table_view(it.gold_table), config)) for it in items]
 
 
-def observe(endpoint: str, results: Sequence[SchemaResult | TableResult | PipelineResult]) -> None:
+def observe(endpoint: str, results: Sequence[SchemaReward | TableReward | PipelineResult]) -> None:
     """Per-item metrics: items, invalid predictions, reward distribution."""
     metrics.ITEMS.labels(endpoint).inc(len(results))
     invalid = sum(1 for r in results if not r.valid_json)

@@ -45,6 +45,11 @@ class Settings(BaseSettings):
     retries: int = Field(2, ge=0, description="Retries after the first attempt (connection errors, 5xx, 429 only).")
     retry_backoff_s: float = Field(0.5, ge=0, description="Initial exponential back-off (with jitter) between tries.")
     replica_cooldown_s: float = Field(10.0, ge=0, description="How long a failing executor replica is ejected.")
+    check_prompt_length: bool = Field(
+        True,
+        description="Before a call, compare a long Stage-2 prompt's /tokenize count with the executor's "
+        "max_model_len (/v1/models); a prompt that cannot fit is the item's `prompt_too_long`.",
+    )
     cache_size: int = Field(10_000, ge=0, description="LRU entries of finished executor outputs (0: no cache).")
     max_items: int = Field(4096, ge=1, description="Most items per request (more: 413).")
     max_text_chars: int = Field(200_000, ge=1, description="Longest `text` / `prediction` of an item (longer: 422).")

@@ -26,6 +26,12 @@ from services.executor_vllm.cpu_launcher import free_port
 
 Mode = Literal["ok", "hang", "http_500", "http_429", "http_400", "garbage", "not_json"]
 
+# vLLM's context-length 400 (vllm/renderers/params.py, 0.32), as its OpenAI server words it.
+CONTEXT_400 = (
+    "This model's maximum context length is 2048 tokens. However, your prompt contains 3187 input tokens, "
+    "which exceeds this limit even without any output tokens. Please reduce the length of the input prompt."
+)
+
 
 class FaultyExecutor:
     """Answers chat completions according to ``mode``; ``fail_first`` failures come before ``ok`` answers.
@@ -34,6 +40,9 @@ class FaultyExecutor:
     - ``hang``: never answers (sleeps ``hang_s``)
     - ``http_500`` / ``http_429`` / ``http_400``: that status with an error body
     - ``garbage``: 200 with JSON that has no ``choices[0].message.content``; ``not_json``: 200, not JSON
+
+    ``too_long_chars``: in any mode, a request whose messages hold more characters gets vLLM's
+    context-length 400 (``CONTEXT_400``), so one long document can sit in a batch of good ones.
     """
 
     def __init__(
@@ -44,6 +53,7 @@ class FaultyExecutor:
         fail_first: int = 0,
         hang_s: float = 3600.0,
         delay_s: float = 0.0,
+        too_long_chars: int | None = None,
     ) -> None:
         self.mode: Mode = mode
         self.content = content
@@ -51,6 +61,7 @@ class FaultyExecutor:
         self.fail_first = fail_first
         self.hang_s = hang_s
         self.delay_s = delay_s
+        self.too_long_chars = too_long_chars
         self.port = free_port()
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -77,6 +88,10 @@ class FaultyExecutor:
         mode: Mode = self.mode if (self.fail_first == 0 or n <= self.fail_first) else "ok"
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
+        size = sum(len(str(m.get("content", ""))) for m in payload.get("messages", []))
+        if self.too_long_chars is not None and size > self.too_long_chars:
+            err = {"message": CONTEXT_400, "type": "BadRequestError", "param": "input_tokens", "code": 400}
+            return JSONResponse({"error": err}, status_code=400)
         if mode == "hang":
             await asyncio.sleep(self.hang_s)
             return PlainTextResponse("too late", status_code=504)

@@ -10,6 +10,7 @@ end of the run the outcomes are written to ``bench/results/reliability[.quick].{
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import strategies as st
 
 from shared import GoldenExample, read_split
 from tests.helpers.servers import RewardApiServer
@@ -64,6 +66,45 @@ def local_api() -> Iterator[RewardApiServer]:
     """A reward_api with 2 workers and no executor (schema / table endpoints)."""
     with RewardApiServer({"REWARD_API_LOG_LEVEL": "WARNING"}, workers=2) as api:
         yield api
+
+
+# ---- what every answer must satisfy -----------------------------------------------------------------
+
+# Every code point, lone UTF-16 surrogates included. hypothesis leaves surrogates out of ``st.text`` even
+# when the alphabet holds them, so strings are joined from lists of characters.
+FULL_UNICODE = st.characters(codec=None, exclude_categories=()) | st.characters(
+    min_codepoint=0xD800, max_codepoint=0xDFFF
+)
+
+
+def full_text(max_size: int) -> st.SearchStrategy[str]:
+    """Strings of any code points, lone surrogates included."""
+    return st.lists(FULL_UNICODE, max_size=max_size).map("".join)
+
+
+def _bounds(cfg: Any) -> tuple[float, float]:
+    cfg = cfg if isinstance(cfg, dict) else {}
+    return float(cfg.get("min_reward", -1.0)), float(cfg.get("max_reward", 1.0))
+
+
+def reward_problems(endpoint: str, config: Any, body: Any) -> list[str]:
+    """The invariant of every 200: each reward is a finite number within its config's [min_reward,
+    max_reward] (pipeline: the combined reward, and each part within its part's bounds)."""
+    cfg = config if isinstance(config, dict) else {}
+    checks = [("reward", _bounds(cfg))]
+    if endpoint == "pipeline":
+        checks += [
+            ("schema_reward", _bounds(cfg.get("schema_reward"))),
+            ("table_reward", _bounds(cfg.get("table_reward"))),
+        ]
+    out = []
+    results = body.get("results", []) if isinstance(body, dict) else []
+    for res in results:
+        for key, (lo, hi) in checks:
+            v = res.get(key)
+            if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or not lo <= v <= hi:
+                out.append(f"{res.get('id')!r}: {key}={v!r} outside [{lo}, {hi}] or not finite")
+    return out
 
 
 # ---- outcome recording -------------------------------------------------------------------------
