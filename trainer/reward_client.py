@@ -14,6 +14,11 @@ Failure policy (applied by :class:`RewardBatcher`, stated here once):
 - After the last attempt the error RAISES (:class:`RewardServiceError`). A made-up score would be
   silently trained on, so there is none. The only penalised failure is opt-in:
   ``on_executor_error="penalize"`` lets the service return the penalty with ``executor_failed``.
+- ``prompt_too_long`` is not a failure: the document plus the predicted schema do not fit the executor's
+  context, so that sample gets the table penalty (its schema part is still scored) and the part key
+  ``prompt_too_long`` = 1. It is logged as a warning that says what to do: drop such documents from the
+  training data or serve the executor with a longer ``--max-model-len``. Nothing is retried: the same
+  prompt would not fit again.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import os
 import time
 import weakref
@@ -32,7 +38,9 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from shared import EXECUTOR_FAILED
+from shared import EXECUTOR_FAILED, PROMPT_TOO_LONG
+
+log = logging.getLogger("trainer.reward_client")
 
 DataSource = Literal["schema", "table", "pipeline"]
 DATA_SOURCES: tuple[DataSource, ...] = ("schema", "table", "pipeline")
@@ -42,7 +50,16 @@ DATA_SOURCES: tuple[DataSource, ...] = ("schema", "table", "pipeline")
 SCORE_KEYS: dict[str, tuple[str, ...]] = {
     "schema": ("score", "valid_json", "precision", "recall", "f1"),
     "table": ("score", "valid_json", "cell_accuracy"),
-    "pipeline": ("score", "schema_reward", "table_reward", "valid_json", "f1", "cell_accuracy", "executor_failed"),
+    "pipeline": (
+        "score",
+        "schema_reward",
+        "table_reward",
+        "valid_json",
+        "f1",
+        "cell_accuracy",
+        "executor_failed",
+        "prompt_too_long",
+    ),
 }
 
 
@@ -74,14 +91,10 @@ class RewardClientConfig(BaseModel):
     )
     schema_config: dict[str, Any] = Field(default_factory=dict, description="SchemaRewardConfig overrides.")
     table_config: dict[str, Any] = Field(default_factory=dict, description="TableRewardConfig overrides.")
-    pipeline_config: dict[str, Any] = Field(
-        default_factory=dict, description="PipelineSchemaRewardConfig overrides."
-    )
+    pipeline_config: dict[str, Any] = Field(default_factory=dict, description="PipelineSchemaRewardConfig overrides.")
 
     def reward_config(self, data_source: str) -> dict[str, Any]:
-        return {"schema": self.schema_config, "table": self.table_config, "pipeline": self.pipeline_config}[
-            data_source
-        ]
+        return {"schema": self.schema_config, "table": self.table_config, "pipeline": self.pipeline_config}[data_source]
 
 
 def _plain(value: Any) -> Any:
@@ -208,8 +221,9 @@ class RewardBatcher:
         except BaseException as exc:  # every waiter must learn about any failure
             err: BaseException = exc
             if isinstance(exc, TimeoutError):
-                err = RewardTimeoutError(f"{self.url}: batch of {len(batch)} timed out after "
-                                         f"{time.monotonic() - started:.1f} s")
+                err = RewardTimeoutError(
+                    f"{self.url}: batch of {len(batch)} timed out after {time.monotonic() - started:.1f} s"
+                )
             elif not isinstance(exc, RewardServiceError):
                 err = RewardServiceError(f"{self.url}: {type(exc).__name__}: {exc}")
                 err.__cause__ = exc
@@ -259,9 +273,7 @@ class RewardBatcher:
 
 # One batcher per (event loop, endpoint, client config): VERL's RewardLoopWorker runs one loop per
 # process, tests run many. A loop that is gone drops its batchers with it.
-_BATCHERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, RewardBatcher]] = (
-    weakref.WeakKeyDictionary()
-)
+_BATCHERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, RewardBatcher]] = weakref.WeakKeyDictionary()
 _ids = itertools.count()
 
 
@@ -328,8 +340,29 @@ def score_dict(data_source: str, result: Mapping[str, Any]) -> dict[str, float]:
             f1=float(result["f1"]),
             cell_accuracy=float(result["cell_accuracy"]),
             executor_failed=float(result.get("error") == EXECUTOR_FAILED),
+            prompt_too_long=float(result.get("error") == PROMPT_TOO_LONG),
         )
+        if result.get("error") == PROMPT_TOO_LONG:
+            _warn_prompt_too_long(result)
     return {k: out[k] for k in SCORE_KEYS[data_source]}
+
+
+_too_long_seen = itertools.count(1)
+
+
+def _warn_prompt_too_long(result: Mapping[str, Any]) -> None:
+    """Say plainly what to do, on the first such sample and then every 100th (not once per sample)."""
+    n = next(_too_long_seen)
+    if n == 1 or n % 100 == 0:
+        log.warning(
+            "%d sample(s) so far with prompt_too_long (last: %s tokens, executor context %s): the document plus "
+            "the predicted schema do not fit the executor, so the table part got its penalty. Drop these "
+            "documents from the training data (their Stage-2 prompt will never fit this executor) or serve the "
+            "executor with a longer --max-model-len.",
+            n,
+            result.get("prompt_tokens", "?"),
+            result.get("prompt_limit", "?"),
+        )
 
 
 async def score_one(

@@ -164,3 +164,14 @@ def test_score_keys_do_not_depend_on_the_result() -> None:
         assert list(score_dict(source, ok)) == list(score_dict(source, bad)) == list(SCORE_KEYS[source])
     assert score_dict("pipeline", bad)["executor_failed"] == 1.0
     assert score_dict("pipeline", ok)["executor_failed"] == 0.0
+
+
+def test_prompt_too_long_is_its_own_part_and_says_what_to_do(caplog: pytest.LogCaptureFixture) -> None:
+    ok = {"reward": 0.0, "valid_json": True, "schema_reward": 1, "table_reward": -1, "f1": 1, "cell_accuracy": 0.0,
+          "error": "prompt_too_long", "prompt_tokens": 5000, "prompt_limit": 2048}
+    with caplog.at_level("WARNING", logger="trainer.reward_client"):
+        parts = score_dict("pipeline", ok)
+    assert list(parts) == list(SCORE_KEYS["pipeline"])
+    assert parts["prompt_too_long"] == 1.0 and parts["executor_failed"] == 0.0
+    assert "5000 tokens, executor context 2048" in caplog.text and "Drop these documents" in caplog.text
+    assert score_dict("pipeline", {**ok, "error": None})["prompt_too_long"] == 0.0
