@@ -43,10 +43,11 @@ log = logging.getLogger("reward_api.executor")
 Message = dict[str, str]
 Source = Literal["call", "cache", "inflight"]
 
-# Tokens a chat template adds around the messages (role markers, special tokens), with room to spare.
-# A prompt whose UTF-8 size plus this margin is below the context needs no /tokenize call: byte-level BPE
-# and SentencePiece with byte fallback never make more tokens than bytes.
-TEMPLATE_MARGIN_TOKENS = 512
+# Only prompts of at least this many UTF-8 bytes per context token are counted with /tokenize before
+# the call. Text runs 3-4 bytes a token, so an over-long prompt is nearly always past 2 bytes a token,
+# while most prompts stay below and cost no extra round trip. A rarer over-long prompt below it (text of
+# under 2 bytes a token) is still caught exactly, by vLLM's context-length 400.
+PRECHECK_BYTES_PER_TOKEN = 2
 
 
 @dataclass
@@ -97,6 +98,7 @@ class ExecutorClient:
         self._inflight: dict[str, asyncio.Task[str]] = {}
         self._cache: LRUCache[str, str] | None = LRUCache(settings.cache_size) if settings.cache_size > 0 else None
         self._context_len: int | None = None  # the executor's max_model_len, once /v1/models has told it
+        self._models_answered = False
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -171,31 +173,33 @@ class ExecutorClient:
                 self._context_len = n
 
     async def context_len(self) -> int | None:
-        """The executor's ``max_model_len`` from ``/v1/models`` (vLLM lists it); ``None`` if no replica says."""
-        if self._context_len is None:
+        """The executor's ``max_model_len`` from ``/v1/models`` (vLLM lists it); ``None`` if it does not say.
+        Asked until one replica answers, then never again: a per-call round trip would cost every call."""
+        if self._context_len is None and not self._models_answered:
+            timeout = min(5.0, self.settings.executor_timeout_s)
             for r in self.replicas:
                 try:
-                    resp = await self._http.get(
-                        f"{r.url}/v1/models", timeout=min(5.0, self.settings.executor_timeout_s)
-                    )
-                    self._note_context_len([m for m in resp.json().get("data", []) if isinstance(m, dict)])
+                    resp = await self._http.get(f"{r.url}/v1/models", timeout=timeout)
+                    cards = [m for m in resp.json().get("data", []) if isinstance(m, dict)]
                 except (httpx.HTTPError, ValueError, AttributeError):
                     continue
-                if self._context_len is not None:
+                self._models_answered = resp.status_code == 200
+                self._note_context_len(cards)
+                if self._models_answered:
                     break
         return self._context_len
 
     async def check_fit(self, messages: Sequence[Message]) -> None:
         """Raise ``PromptTooLong`` when the executor's ``/tokenize`` counts at least ``max_model_len`` tokens
-        (vLLM needs room for one generated token). Unknown limit or no ``/tokenize``: the chat call's
-        context-length 400 is recognised instead."""
+        (vLLM needs room for one generated token) for a prompt long enough to be suspect. Unknown limit,
+        a shorter prompt, or no ``/tokenize``: the chat call's context-length 400 is recognised instead."""
         if not self.settings.check_prompt_length:
             return
         limit = await self.context_len()
         if limit is None:
             return
         size = sum(len(m.get("content", "").encode("utf-8")) for m in messages)
-        if size + TEMPLATE_MARGIN_TOKENS < limit:
+        if size < PRECHECK_BYTES_PER_TOKEN * limit:
             return
         body = {"model": self.settings.executor_model, "messages": list(messages), "add_generation_prompt": True}
         r = self._pick()
