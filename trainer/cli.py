@@ -6,6 +6,7 @@ one ``app.add_typer(...)`` line without touching these.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Literal
 
@@ -15,6 +16,7 @@ from rich.table import Table
 
 from shared import read_golden
 from trainer.data.datasets import BUILD_PHASES, build_datasets
+from trainer.data.prompt_fit import Stage2Fit
 from trainer.evaluation import report
 from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
 from trainer.evaluation.inference import infer, precompute_c2
@@ -53,20 +55,42 @@ Timeout = typer.Option(300.0, help="Timeout of one request, seconds.")
 Seed = typer.Option(0, help="Sampling seed (generation is greedy).")
 
 
+Stage2Tokenizer = typer.Option(
+    None,
+    exists=True,
+    file_okay=False,
+    help="Tokenizer (HF model dir) of the Stage-2 executor: with --stage2-max-len, documents whose Stage-2 "
+    "prompt cannot fit are counted and dropped (C1 in build, C2 in precompute-schemas).",
+)
+Stage2MaxLen = typer.Option(None, min=1, help="The Stage-2 executor's max_model_len (vLLM --max-model-len).")
+
+
+def _stage2_fit(tokenizer: Path | None, max_len: int | None) -> Stage2Fit | None:
+    if (tokenizer is None) != (max_len is None):
+        raise _bad("--stage2-tokenizer/--stage2-max-len", "give both or neither")
+    return Stage2Fit(tokenizer, max_len) if tokenizer is not None and max_len is not None else None
+
+
 @data_app.command("build")
 def data_build(
     golden: Path = typer.Option(..., exists=True, file_okay=False, help="Folder with common_{split}_schemas.jsonl."),
     out: Path = typer.Option(..., help="Output folder: <phase>/<split>.parquet + manifest.json."),
     phases: str = typer.Option(",".join(BUILD_PHASES), help="Comma-separated phases (a1,a2,b1,b2,c1)."),
     limit: int | None = typer.Option(None, min=1, help="First N examples per split."),
+    stage2_tokenizer: Path | None = Stage2Tokenizer,
+    stage2_max_len: int | None = Stage2MaxLen,
 ) -> None:
     """SFT (A1, A2) and RL (B1, B2, C1) parquet files, plus the manifest."""
     selected = [p.strip().lower() for p in phases.split(",") if p.strip()]
+    fit = _stage2_fit(stage2_tokenizer, stage2_max_len)
     try:
         with console.status("building datasets"):
-            counts = build_datasets(golden, out, selected, limit=limit)
+            counts = build_datasets(golden, out, selected, limit=limit, stage2_fit=fit)
     except ValueError as exc:
         raise _bad("--phases", str(exc)) from None
+    if fit is not None:
+        dropped = json.loads((out / "manifest.json").read_text())["phases"].get("c1", {}).get("stage2_too_long", {})
+        console.print(f"C1: dropped documents whose Stage-2 prompt does not fit {fit.max_model_len} tokens: {dropped}")
     table = Table("phase", "train", "validation")
     for phase, c in counts.items():
         table.add_row(phase, str(c.get("train", 0)), str(c.get("validation", 0)))
@@ -86,16 +110,25 @@ def data_precompute(
     concurrency: int = Concurrency,
     timeout: float = Timeout,
     seed: int = Seed,
+    stage2_tokenizer: Path | None = Stage2Tokenizer,
+    stage2_max_len: int | None = Stage2MaxLen,
 ) -> None:
     """C2 data: π1's predicted schemas → Stage-2 prompts; ground truth = gold table."""
     if on_invalid not in ("skip", "gold"):
         raise _bad("--on-invalid", f"must be 'skip' or 'gold', got {on_invalid!r}")
     policy: Literal["skip", "gold"] = "skip" if on_invalid == "skip" else "gold"
+    fit = _stage2_fit(stage2_tokenizer, stage2_max_len)
     client = ExecutorClient(executor_url, model, _gen(max_tokens, concurrency, timeout, seed))
-    report = precompute_c2(golden, out, client, on_invalid=policy, limit=limit)
-    table = Table("split", "rows written", "invalid schemas", f"invalid → {on_invalid}")
+    report = precompute_c2(golden, out, client, on_invalid=policy, limit=limit, stage2_fit=fit)
+    table = Table("split", "rows written", "invalid schemas", f"invalid → {on_invalid}", "Stage-2 too long (dropped)")
     for split, n in report.counts.items():
-        table.add_row(split, str(n), str(report.invalid[split]), ", ".join(report.invalid_ids[split][:3]))
+        table.add_row(
+            split,
+            str(n),
+            str(report.invalid[split]),
+            ", ".join(report.invalid_ids[split][:3]),
+            str(len(report.too_long_ids.get(split, []))),
+        )
     console.print(table)
 
 

@@ -17,7 +17,8 @@ Failure policy (applied by :class:`RewardBatcher`, stated here once):
 - ``prompt_too_long`` is not a failure: the document plus the predicted schema do not fit the executor's
   context, so that sample gets the table penalty (its schema part is still scored) and the part key
   ``prompt_too_long`` = 1. It is logged as a warning that says what to do: drop such documents from the
-  training data or serve the executor with a longer ``--max-model-len``. Nothing is retried: the same
+  training data (``trainer data build --stage2-tokenizer DIR --stage2-max-len N`` does) or serve the
+  executor with a longer ``--max-model-len``. Nothing is retried: the same
   prompt would not fit again.
 """
 
@@ -357,8 +358,8 @@ def _warn_prompt_too_long(result: Mapping[str, Any]) -> None:
         log.warning(
             "%d sample(s) so far with prompt_too_long (last: %s tokens, executor context %s): the document plus "
             "the predicted schema do not fit the executor, so the table part got its penalty. Drop these "
-            "documents from the training data (their Stage-2 prompt will never fit this executor) or serve the "
-            "executor with a longer --max-model-len.",
+            "documents from the training data (`trainer data build --stage2-tokenizer DIR --stage2-max-len N` "
+            "counts and drops them) or serve the executor with a longer --max-model-len.",
             n,
             result.get("prompt_tokens", "?"),
             result.get("prompt_limit", "?"),

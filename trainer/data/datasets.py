@@ -32,6 +32,7 @@ from shared import (
     read_golden,
 )
 from shared.golden import sha256_file
+from trainer.data.prompt_fit import Stage2Fit
 
 SFT_PHASES = ("a1", "a2")
 RL_PHASES = ("b1", "b2", "c1")
@@ -146,12 +147,17 @@ def build_datasets(
     phases: Sequence[str] = BUILD_PHASES,
     splits: Sequence[str] = TRAIN_SPLITS,
     limit: int | None = None,
+    stage2_fit: Stage2Fit | None = None,
 ) -> dict[str, dict[str, int]]:
-    """Write the parquet files of ``phases`` for ``splits``; returns counts per phase and split."""
+    """Write the parquet files of ``phases`` for ``splits``; returns counts per phase and split.
+
+    With ``stage2_fit``, C1 drops documents whose Stage-2 prompt (on the gold schema) cannot fit the
+    executor's context; their number and ids go to the manifest (``c1.stage2_too_long``)."""
     bad = [p for p in phases if p not in BUILD_PHASES]
     if bad:
         raise ValueError(f"--phases: unknown {bad}; choose from {list(BUILD_PHASES)} (c2: precompute-schemas)")
     counts: dict[str, dict[str, int]] = {p: {} for p in phases}
+    too_long: dict[str, list[str]] = {}
     sources = []
     for split in splits:
         src = golden / golden_filename(split)
@@ -164,9 +170,17 @@ def build_datasets(
                 rows = [sft_row(phase, ex) for ex in examples]
                 counts[phase][split] = write_parquet(rows, out / phase / f"{split}.parquet", SFT_SCHEMA)
             else:
-                rows = [rl_row(phase, ex, i, split) for i, ex in enumerate(examples)]
+                kept = examples
+                if phase == "c1" and stage2_fit is not None:
+                    kept = [ex for ex in examples if stage2_fit.fits(build_stage2_messages(ex.text, ex.schema_dict()))]
+                    too_long[split] = sorted({ex.id for ex in examples} - {ex.id for ex in kept})
+                rows = [rl_row(phase, ex, i, split) for i, ex in enumerate(kept)]
                 counts[phase][split] = write_parquet(rows, out / phase / f"{split}.parquet", RL_SCHEMA)
-    update_manifest(out, counts, sources, **{p: {"limit": limit} for p in phases})
+    extra: dict[str, Any] = {p: {"limit": limit} for p in phases}
+    if "c1" in extra and stage2_fit is not None:
+        extra["c1"] |= {**stage2_fit.describe(), "stage2_too_long": {k: len(v) for k, v in too_long.items()}}
+        extra["c1"]["stage2_too_long_ids"] = too_long
+    update_manifest(out, counts, sources, **extra)
     return counts
 
 

@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from shared import PROMPT_VERSION, GoldenExample, build_stage1_messages, build_stage2_messages, read_golden
 from trainer.data.datasets import RL_SCHEMA, rl_row, update_manifest, write_parquet
+from trainer.data.prompt_fit import Stage2Fit
 from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig, Message
 
 Stage = Literal["stage1", "stage2"]
@@ -84,6 +85,7 @@ class PrecomputeReport:
     counts: dict[str, int] = field(default_factory=dict)
     invalid: dict[str, int] = field(default_factory=dict)
     invalid_ids: dict[str, list[str]] = field(default_factory=dict)
+    too_long_ids: dict[str, list[str]] = field(default_factory=dict)  # Stage-2 prompt past the context: dropped
 
 
 def precompute_c2(
@@ -93,9 +95,11 @@ def precompute_c2(
     splits: Sequence[str] = ("train", "validation"),
     on_invalid: Literal["skip", "gold"] = "skip",
     limit: int | None = None,
+    stage2_fit: Stage2Fit | None = None,
 ) -> PrecomputeReport:
     """Run π1 over the splits and write ``out/c2/<split>.parquet``: Stage-2 prompts on the *predicted*
-    schema, ground truth = gold table. Invalid schemas are counted, then skipped or given the gold one."""
+    schema, ground truth = gold table. Invalid schemas are counted, then skipped or given the gold one.
+    With ``stage2_fit``, rows whose Stage-2 prompt cannot fit that context are counted and dropped."""
     report = PrecomputeReport()
     sources = []
     for split in splits:
@@ -117,16 +121,21 @@ def precompute_c2(
                 if on_invalid == "skip":
                     continue
                 prompt = build_stage2_messages(ex.text, ex.schema_dict())
+            if stage2_fit is not None and not stage2_fit.fits(prompt):
+                report.too_long_ids.setdefault(split, []).append(ex.id)
+                continue
             rows.append(rl_row("c2", ex, len(rows), split, prompt=prompt))
         report.counts[split] = write_parquet(rows, out / "c2" / f"{split}.parquet", RL_SCHEMA)
         report.invalid[split] = len(bad)
         report.invalid_ids[split] = bad
-    update_manifest(
-        out,
-        {"c2": report.counts},
-        sources,
-        c2={"schema_model": client.model, "on_invalid": on_invalid, "invalid_schemas": report.invalid, "limit": limit},
-    )
+    c2: dict[str, Any] = {
+        "schema_model": client.model, "on_invalid": on_invalid, "invalid_schemas": report.invalid, "limit": limit,
+    }  # fmt: skip
+    if stage2_fit is not None:
+        c2 |= stage2_fit.describe()
+        c2["stage2_too_long"] = {k: len(v) for k, v in report.too_long_ids.items()}
+        c2["stage2_too_long_ids"] = report.too_long_ids
+    update_manifest(out, {"c2": report.counts}, sources, c2=c2)
     return report
 
 
