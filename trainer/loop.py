@@ -26,7 +26,8 @@ side by side. Executors start through ``services.executor_vllm`` (GpuExecutor / 
 time-limited job; the next command goes on from there.
 
 Resumable: a phase whose ``phase_result.json`` says ok and whose exported model exists is skipped,
-as are the built data files. The C2 precompute and Phase D are reused only if their content key
+as are the built data files; a phase result recorded with other inputs (``phase_inputs.json``: start
+model fingerprint, data files' sha256) stops the loop instead of being reused. The C2 precompute and Phase D are reused only if their content key
 matches (``precompute_key.json``, ``eval_key.json``: the models' content fingerprints, the golden
 files' sha256 and the settings); otherwise they are recomputed. ``loop_manifest.json`` records
 every input (golden files with sha256, start models, reward URLs), config (phase YAML sha256,
@@ -71,6 +72,7 @@ MANIFEST = "loop_manifest.json"
 # content keys of reused results: C2's precomputed data and Phase D's scores (see precompute_key, eval_key)
 PRECOMPUTE_KEY = "precompute_key.json"
 EVAL_KEY = "eval_key.json"
+PHASE_INPUTS = "phase_inputs.json"
 SERVED_NAME = "policy"
 # Stage groups of ``--until``: a run stops after the named group; a rerun goes on from there.
 STAGE_GROUPS = ("sft", "local", "c1", "c2", "eval")
@@ -114,6 +116,10 @@ class LoopConfig:
     def __post_init__(self) -> None:
         if self.until is not None and self.until not in STAGE_GROUPS:
             raise ValueError(f"until: must be one of {list(STAGE_GROUPS)}, got {self.until!r}")
+
+
+class StaleResultError(RuntimeError):
+    """A recorded phase result was trained from other inputs than this run would give it."""
 
 
 class StopAfter(Exception):
@@ -299,7 +305,14 @@ class Loop:
         overrides come after them and win.
         """
         key = str(out_dir.relative_to(self.out))
+        inputs = self.phase_inputs(name, model, data_dir or self.data)
         done = phase_done(out_dir)
+        recorded_inputs = _read_json(out_dir / PHASE_INPUTS)
+        if done is not None and recorded_inputs is not None and recorded_inputs != inputs:
+            raise StaleResultError(
+                f"phase {key}: its recorded result was trained from other inputs (recorded {recorded_inputs}, "
+                f"now {inputs}); move {out_dir} aside to train it again from the current ones"
+            )
         if done is None:
             sft = get_phase(name).kind == "sft"
             if not sft and self.cfg.preflight_min is not None and reward_url:
@@ -323,6 +336,7 @@ class Loop:
                 self.manifest.set(f"phase:{key}", asdict(done))
                 why = f": {done.error}" if done.error else ""
                 raise RuntimeError(f"phase {key} failed (exit {done.exit_code}){why}; log {out_dir / 'train.log'}")
+            (out_dir / PHASE_INPUTS).write_text(json.dumps(inputs, indent=2) + "\n")
         self.manifest.set(f"phase:{key}", asdict(done))
         assert done.hf_dir is not None
         return done.hf_dir
@@ -381,6 +395,11 @@ class Loop:
             local_reward_api(logs / f"reward_api_{tag}.log", ex_urls, self.cfg.executor_max_tokens, workers) as url,
         ):
             yield url
+
+    def phase_inputs(self, name: str, model: str, data_dir: Path) -> dict[str, Any]:
+        """What a phase's result depends on: its start model's content and its data files."""
+        files = sorted((data_dir / name).glob("*.parquet")) if (data_dir / name).is_dir() else []
+        return {"model_in": fingerprint(model), "data": {f.name: sha256(f) for f in files}}
 
     def golden_sha256(self, splits: Sequence[str]) -> dict[str, str]:
         return {s: sha256(self.cfg.golden / f"common_{s}_schemas.jsonl") for s in splits}

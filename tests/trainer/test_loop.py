@@ -214,3 +214,21 @@ def test_precompute_and_phase_d_are_reused_only_for_the_same_content(tmp_path: P
     with pytest.raises(RuntimeError, match="re-evaluated"):
         loop.evaluate(settings, "loop1", ("pipe", "pipe"))
     assert calls == ["pipe"]
+
+
+def test_a_phase_result_from_other_inputs_is_not_reused(tmp_path: Path) -> None:
+    """C2 recorded, then the precompute ran again (new C2 data): the loop stops instead of reusing C2."""
+    from trainer.loop import PHASE_INPUTS, StaleResultError
+
+    out = tmp_path / "loop"
+    loop = Loop(LoopConfig(golden=SAMPLE, out=out, profile="cpu-smoke", pi1_sft="/a", pi2_sft="/b"),
+                runner=FaultyPhaseRunner())  # fmt: skip
+    (loop.data / "c2").mkdir(parents=True)
+    (loop.data / "c2" / "train.parquet").write_bytes(b"schemas of the first pi1-pipe")
+    recorded(out / "c2", "c2", out / "c2" / "hf")
+    (out / "c2" / PHASE_INPUTS).write_text(json.dumps(loop.phase_inputs("c2", "/b2", loop.data)))
+    assert loop.phase("c2", "/b2", "http://127.0.0.1:9", out / "c2") == str(out / "c2" / "hf")  # same inputs: reused
+    (loop.data / "c2" / "train.parquet").write_bytes(b"schemas of a new pi1-pipe")
+    with pytest.raises(StaleResultError, match=r"phase c2: its recorded result was trained from other inputs"):
+        loop.phase("c2", "/b2", "http://127.0.0.1:9", out / "c2")
+    assert loop.runner.launched == []  # type: ignore[attr-defined]
