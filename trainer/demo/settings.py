@@ -2,7 +2,7 @@
 
 The SFT numbers were chosen on this 2-core machine so that the whole demo fits in about ten
 minutes and the SFT models clear the demo's targets on the held-out sample documents (README,
-"Measured"). Every field is a ``python -m trainer demo`` option.
+"Measured"). ``python -m trainer demo`` exposes all but ``val_samples`` as options.
 """
 
 from __future__ import annotations
