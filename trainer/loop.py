@@ -27,9 +27,10 @@ time-limited job; the next command goes on from there.
 
 Resumable: a phase whose ``phase_result.json`` says ok and whose exported model exists is skipped,
 as are the built data files; a phase result recorded with other inputs (``phase_inputs.json``: start
-model fingerprint, data files' sha256) stops the loop instead of being reused. The C2 precompute and Phase D are reused only if their content key
-matches (``precompute_key.json``, ``eval_key.json``: the models' content fingerprints, the golden
-files' sha256 and the settings); otherwise they are recomputed. ``loop_manifest.json`` records
+model fingerprint, data files' sha256) stops the loop instead of being reused. The C2 precompute
+and Phase D are reused only if their content key matches (``precompute_key.json``,
+``eval_key.json``: the models' content fingerprints, the golden files' sha256 and the settings);
+otherwise they are recomputed. ``loop_manifest.json`` records
 every input (golden files with sha256, start models, reward URLs), config (phase YAML sha256,
 command), checkpoint, exported model and metric, and is rewritten after every stage.
 

@@ -269,8 +269,8 @@ def run_phase(
 ) -> PhaseResult:
     """Launch, then pick the best (RL) or last (SFT) checkpoint, export it to ``out/hf``, record it."""
     from trainer.phases.early_stopping import STATE_FILE, checkpoint_steps, read_state
-    from trainer.phases.failures import FAILURE_FILE, read_failure
     from trainer.phases.export import export_checkpoint
+    from trainer.phases.failures import FAILURE_FILE, read_failure
 
     started = dt.datetime.now(dt.UTC)
     t0 = time.monotonic()
