@@ -143,6 +143,9 @@ def _report(payload: dict[str, object]) -> None:
     goals = payload.get("goals", [])
     name = payload.get("benchmark")
     for g in goals if isinstance(goals, list) else []:
+        if g.get("target") is None:  # a measurement reported beside the goals, with nothing to meet
+            typer.echo(f"[{name}] {g['goal']}: {g['value']}")
+            continue
         note = "" if g.get("binding", True) else " (informational)"
         typer.echo(f"[{name}] {g['goal']}: {g['value']} → {'met' if g['met'] else 'NOT met'}{note}")
 

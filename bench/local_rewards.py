@@ -4,6 +4,7 @@ Same items, same configs, same run. The HTTP side includes everything a caller p
 the request, the round trip, decoding the answer. Every HTTP answer is checked against the in-process
 rewards (same ids, same order, same values), so a fast wrong answer cannot pass.
 Goal (DESIGN §6): at batch 1024, HTTP ≥ 0.7× in-process for schema and table (1 worker vs 1 process).
+Beside it (informational): N workers against 1 worker, both driven by N concurrent clients.
 """
 
 from __future__ import annotations
@@ -180,6 +181,9 @@ def run(
                     for n, server in servers.items():
                         t = time_http(server.url, kind, batches, expected, concurrency=n)
                         rounds.setdefault(f"http-{n}w", []).append(t)
+                    if workers > 1:  # the same N clients against 1 worker: what the extra workers add
+                        t = time_http(servers[1].url, kind, batches, expected, concurrency=workers)
+                        rounds.setdefault(f"http-1w-{workers}c", []).append(t)
                 for mode, timings in rounds.items():
                     rows.append({"kind": kind, "batch": size, "mode": mode, **_median_round(timings)})
     finally:
@@ -201,6 +205,18 @@ def run(
                     "binding": mode == "http-1w",
                 }
             )
+        at_1024 = {r["mode"]: r for r in rows if r["kind"] == kind and r["batch"] == 1024}
+        one, many = at_1024.get(f"http-1w-{workers}c"), at_1024[f"http-{workers}w"]
+        if one is not None:
+            goals.append(
+                {
+                    "goal": f"{kind} batch 1024, {workers} clients: {workers} workers vs 1 worker (scaling, no target)",
+                    "value": round(many["items_per_s"] / one["items_per_s"], 3),
+                    "target": None,
+                    "met": True,
+                    "binding": False,
+                }
+            )
     payload = {
         "benchmark": "local_rewards",
         "run": record,
@@ -220,12 +236,13 @@ def render_md(p: dict[str, Any]) -> str:
     md += (
         "Same perturbed golden items on both sides; every HTTP answer was checked against the in-process "
         "rewards (ids, order, values). HTTP time includes client-side JSON encoding and decoding; "
-        "`http-Nw` = N uvicorn workers driven by N concurrent clients. "
+        "`http-Nw` = N uvicorn workers driven by N concurrent clients; `http-1w-Nc` = 1 worker driven by the same "
+        "N clients (the baseline of the workers row). "
         f"Median of {p['repeats']} alternating rounds per row (p50/p99 over all rounds).\n\n"
     )
     md += "## Goals\n\n" + md_table(
         ["goal", "value", "target", "binding", "result"],
-        [[g["goal"], g["value"], g["target"], "yes" if g["binding"] else "info", met(g["met"])] for g in p["goals"]],
+        [[g["goal"], g["value"], g["target"], "yes" if g["binding"] else "info", _result(g)] for g in p["goals"]],
     )
     md += "\n## Throughput and latency\n\n" + md_table(
         ["kind", "batch", "mode", "items", "items/s", "p50 ms", "p99 ms"],
@@ -234,6 +251,10 @@ def render_md(p: dict[str, Any]) -> str:
     if p.get("plot"):
         md += f"\n![throughput vs batch size]({p['plot']})\n"
     return md
+
+
+def _result(goal: dict[str, Any]) -> str:
+    return met(goal["met"]) if goal["target"] is not None else "(measured)"
 
 
 def _plot(rows: list[dict[str, Any]], quick: bool) -> Path | None:
