@@ -35,10 +35,12 @@ sft-start)
   for ph in a1 a2; do
     # lr 1e-4 and one epoch as the plain HF SFT baseline (issue 12); VERL has no linear decay, cosine
     # to 0 is the nearest; micro batch = batch (32): a 135M model fits, no accumulation needed.
+    # VERL's SFT engine asks for flash_attention_2 by default, which is not carried: sdpa.
     CUDA_VISIBLE_DEVICES=${gpus[$i]} setsid bash -c "s=\$(date +%s); python3 -m trainer run $ph --profile gpu \
       --data $LEARN/data --out $LEARN/$ph --model $MODEL_DIR --nproc 1 trainer.n_gpus_per_node=1 \
       optim.lr=$LR optim.lr_scheduler_type=cosine trainer.total_epochs=$EPOCHS \
-      data.micro_batch_size_per_gpu=$MICRO > $LEARN/$ph.log 2>&1; echo \$? > $LEARN/$ph.rc; \
+      data.micro_batch_size_per_gpu=$MICRO ++model.override_config.attn_implementation=sdpa \
+      ${SFT_OVERRIDES:-} > $LEARN/$ph.log 2>&1; echo \$? > $LEARN/$ph.rc; \
       printf 'sft_%s\t%s\t%s\t%s\n' $ph \$s \$(date +%s) \$(( \$(date +%s) - s )) >> $LEARN/stages.tsv" \
       < /dev/null > /dev/null 2>&1 &
     echo "started SFT $ph on GPU ${gpus[$i]} (log $LEARN/$ph.log)"
@@ -48,11 +50,11 @@ sft-start)
 wait-sft)
   deadline=$(( $(date +%s) + ${2:-540} ))
   while [[ ! -f $LEARN/a1.rc || ! -f $LEARN/a2.rc ]]; do
-    if (( $(date +%s) > deadline )); then echo "SFT still running"; tail -3 "$LEARN"/a?.log; exit 3; fi
+    if (( $(date +%s) > deadline )); then echo "SFT still running"; tail -n 3 "$LEARN"/a?.log; exit 3; fi
     sleep 5
   done
   echo "SFT exit codes: a1 $(cat "$LEARN/a1.rc"), a2 $(cat "$LEARN/a2.rc")"
-  tail -5 "$LEARN/a1.log" "$LEARN/a2.log"
+  tail -n 5 "$LEARN/a1.log" "$LEARN/a2.log"
   [[ $(cat "$LEARN/a1.rc") == 0 && $(cat "$LEARN/a2.rc") == 0 ]]
   ;;
 serve-sft)

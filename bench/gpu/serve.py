@@ -83,11 +83,17 @@ def start(model: str, name: str, gpus: Sequence[str], port: int, mem: float, pre
 
 
 def _alive(pid: int) -> bool:
+    """Running, and not a zombie: a child that died under ``start --wait`` is not reaped yet, and
+    ``kill(pid, 0)`` alone took such a dead vLLM for a live one until the 480 s timeout."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in ("Z", "X")
 
 
 def wait(ports: Sequence[int], timeout: float = 480.0) -> None:

@@ -45,6 +45,7 @@ class Config:
     requirements: list[str]
     no_deps: list[str]
     expand_deps: list[str]
+    drop_from_expanded: set[str]
     sdist_only: list[str]
     node_pins: list[str]
     node_provided: set[str]
@@ -61,6 +62,7 @@ class Config:
             requirements=list(raw["packages"]["requirements"]),
             no_deps=list(raw["packages"].get("no_deps", [])),
             expand_deps=list(raw["packages"].get("expand_deps", [])),
+            drop_from_expanded={canonicalize_name(n) for n in raw["packages"].get("drop_from_expanded", [])},
             sdist_only=list(raw["packages"].get("sdist_only", [])),
             node_pins=list(raw["node"].get("pins", [])),
             node_provided={canonicalize_name(n) for n in raw["node"]["provided"]},
@@ -118,7 +120,7 @@ def expanded_dependencies(wheel: Path, cfg: Config) -> list[str]:
         req = Requirement(line.split(":", 1)[1].strip())
         if req.marker is not None and not req.marker.evaluate({**env, "extra": ""}):
             continue
-        if cfg.skipped(req.name):
+        if cfg.skipped(req.name) or canonicalize_name(req.name) in cfg.drop_from_expanded:
             continue
         req.marker = None
         out.append(str(req))

@@ -4,6 +4,7 @@ reads from vLLM's /metrics, and the report it writes from recorded rows."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,19 @@ def test_vllm_command_serves_on_loopback() -> None:
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--port") + 1] == "18201"
     assert "--no-enable-prefix-caching" in cmd
     assert "--no-enable-prefix-caching" not in serve.vllm_command("/m", "pi2", 1, 0.3)
+
+
+def test_a_dead_unreaped_executor_counts_as_dead() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    for _ in range(100):  # exited, but not waited for: a zombie, as under `serve start --wait`
+        if serve.Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        import time
+
+        time.sleep(0.05)
+    assert not serve._alive(proc.pid)
+    proc.wait()
+    assert serve._alive(os.getpid())

@@ -193,6 +193,7 @@ def cfg() -> bw.Config:
 def test_flashinfer_and_node_packages_are_never_carried(cfg: bw.Config) -> None:
     assert cfg.skipped("flashinfer-python") and cfg.skipped("flashinfer_cubin")
     assert cfg.skipped("torch") and cfg.skipped("Transformers")
+    assert "gguf" in cfg.requirements  # default_model converts the GGUF with it on the node
     assert not cfg.skipped("vllm") and not cfg.skipped("ray")
 
 
@@ -209,11 +210,14 @@ def test_expanded_dependencies_drop_what_the_node_has(cfg: bw.Config, tmp_path: 
             'Requires-Dist: only-on-mac; sys_platform == "darwin"',
             'Requires-Dist: pytest; extra == "test"',
             "Requires-Dist: openai>=2.0.0",
+            "Requires-Dist: apache-tvm-ffi==0.1.9",
         ]
     )
     with zipfile.ZipFile(w, "w") as zf:
         zf.writestr("vllm-0.24.0.dist-info/METADATA", meta)
+    # apache-tvm-ffi: vLLM's pin is dropped, xgrammar's own requirement brings the version it needs
     assert bw.expanded_dependencies(w, cfg) == ["xgrammar<1.0.0,>=0.2.1", "openai>=2.0.0"]
+    assert not cfg.skipped("apache-tvm-ffi")
 
 
 def test_top_level_requirements_replace_expanded_packages(cfg: bw.Config) -> None:
