@@ -3,11 +3,12 @@ executor calls the service makes (``reward_api_executor_calls_total`` from ``/me
 number of distinct (document, schema) pairs, i.e. distinct Stage-2 prompts among the valid schemas.
 
 Three shapes of the same GRPO batch, each on a fresh reward_api (LRU cache at its default size):
-one request with all k·P items; the batch split into 4 requests (identical prompts then meet in the
-cache or join an in-flight call instead of meeting within one request); and the same 4 requests sent by
-2 concurrent clients to 2 uvicorn workers. The cache is per worker process, so with 2 workers a prompt
-whose duplicates land on both workers is generated twice: that scenario reports calls per distinct
-pair (informational), the 1-worker ones must make exactly one call per pair.
+one request with all k·P items; the batch split into 4 strided requests (every prompt's samples spread
+over all 4, so identical prompts meet in the cache or join an in-flight call, not within one request);
+and the same 4 requests sent by 2 concurrent clients to 2 uvicorn workers. The cache is per worker
+process, so with 2 workers a prompt whose duplicates land on both workers may be generated twice:
+that scenario reports calls per distinct pair (informational); the 1-worker ones must make exactly
+one call per pair.
 """
 
 from __future__ import annotations
@@ -103,8 +104,9 @@ def run(
     ):
         with RewardApiProcess(env, workers=workers) as api, httpx.Client(timeout=1800) as client:
             before = executor_calls(api.url)
-            size = -(-len(items) // parts)
-            chunks = [items[i : i + size] for i in range(0, len(items), size)]
+            # Strided, so the k samples of a prompt are spread over all requests: duplicates must meet in
+            # the cache or an in-flight call (or, with 2 workers, may land on the other worker's process).
+            chunks = [items[i::parts] for i in range(parts)]
 
             def post(chunk: list[dict[str, Any]], api_url: str = api.url) -> dict[str, Any]:
                 r = client.post(f"{api_url}/reward/pipeline", json={"items": chunk})
