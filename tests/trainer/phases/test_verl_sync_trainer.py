@@ -69,10 +69,12 @@ def test_every_grpo_phase_runs_verl_mode_sync(name: str, tmp_path: Path) -> None
     assert cfg.trainer.v1.trainer_mode == "sync"
 
 
-def test_replay_buffer_and_gen_batch_size_are_plain_sync(tmp_path: Path, model_dir: str) -> None:
+def test_replay_buffer_and_gen_batch_size_are_plain_sync(
+    tmp_path: Path, model_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Our trainer, built as the task runner builds it, has VERL's sync replay buffer and batch sizes."""
     from omegaconf import OmegaConf
-    from verl.trainer.ppo.v1 import get_trainer_cls
+    from verl.trainer.ppo.v1 import get_trainer_cls, trainer_base
     from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
@@ -83,6 +85,8 @@ def test_replay_buffer_and_gen_batch_size_are_plain_sync(tmp_path: Path, model_d
     ours_cfg = compose_phase("c1_grpo", tmp_path, model_dir, ("data.train_batch_size=4",))
     plain_cfg = OmegaConf.merge(ours_cfg, {"trainer": {"v1": {"trainer_mode": "sync"}}})
 
+    # install() patches VERL's registry for the process; the test process gets it back afterwards
+    monkeypatch.setitem(trainer_base.TRAINER_REGISTRY, "sync", PPOTrainerSync)
     install(ours_cfg)  # what EarlyStoppingTaskRunner.run does before VERL's TaskRunnerV1.run
     ours = get_trainer_cls(ours_cfg.trainer.v1.trainer_mode)(config=ours_cfg)
     plain = PPOTrainerSync(config=plain_cfg)
