@@ -15,6 +15,9 @@ def test_grpo_gpu_hyper_parameters(env: None, phase: str, response: int) -> None
     assert c.data.train_batch_size == 64 and c.data.max_response_length == response
     assert c.actor_rollout_ref.actor.use_kl_loss and c.actor_rollout_ref.actor.kl_loss_coef == pytest.approx(1e-3)
     assert "tensorboard" in c.trainer.logger and "file" in c.trainer.logger
+    # sdpa without packing: packed micro batches make sdpa attend over the whole pack
+    assert c.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
+    assert c.actor_rollout_ref.model.use_remove_padding is False
     assert c.trainer.test_freq == c.trainer.save_freq == 5
     # the mini batch divides the samples of a step, and the micro batch divides the mini batch
     samples = c.data.train_batch_size * c.actor_rollout_ref.rollout.n
@@ -34,6 +37,8 @@ def test_sft_gpu_matches_the_hf_baseline_budget(env: None, phase: str) -> None: 
     c = composed(f"{phase}_sft", "sft_profile=gpu")
     assert c.optim.lr == pytest.approx(1e-4) and c.optim.lr_scheduler_type == "cosine"
     assert c.trainer.total_epochs == 1 and c.data.train_batch_size == 32
+    assert c.model.override_config.attn_implementation == "sdpa" and c.model.use_remove_padding is False
+    assert c.data.use_dynamic_bsz is False and c.model.enable_gradient_checkpointing is False
     assert "tensorboard" in c.trainer.logger
 
 
