@@ -30,7 +30,16 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.common import golden_dir, header_md, md_table, met, percentile, run_record, write_result
+from bench.common import (
+    bench_reward_api_env,
+    golden_dir,
+    header_md,
+    md_table,
+    met,
+    percentile,
+    run_record,
+    write_result,
+)
 from shared import GoldenExample, canonical_schema_json, gold_ndjson, read_split
 
 NAME = "gpu_scaling"
@@ -61,18 +70,7 @@ def plan(replicas: Sequence[int], workers: Sequence[int], n_urls: int) -> list[C
 
 def reward_api_env(urls: Sequence[str], model: str, max_tokens: int, max_in_flight: int) -> dict[str, str]:
     """reward_api settings for one configuration: cache off, so every item costs one executor call."""
-    return {
-        "REWARD_API_EXECUTOR_URLS": ",".join(u.rstrip("/") for u in urls),
-        "REWARD_API_EXECUTOR_MODEL": model,
-        "REWARD_API_MAX_TOKENS": str(max_tokens),
-        "REWARD_API_TEMPERATURE": "0",
-        "REWARD_API_SEED": "0",
-        "REWARD_API_CACHE_SIZE": "0",
-        "REWARD_API_MAX_IN_FLIGHT": str(max_in_flight),
-        "REWARD_API_EXECUTOR_TIMEOUT_S": "600",
-        "REWARD_API_REQUEST_DEADLINE_S": "1800",
-        "REWARD_API_LOG_LEVEL": "WARNING",
-    }
+    return bench_reward_api_env(urls, model, max_tokens, max_in_flight, executor_timeout_s=600, deadline_s=1800)
 
 
 def build_items(examples: Sequence[GoldenExample], n: int) -> list[dict[str, Any]]:

@@ -28,7 +28,17 @@ from typing import Any
 
 import httpx
 
-from bench.common import golden_dir, header_md, load_examples, md_table, met, perturb_schema, run_record, write_result
+from bench.common import (
+    bench_reward_api_env,
+    golden_dir,
+    header_md,
+    load_examples,
+    md_table,
+    met,
+    perturb_schema,
+    run_record,
+    write_result,
+)
 from shared import (
     GoldenExample,
     PipelineSchemaRewardConfig,
@@ -162,18 +172,7 @@ def run(
     payloads = [{"model": model, "messages": messages_for(it), **sampling} for it in items]
 
     asyncio.run(ceiling(url, payloads))  # warm-up: prefix cache and first-request costs for every mode
-    env = {
-        "REWARD_API_EXECUTOR_URLS": url,
-        "REWARD_API_EXECUTOR_MODEL": model,
-        "REWARD_API_MAX_TOKENS": str(max_tokens),
-        "REWARD_API_TEMPERATURE": "0",
-        "REWARD_API_SEED": "0",
-        "REWARD_API_CACHE_SIZE": "0",
-        "REWARD_API_MAX_IN_FLIGHT": str(max_in_flight),
-        "REWARD_API_EXECUTOR_TIMEOUT_S": "1800",
-        "REWARD_API_REQUEST_DEADLINE_S": "3600",
-        "REWARD_API_LOG_LEVEL": "WARNING",
-    }
+    env = bench_reward_api_env([url], model, max_tokens, max_in_flight, executor_timeout_s=1800, deadline_s=3600)
     ceil_s, ours_s, calls = [], [], []
     ceil_outs: list[str] = []
     last: dict[str, Any] = {}

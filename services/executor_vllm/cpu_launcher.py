@@ -201,7 +201,12 @@ def serve(
 
     model_dir = model or convert()
     ex = CpuExecutor(model_dir, served_model_name, port, max_model_len=max_model_len)
-    typer.echo(f"starting vLLM-CPU on {ex.url} (log {ex.log_path}) ...")
+    serve_until_stopped(ex, timeout, f"vLLM-CPU on {ex.url}")
+
+
+def serve_until_stopped(ex: CpuExecutor, timeout: float, label: str) -> None:
+    """Start ``ex``, then wait for SIGTERM/SIGINT or the server's exit; always stop its process tree."""
+    typer.echo(f"starting {label} (log {ex.log_path}) ...")
     stop = False
 
     def _handle(signum: int, _frame: object) -> None:
@@ -211,7 +216,7 @@ def serve(
     signal.signal(signal.SIGTERM, _handle)
     signal.signal(signal.SIGINT, _handle)
     ex.start(timeout)
-    typer.echo(f"ready: {ex.url}/v1 serves {served_model_name!r}")
+    typer.echo(f"ready: {ex.url}/v1 serves {ex.served_model_name!r}")
     try:
         while not stop and ex.proc is not None and ex.proc.poll() is None:
             time.sleep(0.5)

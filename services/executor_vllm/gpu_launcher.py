@@ -17,14 +17,12 @@ and the GPU benchmarks start executors only through these two classes.
 from __future__ import annotations
 
 import os
-import signal
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import typer
 
-from services.executor_vllm.cpu_launcher import DEFAULT_SERVED_NAME, CpuExecutor
+from services.executor_vllm.cpu_launcher import DEFAULT_SERVED_NAME, CpuExecutor, serve_until_stopped
 
 # Never NVLink multicast (SHARP) on shared hosts; child processes inherit these.
 SAFE_GPU_ENV: dict[str, str] = {
@@ -111,23 +109,7 @@ def serve(
     ex = GpuExecutor(
         model, gpus.split(","), served_model_name, port, gpu_memory_utilization, max_model_len=max_model_len
     )
-    typer.echo(f"starting vLLM on GPU {gpus}: {ex.url} (log {ex.log_path}) ...")
-    stop = False
-
-    def _handle(signum: int, _frame: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, _handle)
-    signal.signal(signal.SIGINT, _handle)
-    ex.start(timeout)
-    typer.echo(f"ready: {ex.url}/v1 serves {served_model_name!r}")
-    try:
-        while not stop and ex.proc is not None and ex.proc.poll() is None:
-            time.sleep(0.5)
-    finally:
-        ex.stop()
-
+    serve_until_stopped(ex, timeout, f"vLLM on GPU {gpus}: {ex.url}")
 
 if __name__ == "__main__":
     app()

@@ -33,7 +33,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import psutil
 import typer
@@ -46,8 +46,28 @@ SAMPLE_DIR = REPO_ROOT / "trainer" / "data" / "sample"
 PIPELINE_PARTS = ("schema_reward", "table_reward", "f1", "cell_accuracy", "valid_json")
 
 
+class BackgroundLoop:
+    """Runs ``_loop`` in a daemon thread for the length of a ``with`` block; ``_stop`` ends it."""
+
+    _stop: threading.Event
+    _thread: threading.Thread | None
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+
+
 @dataclass
-class MemorySampler:
+class MemorySampler(BackgroundLoop):
     """Peak summed RSS of a process tree, and every listening socket it opened."""
 
     root_pid: int
@@ -80,15 +100,6 @@ class MemorySampler:
         while not self._stop.wait(self.interval_s):
             self._sample()
 
-    def __enter__(self) -> MemorySampler:
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join()
 
     def non_loopback(self) -> list[str]:
         """Listeners on anything but 127.0.0.0/8, ::1 or IPv4-mapped loopback (``::ffff:127.*``)."""
@@ -146,7 +157,7 @@ def counter_total(metrics_text: str, name: str, label: str) -> float:
 
 
 @dataclass
-class RewardApiKiller:
+class RewardApiKiller(BackgroundLoop):
     """SIGKILLs the reward API's process group once ``after_step`` is in the early-stopping state.
 
     The state file is written at the end of each validation, so the kill lands while VERL starts
@@ -179,15 +190,6 @@ class RewardApiKiller:
                 print(f"smoke: reward API killed after step {self.after_step} was validated", flush=True)
                 return
 
-    def __enter__(self) -> RewardApiKiller:
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join()
 
 
 class Checks:
