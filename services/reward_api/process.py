@@ -28,8 +28,12 @@ class RewardApiProcess:
         port: int | None = None,
         workers: int = 1,
         log_path: str | Path | None = None,
+        cwd: str | Path | None = None,
     ) -> None:
         self.port = port or free_port()
+        # Another checkout's code (``python -m`` imports from the working directory first): the benches
+        # measure an earlier commit's service beside this one.
+        self.cwd = Path(cwd) if cwd else REPO
         self.workers = workers
         self.env = {**os.environ, **(env or {})}
         self.log_path = Path(log_path) if log_path else Path(f"/tmp/stx-reward-api-{self.port}.log")
@@ -52,7 +56,7 @@ class RewardApiProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                cmd, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                cmd, cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -66,6 +70,12 @@ class RewardApiProcess:
             time.sleep(0.2)
         self.stop()
         raise RuntimeError(f"reward_api not healthy within {timeout} s:\n{self._log_tail()}")
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise RuntimeError("reward_api is not running")
+        return self.proc.pid
 
     def metrics_text(self) -> str:
         return httpx.get(f"{self.url}/metrics", timeout=10).text
