@@ -1,6 +1,9 @@
 """Async client of the OpenAI-compatible executor (``/v1/chat/completions``), shared by all requests.
 
-- one ``httpx.AsyncClient`` (one connection pool) and a semaphore of ``MAX_IN_FLIGHT`` calls;
+- one ``aiohttp.ClientSession`` (one connection pool) and a semaphore of ``MAX_IN_FLIGHT`` calls. Not
+  httpx: its connection pool rescans every connection (and polls each idle socket) on every request
+  start and end, so with the hundreds of connections a GPU executor needs, the pool alone cost several
+  CPU ms per item and capped one worker near 80 items/s (bench/results/pipeline_cpu_cost.md);
 - a deadline on every attempt and retries per the policy in ``failures``;
 - de-duplication: identical (model, messages, sampling params) share one in-flight call, within a
   request and across concurrent requests (single-flight), and a bounded LRU keeps finished outputs;
@@ -15,14 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import httpx
+import aiohttp
+import msgspec
 from cachetools import LRUCache
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, stop_after_delay
 from tenacity.wait import wait_exponential_jitter
@@ -49,11 +54,16 @@ Source = Literal["call", "cache", "inflight"]
 # under 2 bytes a token) is still caught exactly, by vLLM's context-length 400.
 PRECHECK_BYTES_PER_TOKEN = 2
 
+_ENCODE = msgspec.json.Encoder().encode
+_ENCODE_SORTED = msgspec.json.Encoder(order="sorted").encode
+_DECODE = msgspec.json.Decoder().decode
+
 
 @dataclass
 class Replica:
     index: int
     url: str
+    proxy: str | None = None
     in_flight: int = 0
     picks: int = 0
     down_until: float = 0.0
@@ -74,34 +84,53 @@ def _count_retry(state: RetryCallState) -> None:
     metrics.EXECUTOR_RETRIES.labels(exc.cause if isinstance(exc, ExecutorFailure) else "other").inc()
 
 
+def env_proxy(url: str) -> str | None:
+    """The proxy the environment names for ``url``: ``HTTP(S)_PROXY`` unless ``NO_PROXY`` covers its host
+    (the standard library's reading of them, as httpx's default did)."""
+    parts = urllib.parse.urlsplit(url)
+    if urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    return urllib.request.getproxies().get(parts.scheme)
+
+
 class ExecutorClient:
     """Stage-2 generations from the executor replicas named in the settings (never by a request)."""
 
-    def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(self, settings: Settings) -> None:
         if not settings.executor_urls:
             raise ValueError("ExecutorClient needs at least one executor URL")
         self.settings = settings
-        self.replicas = [Replica(i, url) for i, url in enumerate(settings.executor_urls)]
-        headers = {}
+        self.replicas = [Replica(i, url, env_proxy(url)) for i, url in enumerate(settings.executor_urls)]
+        self._headers = {"Content-Type": "application/json"}
         if settings.executor_api_key is not None:
-            headers["Authorization"] = f"Bearer {settings.executor_api_key.get_secret_value()}"
-        # Idle connections expire well before uvicorn's 5 s keep-alive (vLLM's server): reusing one that
-        # the server is closing fails the call, and a retry with back-off costs far more than a new one.
-        pool = httpx.Limits(
-            max_connections=settings.max_in_flight,
-            max_keepalive_connections=settings.max_in_flight,
-            keepalive_expiry=2.0,
-        )
-        timeout = httpx.Timeout(settings.executor_timeout_s, connect=min(5.0, settings.executor_timeout_s))
-        self._http = httpx.AsyncClient(headers=headers, limits=pool, timeout=timeout, transport=transport)
+            self._headers["Authorization"] = f"Bearer {settings.executor_api_key.get_secret_value()}"
+        self._session: aiohttp.ClientSession | None = None  # made on first use, inside the event loop
+        self._short = aiohttp.ClientTimeout(total=min(5.0, settings.executor_timeout_s))
         self._sem = asyncio.Semaphore(settings.max_in_flight)
         self._inflight: dict[str, asyncio.Task[str]] = {}
         self._cache: LRUCache[str, str] | None = LRUCache(settings.cache_size) if settings.cache_size > 0 else None
         self._context_len: int | None = None  # the executor's max_model_len, once /v1/models has told it
         self._models_answered = False
 
+    @property
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            s = self.settings
+            # Idle connections expire well before uvicorn's 5 s keep-alive (vLLM's server): reusing one that
+            # the server is closing fails the call, and a retry with back-off costs far more than a new one.
+            connector = aiohttp.TCPConnector(limit=s.max_in_flight, limit_per_host=0, keepalive_timeout=2.0)
+            # Per read and per connect, as before; the whole attempt is bounded by asyncio.timeout in _post.
+            timeout = aiohttp.ClientTimeout(
+                total=None, sock_read=s.executor_timeout_s, sock_connect=min(5.0, s.executor_timeout_s)
+            )
+            # No trust_env: it looks the proxy up (and reads ~/.netrc) on every request, in a thread; the
+            # environment's proxy is found once per replica instead (``env_proxy``).
+            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=self._headers)
+        return self._session
+
     async def aclose(self) -> None:
-        await self._http.aclose()
+        if self._session is not None:
+            await self._session.close()
 
     # ---- request building ----------------------------------------------------------------------
 
@@ -117,14 +146,14 @@ class ExecutorClient:
 
     def key(self, messages: Sequence[Message]) -> str:
         """De-duplication key over exactly what is sent: model, messages and sampling parameters."""
-        blob = json.dumps(self.payload(messages), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()
+        return hashlib.sha256(_ENCODE_SORTED(self.payload(messages))).hexdigest()
 
     # ---- public API ----------------------------------------------------------------------------
 
-    async def complete(self, messages: Sequence[Message]) -> Completion:
-        """The completion text; raises ``ExecutorFailure`` once the retry policy is exhausted."""
-        key = self.key(messages)
+    async def complete(self, messages: Sequence[Message], key: str | None = None) -> Completion:
+        """The completion text; raises ``ExecutorFailure`` once the retry policy is exhausted. ``key``:
+        ``self.key(messages)`` when the caller has it already."""
+        key = key or self.key(messages)
         if self._cache is not None and key in self._cache:
             metrics.CACHE_HITS.labels("lru").inc()
             return Completion(self._cache[key], "cache")
@@ -152,12 +181,12 @@ class ExecutorClient:
     async def _replica_ready(self, r: Replica) -> dict[str, Any]:
         model = self.settings.executor_model
         try:
-            resp = await self._http.get(f"{r.url}/v1/models", timeout=min(5.0, self.settings.executor_timeout_s))
-            if resp.status_code != 200:
-                return {"replica": r.index, "ready": False, "reason": f"/v1/models answered {resp.status_code}"}
-            cards = [m for m in resp.json().get("data", []) if isinstance(m, dict)]
+            status, data = await self._get_json(r, "/v1/models")
+            if status != 200:
+                return {"replica": r.index, "ready": False, "reason": f"/v1/models answered {status}"}
+            cards = [m for m in data.get("data", []) if isinstance(m, dict)]
             ids = [m.get("id") for m in cards]
-        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as exc:
             return {"replica": r.index, "ready": False, "reason": f"unreachable: {type(exc).__name__}"}
         self._note_context_len(cards)
         if model not in ids:
@@ -176,14 +205,13 @@ class ExecutorClient:
         """The executor's ``max_model_len`` from ``/v1/models`` (vLLM lists it); ``None`` if it does not say.
         Asked until one replica answers, then never again: a per-call round trip would cost every call."""
         if self._context_len is None and not self._models_answered:
-            timeout = min(5.0, self.settings.executor_timeout_s)
             for r in self.replicas:
                 try:
-                    resp = await self._http.get(f"{r.url}/v1/models", timeout=timeout)
-                    cards = [m for m in resp.json().get("data", []) if isinstance(m, dict)]
-                except (httpx.HTTPError, ValueError, AttributeError):
+                    status, data = await self._get_json(r, "/v1/models")
+                    cards = [m for m in data.get("data", []) if isinstance(m, dict)]
+                except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
                     continue
-                self._models_answered = resp.status_code == 200
+                self._models_answered = status == 200
                 self._note_context_len(cards)
                 if self._models_answered:
                     break
@@ -204,10 +232,12 @@ class ExecutorClient:
         body = {"model": self.settings.executor_model, "messages": list(messages), "add_generation_prompt": True}
         r = self._pick()
         try:
-            async with self._sem:
-                resp = await self._http.post(f"{r.url}/tokenize", json=body)
-            data = resp.json() if resp.status_code == 200 else {}
-        except (httpx.HTTPError, ValueError):
+            async with self._sem, self._http.post(f"{r.url}/tokenize", data=_ENCODE(body), proxy=r.proxy) as resp:
+                raw = await resp.read()
+            data = _DECODE(raw) if resp.status == 200 else {}
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return
+        if not isinstance(data, dict):
             return
         count, served = data.get("count"), data.get("max_model_len", limit)
         if isinstance(count, int) and isinstance(served, int) and count >= served:
@@ -296,29 +326,39 @@ class ExecutorClient:
                 metrics.EXECUTOR_ATTEMPTS.labels(outcome).inc()
                 self._mark(r, failure)
 
+    async def _get_json(self, r: Replica, path: str) -> tuple[int, Any]:
+        """(status, decoded JSON body) of a short GET (5 s at most): ``/v1/models``."""
+        async with self._http.get(f"{r.url}{path}", timeout=self._short, proxy=r.proxy) as resp:
+            return resp.status, _DECODE(await resp.read())
+
     async def _post(self, r: Replica, payload: dict[str, Any]) -> str:
         where = f"replica {r.index}"
         try:
-            # httpx's timeout is per read; this bounds the whole attempt, so a trickling server fails too.
+            # The session's timeout is per read; this bounds the whole attempt, so a trickling server fails too.
             async with asyncio.timeout(self.settings.executor_timeout_s):
-                resp = await self._http.post(f"{r.url}/v1/chat/completions", json=payload)
+                url = f"{r.url}/v1/chat/completions"
+                async with self._http.post(url, data=_ENCODE(payload), proxy=r.proxy) as resp:
+                    status, raw = resp.status, await resp.read()
+        except aiohttp.ClientError as exc:  # before TimeoutError: a connect timeout is both
+            cause = classify_transport_error(exc)
+            raise ExecutorFailure(cause, f"{where}: {type(exc).__name__}: {exc}") from None
         except TimeoutError:
             raise ExecutorFailure(
                 "timeout", f"{where}: no answer within {self.settings.executor_timeout_s} s"
             ) from None
-        except httpx.TransportError as exc:
-            cause = classify_transport_error(exc)
-            raise ExecutorFailure(cause, f"{where}: {type(exc).__name__}: {exc}") from None
-        too_long = context_length_error(resp.status_code, resp.text)
-        if too_long is not None:
-            raise too_long
-        bad = classify_status(resp.status_code)
-        if bad is not None:
-            raise ExecutorFailure(bad, f"{where}: HTTP {resp.status_code}: {resp.text[:300]}")
+        if status != 200:
+            text = raw.decode("utf-8", "replace")
+            too_long = context_length_error(status, text)
+            if too_long is not None:
+                raise too_long
+            bad = classify_status(status)
+            if bad is not None:
+                raise ExecutorFailure(bad, f"{where}: HTTP {status}: {text[:300]}")
         try:
-            content = resp.json()["choices"][0]["message"]["content"]
+            content = _DECODE(raw)["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError):
             content = None
         if not isinstance(content, str):
-            raise ExecutorFailure("garbage", f"{where}: 200 without choices[0].message.content: {resp.text[:300]!r}")
+            text = raw.decode("utf-8", "replace")
+            raise ExecutorFailure("garbage", f"{where}: 200 without choices[0].message.content: {text[:300]!r}")
         return content

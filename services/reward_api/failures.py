@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-import httpx
+import aiohttp
 
 Cause = Literal["connect", "timeout", "http_429", "http_5xx", "http_4xx", "garbage", "deadline", "not_configured"]
 
@@ -58,13 +58,14 @@ class ExecutorFailure(Exception):
         return "executor_unavailable" if self.cause in UNAVAILABLE else "executor_bad_response"
 
 
-def classify_transport_error(exc: httpx.TransportError) -> Cause:
-    """httpx errors → cause. A connect timeout is a connection error; a read/write/pool timeout is a timeout."""
-    if isinstance(exc, httpx.ConnectTimeout):
+def classify_transport_error(exc: BaseException) -> Cause:
+    """Errors of the executor client (aiohttp) → cause. A connect timeout is a connection error; a read
+    timeout (or the attempt's deadline) is a timeout."""
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return "connect"
-    if isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, TimeoutError):  # aiohttp's SocketTimeoutError is one too
         return "timeout"
-    # ConnectError, RemoteProtocolError (server went away mid-answer), ReadError, ...: the link failed.
+    # ClientConnectorError, ServerDisconnectedError (server went away mid-answer), ClientPayloadError, ...
     return "connect"
 
 
