@@ -140,6 +140,13 @@ class PipelineDebug(BaseModel):
     executor_output: str | None = Field(None, description="The executor's raw completion text.")
     cached: bool | None = Field(None, description="Whether the executor output came from the cache.")
 
+    @staticmethod
+    def row(
+        messages: list[dict[str, str]] | None = None, executor_output: str | None = None, cached: bool | None = None
+    ) -> dict[str, Any]:
+        """This debug view as the JSON object it is sent as."""
+        return {"messages": messages, "executor_output": executor_output, "cached": cached}
+
 
 class PipelineResult(BaseModel):
     id: str
@@ -161,6 +168,25 @@ class PipelineResult(BaseModel):
     )
     aligned: AlignedMetricsOut | None = None
     debug: PipelineDebug | None = None
+
+    @staticmethod
+    def row(
+        item_id: str,
+        r: PipelineReward,
+        debug: dict[str, Any] | None = None,
+        prompt_tokens: int | None = None,
+        prompt_limit: int | None = None,
+    ) -> dict[str, Any]:
+        """This result as the JSON object it is sent as (see ``SchemaResult.row``); ``debug`` is a
+        ``PipelineDebug`` as a dict (``PipelineDebug.row``)."""
+        t, s = r.table, r.schema
+        return {
+            "id": item_id, "reward": r.reward, "schema_reward": s.reward, "table_reward": t.reward,
+            "valid_json": s.valid_json, "table_valid_json": t.valid_json, "precision": s.precision,
+            "recall": s.recall, "f1": s.f1, "cell_accuracy": t.cell_accuracy, "error": r.error,
+            "prompt_tokens": prompt_tokens, "prompt_limit": prompt_limit,
+            "aligned": t.aligned.as_dict() if t.aligned is not None else None, "debug": debug,
+        }  # fmt: skip
 
     @classmethod
     def of(

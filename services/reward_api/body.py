@@ -1,7 +1,7 @@
 """Request bodies: bytes → wire model in one pass on the common path; errors that say where and why.
 
 Fast path: ``msgspec`` decodes and type-checks the raw body in one pass (strict JSON: no ``NaN``, no
-lone surrogates, valid UTF-8). For schema and table requests it decodes straight into the structs
+lone surrogates, valid UTF-8). For schema, table and pipeline requests it decodes straight into the structs
 below, which mirror the items of ``shared.wire`` without building a pydantic model per item (that cost
 more than scoring at batch 1024); the config, one small object, goes through its pydantic model, the
 single validator of reward configs. The pydantic models in ``shared.wire`` stay the contract: they give
@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 import pydantic_core
@@ -91,6 +91,14 @@ class FastTableItem(msgspec.Struct, forbid_unknown_fields=True):
     gold_table: FastGoldTable
 
 
+class FastPipelineItem(msgspec.Struct, forbid_unknown_fields=True):
+    id: str
+    prediction: str
+    text: str
+    gold_schema: FastGoldSchema
+    gold_table: FastGoldTable
+
+
 class FastSchemaRequest(msgspec.Struct, forbid_unknown_fields=True):
     items: list[FastSchemaItem]
     config: dict[str, Any] = msgspec.field(default_factory=dict)
@@ -101,6 +109,13 @@ class FastTableRequest(msgspec.Struct, forbid_unknown_fields=True):
     items: list[FastTableItem]
     config: dict[str, Any] = msgspec.field(default_factory=dict)
     debug: bool = False
+
+
+class FastPipelineRequest(msgspec.Struct, forbid_unknown_fields=True):
+    items: list[FastPipelineItem]
+    config: dict[str, Any] = msgspec.field(default_factory=dict)
+    debug: bool = False
+    on_executor_error: Literal["fail", "penalize"] = "fail"
 
 
 _DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {}
@@ -128,15 +143,6 @@ async def read_fast(
     except (ValueError, RecursionError):  # msgspec's errors, pydantic's and UnicodeDecodeError are ValueErrors
         slow = parse_slow(raw, model)
         return slow, slow.config  # type: ignore[attr-defined]
-
-
-async def read_model(request: Request, model: type[M]) -> M:
-    """The body as the pydantic ``model`` (pipeline requests: the executor dominates their time)."""
-    raw = await request.body()
-    try:
-        return model.model_validate(msgspec.json.decode(raw))
-    except (ValueError, RecursionError):
-        return parse_slow(raw, model)
 
 
 def parse_slow(raw: bytes, model: type[M]) -> M:

@@ -17,12 +17,16 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import msgspec
+from fastapi import Response
 
 from services.reward_api import metrics
 from services.reward_api.errors import ExecutorPhaseError
 from services.reward_api.executor_client import Completion, ExecutorClient, Message
 from services.reward_api.failures import ExecutorFailure, PromptTooLong
-from services.reward_api.scoring import observe, off_loop
+from services.reward_api.scoring import HasNames, TableLike, observe_rewards, off_loop, table_view
 from services.reward_api.settings import Settings
 from shared import (
     build_stage2_messages,
@@ -34,12 +38,39 @@ from shared import (
     pipeline_reward_for_prompt_too_long,
 )
 from shared.prompts import PromptTemplate
-from shared.rewards import PipelineSchemaRewardConfig, SchemaReward
-from shared.wire import PipelineDebug, PipelineItem, PipelineRequest, PipelineResponse, PipelineResult
+from shared.rewards import PipelineReward, PipelineSchemaRewardConfig, SchemaReward
+from shared.wire import PipelineDebug, PipelineResult
 
 log = logging.getLogger("reward_api.pipeline")
+_ENCODER = msgspec.json.Encoder()
 
 Outcome = Completion | ExecutorFailure | PromptTooLong
+
+
+class PipelineItemLike(Protocol):
+    """A pipeline item: ``shared.wire.PipelineItem`` or the hot path's ``body.FastPipelineItem``."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def prediction(self) -> str: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def gold_schema(self) -> HasNames: ...
+    @property
+    def gold_table(self) -> TableLike: ...
+
+
+class PipelineRequestLike(Protocol):
+    """``shared.wire.PipelineRequest`` or ``body.FastPipelineRequest`` (the config comes validated beside it)."""
+
+    @property
+    def items(self) -> Sequence[PipelineItemLike]: ...
+    @property
+    def debug(self) -> bool: ...
+    @property
+    def on_executor_error(self) -> Literal["fail", "penalize"]: ...
 
 
 @dataclass(frozen=True)
@@ -50,14 +81,14 @@ class _Prepared:
 
 
 def _prepare(
-    items: Sequence[PipelineItem],
+    items: Sequence[PipelineItemLike],
     cfg: PipelineSchemaRewardConfig,
     template: PromptTemplate,
     client: ExecutorClient | None,
 ) -> list[_Prepared]:
     out = []
     for it in items:
-        schema = compute_schema_reward_single(it.prediction, it.gold_schema.model_dump(), cfg.schema_reward)
+        schema = compute_schema_reward_single(it.prediction, it.gold_schema.names(), cfg.schema_reward)
         if not schema.valid_json:
             out.append(_Prepared(schema, None, None))
             continue
@@ -69,17 +100,18 @@ def _prepare(
 
 
 def _finish(
-    items: Sequence[PipelineItem],
+    items: Sequence[PipelineItemLike],
     prepared: Sequence[_Prepared],
     outputs: dict[str, Outcome],
     cfg: PipelineSchemaRewardConfig,
     debug: bool,
     first_use: set[int],
-) -> list[PipelineResult]:
-    results = []
+) -> tuple[list[dict[str, Any]], list[PipelineReward]]:
+    """The result rows (``PipelineResult.row``) and the rewards behind them."""
+    results, rewards = [], []
     for i, (it, p) in enumerate(zip(items, prepared, strict=True)):
-        gold_table = it.gold_table.model_dump()
-        view: PipelineDebug | None = PipelineDebug() if debug else None
+        gold_table = table_view(it.gold_table)
+        view: dict[str, Any] | None = PipelineDebug.row() if debug else None
         tokens = limit = None
         if p.key is None:
             reward = pipeline_reward_for_invalid_schema(p.schema, gold_table, cfg)
@@ -89,20 +121,21 @@ def _finish(
                 reward = pipeline_reward_for_prompt_too_long(p.schema, gold_table, cfg)
                 tokens, limit = out.tokens, out.limit
                 if view:
-                    view = PipelineDebug(messages=p.messages)
+                    view = PipelineDebug.row(messages=p.messages)
             elif isinstance(out, ExecutorFailure):
                 reward = pipeline_reward_for_executor_failure(p.schema, gold_table, cfg)
                 if view:
-                    view = PipelineDebug(messages=p.messages)
+                    view = PipelineDebug.row(messages=p.messages)
             else:
                 table = compute_table_reward_single(out.text, gold_table, cfg.table_reward)
                 reward = combine_pipeline_reward(p.schema, table, cfg)
                 if view:
                     # cached: this item did not cause its own call (LRU hit, a joined or an earlier identical one).
                     cached = not (out.source == "call" and i in first_use)
-                    view = PipelineDebug(messages=p.messages, executor_output=out.text, cached=cached)
-        results.append(PipelineResult.of(it.id, reward, view, prompt_tokens=tokens, prompt_limit=limit))
-    return results
+                    view = PipelineDebug.row(messages=p.messages, executor_output=out.text, cached=cached)
+        results.append(PipelineResult.row(it.id, reward, view, prompt_tokens=tokens, prompt_limit=limit))
+        rewards.append(reward)
+    return results, rewards
 
 
 class PipelineScorer:
@@ -116,9 +149,10 @@ class PipelineScorer:
         self.template = template
         self.prompt_version = prompt_version
 
-    async def score(self, req: PipelineRequest) -> PipelineResponse:
+    async def score(self, req: PipelineRequestLike, cfg: PipelineSchemaRewardConfig) -> Response:
+        """The ``PipelineResponse``, encoded once by msgspec from plain dicts (``PipelineResult.row``):
+        a pydantic model per result, re-validated by FastAPI's ``response_model``, cost more than scoring."""
         t0 = time.perf_counter()
-        cfg = req.config
         prepared = await off_loop(lambda: _prepare(req.items, cfg, self.template, self.client))
         needed: dict[str, list[Message]] = {}
         first_use: set[int] = set()
@@ -134,22 +168,19 @@ class PipelineScorer:
             # A missing executor is a deployment error, never a per-item penalty.
             if req.on_executor_error == "fail" or first.cause == "not_configured":
                 raise ExecutorPhaseError(first, failed_items, len(prepared))
-        results = await off_loop(lambda: _finish(req.items, prepared, outputs, cfg, req.debug, first_use))
-        observe("/reward/pipeline", results)
+        results, rewards = await off_loop(lambda: _finish(req.items, prepared, outputs, cfg, req.debug, first_use))
+        observe_rewards("/reward/pipeline", [r.reward for r in rewards], sum(not r.schema.valid_json for r in rewards))
         calls = sum(1 for v in outputs.values() if isinstance(v, Completion) and v.source == "call")
         calls += sum(1 for v in failures.values() if v.cause not in ("deadline", "not_configured"))
         too_long = sum(1 for p in prepared if p.key is not None and isinstance(outputs.get(p.key), PromptTooLong))
         if too_long:
             metrics.FAILURES.labels("prompt_too_long").inc(too_long)
-        return PipelineResponse(
-            results=results,
-            count=len(results),
-            failed=failed_items,
-            prompt_version=self.prompt_version,
-            elapsed_ms=round((time.perf_counter() - t0) * 1000, 3),
-            executor_calls=calls,
-            prompt_too_long=too_long,
-        )
+        body = {
+            "count": len(results), "failed": failed_items, "prompt_version": self.prompt_version,
+            "elapsed_ms": round((time.perf_counter() - t0) * 1000, 3), "results": results,
+            "executor_calls": calls, "prompt_too_long": too_long,
+        }  # fmt: skip
+        return Response(_ENCODER.encode(body), media_type="application/json")
 
     async def _generate(self, needed: dict[str, list[Message]]) -> dict[str, Outcome]:
         """One executor call per distinct prompt, all concurrent, bounded by ``REQUEST_DEADLINE_S``."""
@@ -159,7 +190,7 @@ class PipelineScorer:
         if client is None:
             failure = ExecutorFailure("not_configured", "no executor configured (set REWARD_API_EXECUTOR_URLS)")
             return dict.fromkeys(needed, failure)
-        tasks = {key: asyncio.ensure_future(client.complete(msgs)) for key, msgs in needed.items()}
+        tasks = {key: asyncio.ensure_future(client.complete(msgs, key)) for key, msgs in needed.items()}
         _done, pending = await asyncio.wait(tasks.values(), timeout=self.settings.request_deadline_s)
         for task in pending:
             task.cancel()  # only this request's wait; the shared call itself is shielded in the client

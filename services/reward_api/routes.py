@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from services.reward_api import metrics
-from services.reward_api.body import FastSchemaRequest, FastTableRequest, read_fast, read_model
+from services.reward_api.body import FastPipelineRequest, FastSchemaRequest, FastTableRequest, read_fast
 from services.reward_api.limits import check_auth, check_items
 from services.reward_api.pipeline import PipelineScorer
 from services.reward_api.scoring import observe, off_loop, score_schema_batch, score_table_batch
@@ -98,11 +98,11 @@ async def reward_table(request: Request) -> Response:
     response_model_exclude_none=False,
     openapi_extra=request_body(PipelineRequest),
 )
-async def reward_pipeline(request: Request) -> PipelineResponse:
-    body = await read_model(request, PipelineRequest)
+async def reward_pipeline(request: Request) -> Response:
+    body, cfg = await read_fast(request, FastPipelineRequest, PipelineRequest, PipelineSchemaRewardConfig)
     check_items(body.items, _settings(request), ("prediction", "text"))
     scorer: PipelineScorer = request.app.state.pipeline
-    return await scorer.score(body)
+    return await scorer.score(body, cfg)
 
 
 @ops_router.get("/healthz")
