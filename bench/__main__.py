@@ -93,6 +93,9 @@ def gpu_scaling(
     model: Annotated[str, typer.Option(help="Served model name on those executors.")] = "smollm2-135m-instruct",
     replicas: Annotated[str, typer.Option(help="Executor counts to measure (first N URLs).")] = "1,2,4",
     workers: Annotated[str, typer.Option(help="reward_api uvicorn worker counts.")] = "1,4,8",
+    api_replicas: Annotated[
+        str, typer.Option(help="reward_api replica counts (processes of --workers workers each; clients round-robin).")
+    ] = "1",
     items: Annotated[int, typer.Option(min=1, help="Distinct Stage-2 prompts per configuration.")] = 2000,
     clients: Annotated[int, typer.Option(min=1, help="Concurrent clients.")] = 16,
     batch: Annotated[int, typer.Option(min=1, help="Items per /reward/pipeline request.")] = 32,
@@ -109,6 +112,7 @@ def gpu_scaling(
         payload = gs.run(
             executor_url, model, golden, _int_list(replicas, "--replicas"), _int_list(workers, "--workers"),
             items, clients, batch, max_in_flight, max_tokens, tokenizer, quick,
+            _int_list(api_replicas, "--api-replicas"),
         )  # fmt: skip
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None

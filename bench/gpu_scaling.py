@@ -1,11 +1,13 @@
 """Executor scale-out: one reward_api in front of 1, 2, 4 … vLLM executors (each on its own GPU).
 
     python -m bench gpu-scaling --executor-url URL [--executor-url URL ...] --model NAME \\
-        [--replicas 1,2,4] [--workers 1,4,8] [--items 2000] [--clients 16] [--batch 32]
+        [--replicas 1,2,4] [--workers 1,4,8] [--api-replicas 1] [--items 2000] [--clients 16] [--batch 32]
 
 The executors are started once (bench/gpu/scaling.sh: one vLLM per GPU with CUDA_VISIBLE_DEVICES) and
 reused; only reward_api is restarted per configuration, with ``REWARD_API_EXECUTOR_URLS`` set to the
-first ``r`` URLs and ``--workers w`` uvicorn workers. Load: distinct Stage-2 prompts from the golden
+first ``r`` URLs and ``--workers w`` uvicorn workers; ``--api-replicas k`` starts ``k`` such reward_api
+processes (each with ``w`` workers, as replicas behind a load balancer would be) and spreads the clients
+over them round-robin. Load: distinct Stage-2 prompts from the golden
 test split, each a pipeline item whose prediction is the gold schema (so the prompt is exactly what a
 good π1 makes), ``max_tokens`` from the gold NDJSON lengths; ``clients`` concurrent clients post
 batches of ``batch`` items to ``/reward/pipeline`` (cache off: every item is one executor call).
@@ -19,6 +21,7 @@ replica count at its best worker count; the table shows every worker count).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import statistics
 import time
@@ -52,20 +55,29 @@ VLLM_GEN_TOKENS = "vllm:generation_tokens_total"
 class Config:
     replicas: int
     workers: int
+    api_replicas: int = 1
 
     @property
     def label(self) -> str:
-        return f"{self.replicas} exec × {self.workers} workers"
+        api = f"{self.api_replicas} reward_api × " if self.api_replicas > 1 else ""
+        return f"{self.replicas} exec × {api}{self.workers} workers"
 
 
-def plan(replicas: Sequence[int], workers: Sequence[int], n_urls: int) -> list[Config]:
-    """Every (replicas, workers) pair, replicas outer so the table reads by replica count."""
+def plan(
+    replicas: Sequence[int], workers: Sequence[int], n_urls: int, api_replicas: Sequence[int] = (1,)
+) -> list[Config]:
+    """Every (replicas, reward_api replicas, workers) triple, executor replicas outer so the table reads
+    by executor count."""
     bad = [r for r in replicas if r < 1 or r > n_urls]
     if bad:
         raise ValueError(f"--replicas {bad}: only {n_urls} executor URL(s) given")
     if any(w < 1 for w in workers):
         raise ValueError("--workers: every worker count must be ≥ 1")
-    return [Config(r, w) for r in sorted(set(replicas)) for w in sorted(set(workers))]
+    if any(k < 1 for k in api_replicas):
+        raise ValueError("--api-replicas: every reward_api replica count must be ≥ 1")
+    return [
+        Config(r, w, k) for r in sorted(set(replicas)) for k in sorted(set(api_replicas)) for w in sorted(set(workers))
+    ]
 
 
 def reward_api_env(urls: Sequence[str], model: str, max_tokens: int, max_in_flight: int) -> dict[str, str]:
@@ -136,15 +148,26 @@ def shares(before: Sequence[dict[str, float]], after: Sequence[dict[str, float]]
     return [round(d / total, 4) if total else 0.0 for d in done]
 
 
-async def _load(api_url: str, items: list[dict[str, Any]], clients: int, batch: int) -> tuple[float, list[float], int]:
-    """``clients`` concurrent clients take batches off one queue until it is empty."""
+def client_urls(api_urls: str | Sequence[str], clients: int) -> list[str]:
+    """The reward_api URL of each client: round-robin over the replicas."""
+    urls = [api_urls] if isinstance(api_urls, str) else list(api_urls)
+    if not urls:
+        raise ValueError("no reward_api URL")
+    return [urls[i % len(urls)] for i in range(clients)]
+
+
+async def _load(
+    api_urls: str | Sequence[str], items: list[dict[str, Any]], clients: int, batch: int
+) -> tuple[float, list[float], int]:
+    """``clients`` concurrent clients take batches off one queue until it is empty; client ``i`` posts to
+    reward_api replica ``i mod k``."""
     queue: asyncio.Queue[list[dict[str, Any]]] = asyncio.Queue()
     for i in range(0, len(items), batch):
         queue.put_nowait(items[i : i + batch])
     latencies: list[float] = []
     failed = 0
 
-    async def client(http: httpx.AsyncClient) -> None:
+    async def client(http: httpx.AsyncClient, api_url: str) -> None:
         nonlocal failed
         while not queue.empty():
             chunk = queue.get_nowait()
@@ -161,7 +184,7 @@ async def _load(api_url: str, items: list[dict[str, Any]], clients: int, batch: 
     limits = httpx.Limits(max_connections=clients + 4)
     async with httpx.AsyncClient(timeout=1800.0, limits=limits) as http:
         t0 = time.perf_counter()
-        await asyncio.gather(*(client(http) for _ in range(clients)))
+        await asyncio.gather(*(client(http, u) for u in client_urls(api_urls, clients)))
         return time.perf_counter() - t0, latencies, failed
 
 
@@ -180,10 +203,12 @@ def measure(
 
     used = list(urls[: cfg.replicas])
     env = reward_api_env(used, model, max_tokens, max_in_flight)
-    with RewardApiProcess(env, workers=cfg.workers) as api:
-        asyncio.run(_load(api.url, warmup, clients, max(1, len(warmup) // clients)))  # connections, first calls
+    with contextlib.ExitStack() as stack:
+        apis = [stack.enter_context(RewardApiProcess(env, workers=cfg.workers)) for _ in range(cfg.api_replicas)]
+        api_urls = [a.url for a in apis]
+        asyncio.run(_load(api_urls, warmup, clients, max(1, len(warmup) // clients)))  # connections, first calls
         before = scrape(used)
-        seconds, lat, failed = asyncio.run(_load(api.url, items, clients, batch))
+        seconds, lat, failed = asyncio.run(_load(api_urls, items, clients, batch))
         after = scrape(used)
     # Totals over distinct servers (a URL listed twice is one server, scraped twice).
     distinct = {u.rstrip("/"): i for i, u in enumerate(used)}.values()
@@ -192,6 +217,7 @@ def measure(
     return {
         "replicas": cfg.replicas,
         "workers": cfg.workers,
+        "api_replicas": cfg.api_replicas,
         "items": len(items),
         "seconds": round(seconds, 3),
         "items_per_s": round(len(items) / seconds, 2),
@@ -266,7 +292,7 @@ def render_md(p: dict[str, Any]) -> str:
     md += "\n## Every configuration\n\n" + md_table(
         [
             "executors",
-            "workers",
+            "reward_api × workers",
             "items/s",
             "exec tokens/s",
             "tokens/item",
@@ -278,7 +304,7 @@ def render_md(p: dict[str, Any]) -> str:
         [
             [
                 r["replicas"],
-                r["workers"],
+                f"{r.get('api_replicas', 1)} × {r['workers']}",
                 r["items_per_s"],
                 r["executor_tokens_per_s"],
                 r["generated_tokens_per_item"],
@@ -295,10 +321,11 @@ def render_md(p: dict[str, Any]) -> str:
 
 
 def bottleneck_note(rows: Sequence[dict[str, Any]]) -> str:
-    """Where the limit sits: if more workers raise items/s at a replica count, reward_api was the limit."""
+    """Where the limit sits: if more reward_api workers (over all reward_api replicas) raise items/s at an
+    executor count, reward_api was the limit."""
     lines = []
     for n in sorted({r["replicas"] for r in rows}):
-        by_w = sorted((r["workers"], r["items_per_s"]) for r in rows if r["replicas"] == n)
+        by_w = sorted((r["workers"] * r.get("api_replicas", 1), r["items_per_s"]) for r in rows if r["replicas"] == n)
         if len(by_w) < 2:
             continue
         lo, hi = by_w[0], max(by_w, key=lambda x: x[1])
@@ -319,9 +346,12 @@ def render_png(p: dict[str, Any], quick: bool) -> Path:
     from bench.common import RESULTS_DIR
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for w in sorted({r["workers"] for r in p["rows"]}):
-        pts = sorted((r["replicas"], r["items_per_s"]) for r in p["rows"] if r["workers"] == w)
-        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=f"reward_api {w} worker(s)")
+    for k, w in sorted({(r.get("api_replicas", 1), r["workers"]) for r in p["rows"]}):
+        pts = sorted(
+            (r["replicas"], r["items_per_s"]) for r in p["rows"] if (r.get("api_replicas", 1), r["workers"]) == (k, w)
+        )
+        name = f"reward_api {k} × {w} worker(s)" if k > 1 else f"reward_api {w} worker(s)"
+        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=name)
     base = p["best_items_per_s"].get("1")
     if base:
         xs = sorted(int(k) for k in p["best_items_per_s"])
@@ -366,8 +396,9 @@ def run(
     max_tokens: int | None = None,
     tokenizer: str | None = None,
     quick: bool = False,
+    api_replicas: Sequence[int] = (1,),
 ) -> dict[str, Any]:
-    configs = plan(replicas, workers, len(urls))
+    configs = plan(replicas, workers, len(urls), api_replicas)
     record = run_record(quick)
     examples = read_split(golden_dir(golden), "test")
     warm_n = min(64, n_items)

@@ -176,3 +176,49 @@ def test_a_dead_unreaped_executor_counts_as_dead() -> None:
     assert not serve._alive(proc.pid)
     proc.wait()
     assert serve._alive(os.getpid())
+
+
+def test_plan_with_reward_api_replicas() -> None:
+    got = [(c.replicas, c.api_replicas, c.workers) for c in gs.plan([2, 1], [16, 8], n_urls=2, api_replicas=[2, 1])]
+    assert got == [(1, 1, 8), (1, 1, 16), (1, 2, 8), (1, 2, 16), (2, 1, 8), (2, 1, 16), (2, 2, 8), (2, 2, 16)]
+    assert gs.Config(4, 16, 2).label == "4 exec × 2 reward_api × 16 workers"
+    assert gs.Config(4, 16).label == "4 exec × 16 workers"
+    with pytest.raises(ValueError, match="--api-replicas"):
+        gs.plan([1], [1], n_urls=1, api_replicas=[0])
+
+
+def test_clients_spread_round_robin_over_reward_api_replicas() -> None:
+    assert gs.client_urls("http://a", 3) == ["http://a"] * 3
+    assert gs.client_urls(["http://a", "http://b"], 5) == ["http://a", "http://b", "http://a", "http://b", "http://a"]
+    with pytest.raises(ValueError):
+        gs.client_urls([], 2)
+
+
+def test_bottleneck_note_counts_workers_over_reward_api_replicas() -> None:
+    rows = [
+        {"replicas": 4, "workers": 8, "api_replicas": 1, "items_per_s": 400.0},
+        {"replicas": 4, "workers": 8, "api_replicas": 2, "items_per_s": 700.0},
+    ]
+    assert "4 executor(s): best at 16 worker(s), 1.75× the rate with 8: the limit is reward_api" in gs.bottleneck_note(
+        rows
+    )
+
+
+def test_load_spreads_over_two_real_reward_api_replicas() -> None:
+    """Two real reward_api processes (uvicorn) over one fault-injecting executor that answers every call:
+    the load generator's clients reach both, and every item comes back scored."""
+    import asyncio
+
+    from services.reward_api.process import RewardApiProcess
+    from shared import gold_ndjson
+    from tests.helpers.faulty_executor import FaultyExecutor
+
+    items = gs.build_items(read_split(GOLDEN, "test"), 12)
+    with FaultyExecutor("ok", content=gold_ndjson(items[0]["gold_table"])) as fx:
+        env = gs.reward_api_env([fx.url], "smollm2-135m-instruct", 16, 8)
+        with RewardApiProcess(env) as a, RewardApiProcess(env) as b:
+            seconds, latencies, failed = asyncio.run(gs._load([a.url, b.url], items, clients=4, batch=3))
+            served = [gs.metric_sum(api.metrics_text(), "reward_api_items_total") for api in (a, b)]
+    assert failed == 0 and len(latencies) == 4 and seconds > 0
+    assert served == [6.0, 6.0]
+    assert fx.calls == 12
