@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Executor scale-out (python -m bench gpu-scaling) on a GPU node without network: one vLLM executor per
 # GPU (all started once), reward_api restarted per configuration. Wheelhouse chunks in $STAGE first.
-#   STAGE=/tmp/stage NGPU=4 bash bench/gpu/scaling.sh [extra gpu-scaling options]
+#   STAGE=/tmp/stage NGPU=4 bash bench/gpu/scaling.sh [extra gpu-scaling options, e.g. --workers 1,8,16 --api-replicas 1,2]
 # Leaves the executors running (setsid) for the next command; writes bench/results/gpu_scaling.* and
 # copies them and the logs to $OUT if set.
 set -euo pipefail
