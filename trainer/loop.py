@@ -181,6 +181,23 @@ def local_executors(model_dir: str, log_prefix: Path, slots: Sequence[ExecutorSl
         yield ",".join(urls)
 
 
+def reward_api_env(
+    executor_url: str | None = None, max_tokens: int = 256, base: dict[str, str] | None = None
+) -> dict[str, str]:
+    """What the loop's reward_api gets on top of the environment: the repository first on ``PYTHONPATH``,
+    then whatever the caller's held (an air-gapped GPU node keeps its wheels there: dropping it lost
+    uvicorn), and the executor of the C1 reward."""
+    inherited = (os.environ if base is None else base).get("PYTHONPATH", "")
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), inherited) if p)}
+    if executor_url:
+        env.update(
+            REWARD_API_EXECUTOR_URLS=executor_url,
+            REWARD_API_EXECUTOR_MODEL=SERVED_NAME,
+            REWARD_API_MAX_TOKENS=str(max_tokens),
+        )
+    return env
+
+
 @contextlib.contextmanager
 def local_reward_api(
     log: Path, executor_url: str | None = None, max_tokens: int = 256, workers: int = 1
@@ -188,13 +205,7 @@ def local_reward_api(
     """``python -m services.reward_api`` on a free loopback port; yields its URL, always stops it."""
     from services.reward_api.process import RewardApiProcess
 
-    env = {"PYTHONPATH": str(REPO_ROOT)}
-    if executor_url:
-        env.update(
-            REWARD_API_EXECUTOR_URLS=executor_url,
-            REWARD_API_EXECUTOR_MODEL=SERVED_NAME,
-            REWARD_API_MAX_TOKENS=str(max_tokens),
-        )
+    env = reward_api_env(executor_url, max_tokens)
     with RewardApiProcess(env, log_path=log, workers=workers) as api:
         yield api.url
 

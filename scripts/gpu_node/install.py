@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 from wheelhouse_pack import PackError, restore  # a sibling file: this runs as a script
@@ -37,6 +38,25 @@ def pip_install_cmd(python: str, wheels: list[Path], target: Path | None) -> lis
     if target is not None:
         cmd += ["--upgrade", "--target", str(target)]
     return cmd + [str(w) for w in sorted(wheels)]
+
+
+def restore_exec_bits(wheels: list[Path], target: Path) -> int:
+    """Give every file a wheel marks executable (zip mode bits) its bits back under ``target``.
+
+    Measured on an H200 node (torch 2.11 image): after ``pip install --target``, Ray's own binaries
+    (``ray/core/src/ray/gcs/gcs_server``, ``raylet``) were not executable and ``ray.init`` failed with
+    ``PermissionError``, although the wheel stores them as 0755. Returns how many files were changed.
+    """
+    changed = 0
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as zf:
+            for info in zf.infolist():
+                mode = (info.external_attr >> 16) & 0o777
+                path = target / info.filename
+                if mode & 0o111 and path.is_file() and (path.stat().st_mode & 0o111) != (mode & 0o111):
+                    path.chmod(path.stat().st_mode | (mode & 0o111))
+                    changed += 1
+    return changed
 
 
 def install(staging: Path, target: Path | None, venv: Path | None, cache_dir: Path, files_dir: Path) -> Path:
@@ -61,6 +81,9 @@ def install(staging: Path, target: Path | None, venv: Path | None, cache_dir: Pa
     else:
         t1 = time.monotonic()
         subprocess.run(pip_install_cmd(python, wheels, target if venv is None else None), check=True)
+        if venv is None:
+            assert target is not None
+            print(f"executable bits restored on {restore_exec_bits(wheels, target)} files", flush=True)
         done.write_text(digest)
         print(f"installed {len(wheels)} wheels in {time.monotonic() - t1:.1f} s", flush=True)
     for f in manifest["files"]:

@@ -111,5 +111,6 @@ def serve(
     )
     serve_until_stopped(ex, timeout, f"vLLM on GPU {gpus}: {ex.url}")
 
+
 if __name__ == "__main__":
     app()

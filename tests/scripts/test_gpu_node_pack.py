@@ -275,3 +275,22 @@ def test_record_entries_absent_from_the_wheel_are_allowed_but_lost_members_are_n
     (out / "chunk-000" / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(PackError, match="members differ"):
         restore(out, tmp_path / "files")
+
+
+def test_exec_bits_of_the_wheel_come_back_after_a_target_install(tmp_path: Path) -> None:
+    """On an H200 node, Ray's gcs_server lost its 0755 after ``pip install --target``; ray.init failed."""
+    whl = tmp_path / "ray-0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as zf:
+        for name, mode in (("ray/core/gcs_server", 0o100755), ("ray/__init__.py", 0o100644)):
+            info = zipfile.ZipInfo(name)
+            info.external_attr = mode << 16
+            zf.writestr(info, "x")
+    target = tmp_path / "site"
+    for name in ("ray/core/gcs_server", "ray/__init__.py"):
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        (target / name).write_text("x")
+        (target / name).chmod(0o644)
+    assert inst.restore_exec_bits([whl], target) == 1
+    assert os.access(target / "ray/core/gcs_server", os.X_OK)
+    assert not os.access(target / "ray/__init__.py", os.X_OK)
+    assert inst.restore_exec_bits([whl], target) == 0  # nothing left to change

@@ -7,6 +7,7 @@ what the loop asks for: each phase's GPUs, its overrides, and which phases overl
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -156,3 +157,15 @@ def test_preflight_stops_the_loop_before_a_phase_whose_groups_teach_nothing(
         Loop(cfg, runner=runner).run()
     assert "b1" not in runner.runs and seen == [("schema", "http://127.0.0.1:9", 0.25)]
     assert json.loads((out / "b1" / "preflight.json").read_text())["ok"] is False
+
+
+def test_reward_api_keeps_the_callers_pythonpath() -> None:
+    """On the air-gapped node the wheels live on PYTHONPATH (/tmp/site): the loop's reward_api lost them."""
+    from trainer.loop import REPO_ROOT, SERVED_NAME, reward_api_env
+
+    env = reward_api_env(base={"PYTHONPATH": "/tmp/site"})
+    assert env == {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), "/tmp/site"])}
+    assert reward_api_env(base={})["PYTHONPATH"] == str(REPO_ROOT)
+    c1 = reward_api_env("http://127.0.0.1:1", 384, base={})
+    assert c1["REWARD_API_EXECUTOR_URLS"] == "http://127.0.0.1:1" and c1["REWARD_API_EXECUTOR_MODEL"] == SERVED_NAME
+    assert c1["REWARD_API_MAX_TOKENS"] == "384"
