@@ -1,10 +1,17 @@
 """The learning run's report (issue 12) from what a GPU node brought back: ``bench/results/learning_gpu.*``.
 
     python -m bench.learning_gpu --collected DIR --run-info FILE [--partial "base and sft only"]
+        [--extra-settings OLD_REPORT.json]
 
-``DIR`` is the unpacked ``learn.tar.gz`` of ``bench/gpu/learning.sh collect`` (``phase_d/metrics.json``,
-``stages.tsv``, ``a1_phase_result.json`` …); ``FILE`` a JSON object with ``card``, ``gpus``,
-``versions`` and ``commands`` (what ran, written down by whoever ran it). The JSON keeps the layout
+``DIR`` is the unpacked archive of ``bench/gpu/learning.sh collect`` or ``bench/gpu/pi1_ab.sh collect``
+(``phase_d/metrics.json``, ``stages.tsv``, ``a1_phase_result.json`` or ``<phase>/phase_result.json``,
+``<phase>/metrics.jsonl`` and ``<phase>/early_stopping.json`` of each RL phase …); ``FILE`` a JSON object
+with ``card``, ``gpus``, ``versions`` and ``commands`` (what ran, written down by whoever ran it).
+``--extra-settings`` adds Phase-D settings of an earlier report (e.g. ``base``) that this run did not
+score, marked with where they came from. From each RL phase's VERL metrics: the learning curves
+(validation metric, reward mean/min/max per step, where early stopping kept its checkpoint) and the
+step-time split (generation, log-probs, reference, update); a plot goes to ``learning_gpu.png``.
+The JSON keeps the layout
 issue 12 asks for: ``phase_d[setting].overall[metric]``, ``phase_d[setting].per_source[src][metric]``,
 ``stages[name].seconds``, ``gpus``, ``card``, ``test_documents``.
 """
@@ -60,15 +67,92 @@ def compare_with_baseline(overall: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def build(collected: Path, run_info: dict[str, Any], partial: str | None) -> dict[str, Any]:
+RL_PHASES = ("b1", "b2", "c1", "c2")
+# VERL's per-step timings (seconds) of a GRPO step; in VERL 0.9.1 the reward is scored inside ``gen``
+# (each sample as its rollout finishes, in the agent loop), so it has no key of its own.
+STEP_PARTS = ("gen", "old_log_prob", "ref", "adv", "update_actor", "update_weights")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def rl_curves(rows: list[dict[str, Any]], early: dict[str, Any] | None) -> dict[str, Any]:
+    """Per step: the validation metric (``val-core/*``), the training reward's mean/min/max; early stopping."""
+    steps: list[dict[str, Any]] = []
+    for r in rows:
+        d = r.get("data", {})
+        val = {k.removeprefix("val-core/"): d[k] for k in d if k.startswith("val-core/")}
+        point: dict[str, Any] = {"step": r.get("step")}
+        if val:
+            point["validation"] = val
+        if "critic/score/mean" in d:
+            point["reward"] = {q: d.get(f"critic/score/{q}") for q in ("mean", "min", "max")}
+            point["entropy"] = d.get("actor/entropy")
+            point["kl_loss"] = d.get("actor/kl_loss")
+            point["failed_samples"] = d.get("training/rollout_failure/failed_samples")
+        steps.append(point)
+    out: dict[str, Any] = {"steps": steps}
+    if early is not None:
+        keys = ("best_step", "best_score", "stopped", "stop_step", "history")
+        out["early_stopping"] = {k: early.get(k) for k in keys}
+    return out
+
+
+def step_split(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean seconds per training step of each part, over the steps that logged ``timing_s/step``."""
+    timed = [r["data"] for r in rows if "timing_s/step" in r.get("data", {})]
+    if not timed:
+        return {}
+    out = {p: round(sum(float(d.get(f"timing_s/{p}", 0.0)) for d in timed) / len(timed), 3) for p in STEP_PARTS}
+    out["step"] = round(sum(float(d["timing_s/step"]) for d in timed) / len(timed), 3)
+    out["steps"] = float(len(timed))
+    return out
+
+
+def reward_share(split: dict[str, dict[str, float]]) -> dict[str, Any] | None:
+    """The pipeline reward's share of a C1 step, against B1 at the same batch in the same run.
+
+    VERL 0.9.1 scores each sample in its agent loop as its rollout ends, inside ``gen``; what the
+    pipeline reward (executor calls) adds over the local reward is C1's ``gen`` minus B1's.
+    """
+    if "c1" not in split or "b1" not in split:
+        return None
+    extra = max(0.0, split["c1"]["gen"] - split["b1"]["gen"])
+    return {
+        "c1_gen_s": split["c1"]["gen"],
+        "b1_gen_s": split["b1"]["gen"],
+        "c1_step_s": split["c1"]["step"],
+        "added_by_pipeline_reward_s": round(extra, 3),
+        "share_of_c1_step": round(extra / split["c1"]["step"], 4),
+        "goal": 0.10,
+    }
+
+
+def build(
+    collected: Path, run_info: dict[str, Any], partial: str | None, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
     metrics = json.loads((collected / "phase_d" / "metrics.json").read_text())
     settings: dict[str, Any] = metrics["settings"]
     stages = read_stages(collected / "stages.tsv") if (collected / "stages.tsv").is_file() else {}
     phases = {}
-    for ph in ("a1", "a2"):
-        f = collected / f"{ph}_phase_result.json"
+    for ph in ("a1", "a2", *RL_PHASES):
+        for f in (collected / f"{ph}_phase_result.json", collected / ph / "phase_result.json"):
+            if f.is_file():
+                phases[ph] = json.loads(f.read_text())
+    curves: dict[str, Any] = {}
+    split: dict[str, dict[str, float]] = {}
+    for ph in RL_PHASES:
+        f = collected / ph / "metrics.jsonl"
         if f.is_file():
-            phases[ph] = json.loads(f.read_text())
+            rows = read_jsonl(f)
+            es = collected / ph / "early_stopping.json"
+            curves[ph] = rl_curves(rows, json.loads(es.read_text()) if es.is_file() else None)
+            split[ph] = step_split(rows)
+    phase_d = {name: {"overall": s["overall"], "per_source": s["per_source"]} for name, s in settings.items()}
+    for name, s in (extra or {}).get("phase_d", {}).items():
+        if name not in phase_d:
+            phase_d[name] = {**s, "from": extra.get("source") if extra else None}
     n_docs = {name: s["overall"].get("n") for name, s in settings.items()}
     payload: dict[str, Any] = {
         "benchmark": NAME,
@@ -79,9 +163,15 @@ def build(collected: Path, run_info: dict[str, Any], partial: str | None) -> dic
         "commands": run_info.get("commands", []),
         "notes": run_info.get("notes", []),
         "test_documents": max((v for v in n_docs.values() if v), default=0),
-        "phase_d": {name: {"overall": s["overall"], "per_source": s["per_source"]} for name, s in settings.items()},
+        "phase_d": phase_d,
+        "ci95": {name: s.get("ci95") for name, s in settings.items() if s.get("ci95")},
+        "paired_tests": metrics.get("paired_tests", []),
         "stages": stages,
-        "sft_phases": phases,
+        "sft_phases": {k: v for k, v in phases.items() if k in ("a1", "a2")},
+        "rl_phases": {k: v for k, v in phases.items() if k in RL_PHASES},
+        "curves": curves,
+        "step_time_split_s": split,
+        "reward_share_c1": reward_share(split),
         "hf_baseline": {"metrics": HF_BASELINE, "seconds": HF_BASELINE_SECONDS},
         "sft_vs_hf_baseline": compare_with_baseline(settings["sft"]["overall"]) if "sft" in settings else [],
         "loop2": metrics.get("loop2"),
@@ -122,6 +212,61 @@ def render_md(p: dict[str, Any]) -> str:
             + (f" ({', '.join(below)})" if below else "")
             + ".\n"
         )
+    if p.get("ci95"):
+        md += "\n## 95% bootstrap intervals (documents resampled)\n\n" + md_table(
+            ["metric", *p["ci95"]],
+            [[k, *[_interval(p["ci95"][n].get("overall", {}).get(k)) for n in p["ci95"]]] for k in KEYS],
+        )
+    if p.get("paired_tests"):
+        md += "\n## Paired bootstrap tests (same documents, treatment − baseline)\n\n" + md_table(
+            ["metric", "baseline → treatment", "n", "diff (points)", "95% interval (points)", "p"],
+            [
+                [
+                    t["metric"],
+                    f"{t['baseline']} → {t['treatment']}",
+                    t["n"],
+                    f"{100 * t['diff']:+.2f}",
+                    f"[{100 * t['ci_low']:+.2f}, {100 * t['ci_high']:+.2f}]",
+                    t["p_value"],
+                ]
+                for t in p["paired_tests"]
+            ],
+        )
+    for ph, c in p.get("curves", {}).items():
+        es = c.get("early_stopping") or {}
+        md += f"\n## Learning curve: {ph}\n\n" + md_table(
+            ["step", "validation", "reward mean", "reward min", "reward max", "entropy", "kl loss"],
+            [
+                [
+                    pt["step"],
+                    ", ".join(f"{k} {v:.4f}" for k, v in pt.get("validation", {}).items()) or "",
+                    *[_num(pt.get("reward", {}).get(q)) for q in ("mean", "min", "max")],
+                    _num(pt.get("entropy")),
+                    _num(pt.get("kl_loss")),
+                ]
+                for pt in c["steps"]
+            ],
+        )
+        if es:
+            md += (
+                f"\nEarly stopping kept step {es.get('best_step')} (validation score {_num(es.get('best_score'))});"
+                f" stopped early: {'yes at step ' + str(es.get('stop_step')) if es.get('stopped') else 'no'}.\n"
+            )
+    if p.get("step_time_split_s"):
+        parts = [*STEP_PARTS, "step"]
+        md += "\n## Step time split (mean seconds per training step)\n\n" + md_table(
+            ["phase", *parts], [[ph, *[v.get(k, "–") for k in parts]] for ph, v in p["step_time_split_s"].items()]
+        )
+        r = p.get("reward_share_c1")
+        if r:
+            md += (
+                f"\nReward's share of a C1 step: VERL 0.9.1 scores each sample inside `gen` as its rollout ends, so"
+                f" the pipeline reward's cost is C1's `gen` ({r['c1_gen_s']} s) minus B1's ({r['b1_gen_s']} s) at the"
+                f" same batch: {r['added_by_pipeline_reward_s']} s of a {r['c1_step_s']} s step ="
+                f" {100 * r['share_of_c1_step']:.1f}% (goal ≤ {100 * r['goal']:.0f}%). This is indirect: the reward"
+                " has no timer of its own, and `gen` is as long as the longest rollout of the step, so scoring that"
+                " overlaps with the other rollouts does not show.\n"
+            )
     if p["stages"]:
         md += "\n## Wall time of every stage\n\n" + md_table(
             ["stage", "seconds"], [[k, v["seconds"]] for k, v in p["stages"].items()]
@@ -135,17 +280,72 @@ def render_md(p: dict[str, Any]) -> str:
     return md
 
 
+def _num(v: Any) -> str:
+    return "" if v is None else f"{float(v):.4f}"
+
+
+def _interval(v: Any) -> str:
+    return "–" if not v else f"[{float(v[0]):.3f}, {float(v[1]):.3f}]"
+
+
+def plot(p: dict[str, Any], path: Path) -> Path | None:
+    """Learning curves (validation metric and training reward per step) and the step-time split."""
+    if not p.get("curves"):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    ax = axes[0]
+    for ph, c in p["curves"].items():
+        pts = [pt for pt in c["steps"] if "reward" in pt and pt["reward"]["mean"] is not None]
+        line = ax.plot([pt["step"] for pt in pts], [pt["reward"]["mean"] for pt in pts], label=f"{ph} reward mean")[0]
+        val = [(pt["step"], next(iter(pt["validation"].values()))) for pt in c["steps"] if pt.get("validation")]
+        ax.plot([v[0] for v in val], [v[1] for v in val], "o--", color=line.get_color(), label=f"{ph} validation")
+        best = (c.get("early_stopping") or {}).get("best_step")
+        if best is not None:
+            ax.axvline(best, color=line.get_color(), alpha=0.3, linestyle=":")
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("reward")
+    ax.set_title("RL curves (dotted line: step early stopping kept)")
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    split = p.get("step_time_split_s", {})
+    left = [0.0] * len(split)
+    for part in STEP_PARTS:
+        vals = [split[ph].get(part, 0.0) for ph in split]
+        ax.barh(list(split), vals, left=left, label=part)
+        left = [a + b for a, b in zip(left, vals, strict=True)]
+    ax.set_xlabel("seconds per step (mean)")
+    ax.set_title("GRPO step time split")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--collected", type=Path, required=True)
     ap.add_argument("--run-info", type=Path, required=True)
     ap.add_argument("--partial", default=None, help="Say what the run left out (marks the report partial).")
     ap.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    ap.add_argument(
+        "--extra-settings", type=Path, default=None, help="An earlier learning_gpu.json: its settings this run lacks."
+    )
     a = ap.parse_args(argv)
-    payload = build(a.collected, json.loads(a.run_info.read_text()), a.partial)
+    extra = None
+    if a.extra_settings is not None:
+        extra = json.loads(a.extra_settings.read_text())
+        extra["source"] = f"{a.extra_settings.name} ({extra.get('card')}, {', '.join(extra.get('commands', [])[:1])})"
+    payload = build(a.collected, json.loads(a.run_info.read_text()), a.partial, extra)
     a.out_dir.mkdir(parents=True, exist_ok=True)
     (a.out_dir / f"{NAME}.json").write_text(json.dumps(payload, indent=2) + "\n")
     (a.out_dir / f"{NAME}.md").write_text(render_md(payload))
+    plot(payload, a.out_dir / f"{NAME}.png")
     print(f"wrote {a.out_dir / NAME}.json and .md")
     return 0
 

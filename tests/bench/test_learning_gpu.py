@@ -72,3 +72,54 @@ def test_main_writes_both_files(collected: Path, tmp_path: Path) -> None:
     assert lg.main(["--collected", str(collected), "--run-info", str(info), "--out-dir", str(tmp_path / "r")]) == 0
     assert json.loads((tmp_path / "r" / "learning_gpu.json").read_text())["phase_d"]["base"]["overall"]["n"] == 3011
     assert (tmp_path / "r" / "learning_gpu.md").read_text().startswith("# Learning on GPUs")
+
+
+def _rl_rows(gen: float, scores: list[float]) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = [{"step": 0, "data": {"val-core/x/reward/mean@1": 0.5}}]
+    for i, s in enumerate(scores, start=1):
+        data = {"critic/score/mean": s, "critic/score/min": s - 0.5, "critic/score/max": 1.0, "actor/entropy": 0.01}
+        data |= {"timing_s/gen": gen, "timing_s/update_actor": 6.0, "timing_s/step": gen + 10.0}
+        if i == len(scores):
+            data["val-core/x/reward/mean@1"] = 0.6
+        rows.append({"step": i, "data": data})
+    return rows
+
+
+@pytest.fixture
+def collected_rl(collected: Path) -> Path:
+    """The pi1_ab.sh layout: <phase>/phase_result.json, metrics.jsonl, early_stopping.json."""
+    for ph, gen in (("b1", 4.0), ("c1", 5.0)):
+        (collected / ph).mkdir()
+        rows = _rl_rows(gen, [0.4, 0.5])
+        (collected / ph / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+        (collected / ph / "phase_result.json").write_text(json.dumps({"status": "ok", "best_step": 2}))
+        (collected / ph / "early_stopping.json").write_text(json.dumps({"best_step": 2, "best_score": 0.6}))
+    return collected
+
+
+def test_curves_step_split_and_the_reward_share(collected_rl: Path) -> None:
+    p = lg.build(collected_rl, {}, None)
+    steps = p["curves"]["c1"]["steps"]
+    assert steps[0]["validation"] == {"x/reward/mean@1": 0.5} and "reward" not in steps[0]
+    assert steps[2]["reward"] == {"mean": 0.5, "min": 0.0, "max": 1.0} and steps[2]["validation"]
+    assert p["curves"]["b1"]["early_stopping"]["best_step"] == 2
+    assert p["step_time_split_s"]["c1"]["gen"] == 5.0 and p["step_time_split_s"]["c1"]["step"] == 15.0
+    share = p["reward_share_c1"]
+    assert share["added_by_pipeline_reward_s"] == 1.0 and share["share_of_c1_step"] == pytest.approx(1 / 15, abs=1e-4)
+    assert p["rl_phases"]["c1"]["status"] == "ok" and "c1" not in p["sft_phases"]
+    md = lg.render_md(p)
+    assert "## Learning curve: c1" in md and "Early stopping kept step 2" in md and "= 6.7% (goal ≤ 10%)" in md
+
+
+def test_extra_settings_are_added_with_their_origin(collected: Path) -> None:
+    old = {"phase_d": {"base": {"overall": {"n": 1}, "per_source": {}}, "zero": {"overall": {}, "per_source": {}}}}
+    old["source"] = "old run"
+    p = lg.build(collected, {}, None, old)
+    assert p["phase_d"]["base"]["overall"]["n"] == 3011  # this run's own setting wins
+    assert p["phase_d"]["zero"]["from"] == "old run"
+
+
+def test_plot_is_written_when_there_are_curves(collected_rl: Path, tmp_path: Path) -> None:
+    p = lg.build(collected_rl, {}, None)
+    assert lg.plot(p, tmp_path / "x.png") == tmp_path / "x.png" and (tmp_path / "x.png").stat().st_size > 1000
+    assert lg.plot(lg.build(collected_rl.parent / "collected", {}, None) | {"curves": {}}, tmp_path / "y.png") is None

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The whole loop on a GPU node (issue 12), as time-limited commands: the loop runs in the background
+# (setsid: it outlives the command that started it) and later commands wait on it and collect what is
+# small (metrics, phase results, TensorBoard events, Phase-D scores and predictions, log tails).
+# Source node_setup.sh first (or let this do it).
+#   bash bench/gpu/loop_node.sh start [LOOP OPTIONS/OVERRIDES...]   # trainer loop --profile gpu, background
+#   bash bench/gpu/loop_node.sh wait SECONDS                        # until the loop ends or SECONDS pass
+#   bash bench/gpu/loop_node.sh collect                             # $OUT/loop.tar.gz (<= 16 MiB)
+# The loop is resumable: `start` again after a lost node goes on from the last finished stage.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+[[ -n "${PYTHONPATH:-}" && -d "${MODEL_DIR:-/nonexistent}" ]] || source bench/gpu/node_setup.sh >/dev/null
+LOOP=${LOOP:-/tmp/loop}
+mkdir -p "$LOOP"
+
+progress() {  # one line per phase: finished or its last logged step
+  for d in "$LOOP"/a1 "$LOOP"/a2 "$LOOP"/b1 "$LOOP"/b2 "$LOOP"/c1 "$LOOP"/c2; do
+    [[ -d $d ]] || continue
+    if [[ -f $d/phase_result.json ]]; then
+      python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], r.get('status'), r.get('seconds'), 'best', r.get('best_step'))" \
+        "$d/phase_result.json" "${d##*/}"
+    else
+      step=$(tail -n 1 "$d/metrics.jsonl" 2>/dev/null | python3 -c "import json,sys; print(json.loads(sys.stdin.read() or '{}').get('step'))" 2>/dev/null || true)
+      echo "${d##*/} running, last logged step ${step:-none}; $(tail -c 300 "$d/train.log" 2>/dev/null | tr '\r' '\n' | grep -v '^\s*$' | tail -n 1)"
+    fi
+  done
+  [[ -d $LOOP/eval_loop1 ]] && echo "eval_loop1: $(ls "$LOOP/eval_loop1" | tr '\n' ' ')"
+  return 0
+}
+
+case "${1:-}" in
+start)
+  shift
+  t0=$(date +%s)
+  echo "$t0" > "$LOOP.start"
+  rm -f "$LOOP.rc"
+  # shellcheck disable=SC2145
+  setsid bash -c "python3 -m trainer loop --profile gpu --golden $GOLDEN_DIR --out $LOOP --base-model $MODEL_DIR \
+    --reward-workers ${REWARD_WORKERS:-8} $* >> $LOOP.log 2>&1; echo \$? > $LOOP.rc" < /dev/null > /dev/null 2>&1 &
+  echo "loop started at $(date -u +%FT%TZ) (log $LOOP.log): trainer loop --profile gpu ... $*"
+  ;;
+wait)
+  deadline=$(( $(date +%s) + ${2:-540} ))
+  while [[ ! -f $LOOP.rc ]] && (( $(date +%s) < deadline )); do sleep 10; done
+  progress
+  if [[ -f $LOOP.rc ]]; then
+    echo "loop exit $(cat "$LOOP.rc") after $(( $(date +%s) - $(cat "$LOOP.start") )) s"; tail -n 25 "$LOOP.log"
+  else
+    echo "loop still running after $(( $(date +%s) - $(cat "$LOOP.start") )) s"; tail -n 5 "$LOOP.log"
+  fi
+  ;;
+collect)
+  o=$LOOP.collected
+  rm -rf "$o"; mkdir -p "$o"
+  cp "$LOOP/loop_manifest.json" "$LOOP.log" "$o/" 2>/dev/null || true
+  [[ -f $LOOP.start ]] && echo "start $(cat "$LOOP.start") now $(date +%s) rc $(cat "$LOOP.rc" 2>/dev/null || echo running)" > "$o/wall.txt"
+  for d in "$LOOP"/a1 "$LOOP"/a2 "$LOOP"/b1 "$LOOP"/b2 "$LOOP"/c1 "$LOOP"/c2; do
+    [[ -d $d ]] || continue
+    n=${d##*/}; mkdir -p "$o/$n"
+    cp "$d"/phase_result.json "$d"/metrics.jsonl "$d"/command.sh "$o/$n/" 2>/dev/null || true
+    cp "$d"/checkpoints/early_stopping.json "$o/$n/" 2>/dev/null || true
+    tail -c 300000 "$d/train.log" > "$o/$n/train.log" 2>/dev/null || true
+    [[ -d $d/tensorboard ]] && tar -czf "$o/$n/tensorboard.tar.gz" -C "$d" tensorboard
+  done
+  for d in "$LOOP"/eval_* "$LOOP"/c2_precompute* "$LOOP"/data; do
+    [[ -d $d ]] || continue
+    mkdir -p "$o/${d##*/}"
+    find "$d" -maxdepth 1 -type f \( -name '*.json' -o -name '*.md' -o -name 'predictions_*.jsonl' \) -size -40M \
+      -exec cp {} "$o/${d##*/}/" \;
+  done
+  mkdir -p "$o/logs"
+  for f in "$LOOP"/logs/*.log; do [[ -f $f ]] && tail -c 50000 "$f" > "$o/logs/${f##*/}"; done
+  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader > "$o/card.txt" 2>/dev/null || true
+  python3 - "$o/versions.json" <<'PY'
+import importlib.metadata as md, json, platform, sys
+v = {"python": platform.python_version()}
+for d in ("torch", "transformers", "vllm", "verl", "ray"):
+    try:
+        v[d] = md.version(d)
+    except md.PackageNotFoundError:
+        v[d] = None
+json.dump(v, open(sys.argv[1], "w"))
+PY
+  tar -czf "${OUT:-$LOOP}/loop.tar.gz" -C "$o" .
+  ls -la "${OUT:-$LOOP}/loop.tar.gz"
+  ;;
+*) echo "usage: loop_node.sh start|wait SECONDS|collect" >&2; exit 2 ;;
+esac

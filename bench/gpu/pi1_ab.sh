@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# π1 A/B on ONE GPU (issue 12, the seed's question at the budget of one 30-minute lease): from the same
+# π1ˢ, B1 (local schema reward) and C1 (pipeline reward: π2ˢ frozen in a vLLM executor) train side by
+# side for the same steps; Phase D then scores sft, local (π1ʳ-local + π2ˢ) and pipe (π1ʳ-pipe + π2ˢ)
+# end to end on the whole test split. This is NOT the loop's order (there C1 starts from π1ʳ-local and
+# the executor serves π2ʳ-local): it holds the start policy and π2 fixed, so the only difference between
+# local and pipe is the reward. Source node_setup.sh first (or let this do it).
+#   bash bench/gpu/pi1_ab.sh sft        # data build, then A1 beside A2 (background)
+#   bash bench/gpu/pi1_ab.sh rl         # after sft: π2ˢ executor + two reward_apis, B1 beside C1 (background)
+#   bash bench/gpu/pi1_ab.sh eval       # after rl: executors of π1ˢ/π1ʳ-local/π1ʳ-pipe, Phase D (background)
+#   bash bench/gpu/pi1_ab.sh wait NAME SECONDS   # NAME: sft, rl or eval
+#   bash bench/gpu/pi1_ab.sh collect    # $OUT/ab.tar.gz
+# Every stage's wall time goes to $AB/stages.tsv (name, start, end, seconds).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+[[ -n "${PYTHONPATH:-}" && -d "${MODEL_DIR:-/nonexistent}" ]] || source bench/gpu/node_setup.sh >/dev/null
+AB=${AB:-/tmp/ab}
+RL_STEPS=${RL_STEPS:-10}
+TEST=$GOLDEN_DIR/common_test_schemas.jsonl
+mkdir -p "$AB"
+bg() {  # NAME CMD: run CMD in its own session (outlives this command); NAME.rc when done, stage time recorded
+  local name=$1; shift
+  rm -f "$AB/$name.rc"
+  setsid bash -c "s=\$(date +%s); ( $* ) >> $AB/$name.log 2>&1; rc=\$?; echo \$rc > $AB/$name.rc; \
+    printf '%s\t%s\t%s\t%s\n' $name \$s \$(date +%s) \$(( \$(date +%s) - s )) >> $AB/stages.tsv" < /dev/null > /dev/null 2>&1 &
+}
+# RL settings of both arms: the gpu profile's hyper-parameters, RL_STEPS steps, validation every 5, a random
+# 2,048-prompt subset of the train split (VERL's seed) so the dataset is not tokenised whole at start,
+# eager vLLM rollout (no compile at start), a fifth of the GPU each (two trainers + executors share it).
+RL_ARGS="--profile gpu --data $AB/data --nproc 1 trainer.n_gpus_per_node=1 trainer.total_training_steps=$RL_STEPS \
+  trainer.test_freq=5 trainer.save_freq=5 data.train_max_samples=2048 actor_rollout_ref.rollout.enforce_eager=true \
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.2"
+
+case "${1:-}" in
+sft)
+  sft_args="--profile gpu --data $AB/data --model $MODEL_DIR --nproc 1 trainer.n_gpus_per_node=1"
+  bg sft "python3 -m trainer data build --golden $GOLDEN_DIR --out $AB/data --phases a1,a2,b1,c1 || exit 1; \
+    python3 -m trainer run a1 $sft_args --out $AB/a1 > $AB/a1.log 2>&1 & p1=\$!; \
+    python3 -m trainer run a2 $sft_args --out $AB/a2 > $AB/a2.log 2>&1 & p2=\$!; \
+    wait \$p1; a=\$?; wait \$p2; b=\$?; echo a1 \$a a2 \$b; [[ \$a == 0 && \$b == 0 ]]"
+  echo "sft started"
+  ;;
+rl)
+  python3 -m bench.gpu.serve start --model "$AB/a2/hf" --name pi2-sft --gpus 0 --port 18301 --mem 0.08
+  REWARD_API_LOG_LEVEL=WARNING setsid python3 -m services.reward_api --host 127.0.0.1 --port 18310 --workers 4 \
+    > "$AB/reward_api_local.log" 2>&1 < /dev/null &
+  python3 -m bench.gpu.serve wait --ports 18301
+  REWARD_API_EXECUTOR_URLS=http://127.0.0.1:18301 REWARD_API_EXECUTOR_MODEL=pi2-sft REWARD_API_LOG_LEVEL=WARNING \
+    setsid python3 -m services.reward_api --host 127.0.0.1 --port 18311 --workers 8 \
+    > "$AB/reward_api_pipe.log" 2>&1 < /dev/null &
+  for port in 18310 18311; do
+    for _ in $(seq 90); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/healthz')" 2>/dev/null && break; sleep 1; done
+  done
+  bg rl "python3 -m trainer run b1 $RL_ARGS --out $AB/b1 --model $AB/a1/hf --reward-url http://127.0.0.1:18310 > $AB/b1.log 2>&1 & p1=\$!; \
+    python3 -m trainer run c1 $RL_ARGS --out $AB/c1 --model $AB/a1/hf --reward-url http://127.0.0.1:18311 > $AB/c1.log 2>&1 & p2=\$!; \
+    wait \$p1; a=\$?; wait \$p2; b=\$?; echo b1 \$a c1 \$b; [[ \$a == 0 && \$b == 0 ]]"
+  echo "rl started: B1 and C1 from $AB/a1/hf, $RL_STEPS steps each"
+  ;;
+eval)
+  python3 -m bench.gpu.serve start --model "$AB/a1/hf" --name pi1-sft --gpus 0 --port 18320 --mem 0.08
+  python3 -m bench.gpu.serve start --model "$AB/b1/hf" --name pi1-local --gpus 0 --port 18321 --mem 0.08
+  python3 -m bench.gpu.serve start --model "$AB/c1/hf" --name pi1-pipe --gpus 0 --port 18322 --mem 0.08
+  bg eval "python3 -m bench.gpu.serve wait --ports 18301,18320,18321,18322 && \
+    python3 -m trainer evaluate pipeline --golden $TEST --out $AB/phase_d --max-tokens 384 --concurrency 256 --timeout 600 \
+      --setting sft=http://127.0.0.1:18320,pi1-sft,http://127.0.0.1:18301,pi2-sft \
+      --setting local=http://127.0.0.1:18321,pi1-local,http://127.0.0.1:18301,pi2-sft \
+      --setting pipe=http://127.0.0.1:18322,pi1-pipe,http://127.0.0.1:18301,pi2-sft"
+  echo "eval started"
+  ;;
+wait)
+  name=$2; deadline=$(( $(date +%s) + ${3:-540} ))
+  while [[ ! -f $AB/$name.rc ]] && (( $(date +%s) < deadline )); do sleep 5; done
+  for ph in a1 a2 b1 c1; do
+    [[ -f $AB/$ph.log ]] && echo "$ph: $(tail -c 400 "$AB/$ph.log" | tr '\r' '\n' | grep -v '^\s*$' | tail -n 1 | cut -c1-200)"
+  done
+  if [[ -f $AB/$name.rc ]]; then echo "$name exit $(cat "$AB/$name.rc")"; tail -n 5 "$AB/$name.log"; else echo "$name still running"; fi
+  cat "$AB/stages.tsv" 2>/dev/null || true
+  ;;
+collect)
+  o=$AB.collected; rm -rf "$o"; mkdir -p "$o"
+  cp "$AB/stages.tsv" "$AB/data/manifest.json" "$o/" 2>/dev/null || true
+  for ph in a1 a2 b1 c1; do
+    [[ -d $AB/$ph ]] || continue
+    mkdir -p "$o/$ph"
+    cp "$AB/$ph"/phase_result.json "$AB/$ph"/metrics.jsonl "$AB/$ph"/command.sh "$o/$ph/" 2>/dev/null || true
+    cp "$AB/$ph"/checkpoints/early_stopping.json "$o/$ph/" 2>/dev/null || true
+    tail -c 300000 "$AB/$ph/train.log" > "$o/$ph/train.log" 2>/dev/null || true
+    [[ -d $AB/$ph/tensorboard ]] && tar -czf "$o/$ph/tensorboard.tar.gz" -C "$AB/$ph" tensorboard
+  done
+  [[ -d $AB/phase_d ]] && cp -r "$AB/phase_d" "$o/"
+  for f in "$AB"/*.log; do tail -c 20000 "$f" > "$o/${f##*/}"; done
+  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader > "$o/card.txt" 2>/dev/null || true
+  python3 -c "import importlib.metadata as m, json, platform; print(json.dumps({'python': platform.python_version(), **{d: m.version(d) for d in ('torch', 'transformers', 'vllm', 'verl', 'ray')}}))" > "$o/versions.json" || true
+  tar -czf "${OUT:-$AB}/ab.tar.gz" -C "$o" .
+  ls -la "${OUT:-$AB}/ab.tar.gz"
+  ;;
+*) echo "usage: pi1_ab.sh sft|rl|eval|wait NAME SECONDS|collect" >&2; exit 2 ;;
+esac
