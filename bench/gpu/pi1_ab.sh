@@ -57,10 +57,12 @@ rl)
   echo "rl started: B1 and C1 from $AB/a1/hf, $RL_STEPS steps each"
   ;;
 eval)
-  python3 -m bench.gpu.serve start --model "$AB/a1/hf" --name pi1-sft --gpus 0 --port 18320 --mem 0.08
-  python3 -m bench.gpu.serve start --model "$AB/b1/hf" --name pi1-local --gpus 0 --port 18321 --mem 0.08
-  python3 -m bench.gpu.serve start --model "$AB/c1/hf" --name pi1-pipe --gpus 0 --port 18322 --mem 0.08
-  bg eval "python3 -m bench.gpu.serve wait --ports 18301,18320,18321,18322 && \
+  # One at a time: three vLLM engines that started at the same moment on one GPU lost one of them
+  # (engine core initialisation failed on the H200 run); the executors' own wait is in `serve wait`.
+  bg eval "python3 -m bench.gpu.serve start --model $AB/a1/hf --name pi1-sft --gpus 0 --port 18320 --mem 0.08 --wait && \
+    python3 -m bench.gpu.serve start --model $AB/b1/hf --name pi1-local --gpus 0 --port 18321 --mem 0.08 --wait && \
+    python3 -m bench.gpu.serve start --model $AB/c1/hf --name pi1-pipe --gpus 0 --port 18322 --mem 0.08 --wait && \
+    python3 -m bench.gpu.serve wait --ports 18301,18320,18321,18322 && \
     python3 -m trainer evaluate pipeline --golden $TEST --out $AB/phase_d --max-tokens 384 --concurrency 256 --timeout 600 \
       --setting sft=http://127.0.0.1:18320,pi1-sft,http://127.0.0.1:18301,pi2-sft \
       --setting local=http://127.0.0.1:18321,pi1-local,http://127.0.0.1:18301,pi2-sft \
