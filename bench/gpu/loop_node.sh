@@ -36,7 +36,8 @@ start)
   rm -f "$LOOP.rc"
   # shellcheck disable=SC2145
   setsid bash -c "python3 -m trainer loop --profile gpu --golden $GOLDEN_DIR --out $LOOP --base-model $MODEL_DIR \
-    --reward-workers ${REWARD_WORKERS:-8} $* >> $LOOP.log 2>&1; echo \$? > $LOOP.rc" < /dev/null > /dev/null 2>&1 &
+    --reward-workers ${REWARD_WORKERS:-8} +ray_kwargs.ray_init._node_ip_address=127.0.0.1 $* >> $LOOP.log 2>&1; \
+    echo \$? > $LOOP.rc" < /dev/null > /dev/null 2>&1 &
   echo "loop started at $(date -u +%FT%TZ) (log $LOOP.log): trainer loop --profile gpu ... $*"
   ;;
 wait)

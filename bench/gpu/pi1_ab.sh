@@ -26,10 +26,11 @@ bg() {  # NAME CMD: run CMD in its own session (outlives this command); NAME.rc 
 }
 # RL settings of both arms: the gpu profile's hyper-parameters, RL_STEPS steps, validation every 5, a random
 # 2,048-prompt subset of the train split (VERL's seed) so the dataset is not tokenised whole at start,
-# eager vLLM rollout (no compile at start), a fifth of the GPU each (two trainers + executors share it).
+# eager vLLM rollout (no compile at start), a fifth of the GPU each (two trainers + executors share it),
+# Ray on loopback (the node has no network).
 RL_ARGS="--profile gpu --data $AB/data --nproc 1 trainer.n_gpus_per_node=1 trainer.total_training_steps=$RL_STEPS \
   trainer.test_freq=5 trainer.save_freq=5 data.train_max_samples=2048 actor_rollout_ref.rollout.enforce_eager=true \
-  actor_rollout_ref.rollout.gpu_memory_utilization=0.2"
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.2 +ray_kwargs.ray_init._node_ip_address=127.0.0.1"
 
 case "${1:-}" in
 sft)
