@@ -92,3 +92,25 @@ def test_the_environment_proxy_is_found_once_per_replica(monkeypatch: pytest.Mon
     assert env_proxy("http://127.0.0.1:8000") is None
     client = ExecutorClient(_settings("http://exec:8000"))
     assert client.replicas[0].proxy == "http://proxy:3128"
+
+
+def test_identical_concurrent_calls_join_the_one_in_flight() -> None:
+    """Single-flight, deterministic: the executor answers after 0.5 s (injected latency), so the three
+    later identical calls arrive while the first is in flight and join it: one request to the executor."""
+    with FaultyExecutor("ok", content='{"a": "1"}', delay_s=0.5) as fx:
+
+        async def go() -> list[str]:
+            client = ExecutorClient(_settings(fx.url))
+            try:
+                msgs = [{"role": "user", "content": "same doc"}]
+                first = asyncio.create_task(client.complete(msgs))
+                await asyncio.sleep(0.1)
+                outs = await asyncio.gather(first, *(client.complete(msgs) for _ in range(3)))
+                return [o.source for o in outs]
+            finally:
+                await client.aclose()
+
+        sources = asyncio.run(go())
+        n_requests = len(fx.requests)
+    assert sources == ["call", "inflight", "inflight", "inflight"]
+    assert n_requests == 1

@@ -147,10 +147,14 @@ def test_duplicates_cost_one_executor_call(
     ex2 = golden_sample[7]
     same = {"items": [_item("s", ex2, canonical_schema_json(ex2.schema_dict()))]}
     calls = metric(url, "reward_api_executor_calls_total", {"outcome": "ok"})
+    hits = {k: metric(url, "reward_api_cache_hits_total", {"kind": k}) for k in ("inflight", "lru")}
     with ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(lambda _: post(url, "/reward/pipeline", same, timeout=600), range(4)))
     assert all(a.status_code == 200 for a in answers)
     assert sum(a.json()["executor_calls"] for a in answers) == 1
     assert len({a.json()["results"][0]["reward"] for a in answers}) == 1
     assert metric(url, "reward_api_executor_calls_total", {"outcome": "ok"}) == calls + 1
-    assert metric(url, "reward_api_cache_hits_total", {"kind": "inflight"}) >= 1
+    # The other three joined the call in flight or, if it had already finished when they arrived (seen
+    # under CI load once the service got faster), took its cached output: three answers, no second call.
+    joined = {k: metric(url, "reward_api_cache_hits_total", {"kind": k}) - hits[k] for k in hits}
+    assert joined["inflight"] + joined["lru"] == 3, joined
