@@ -59,12 +59,12 @@ from typing import Any
 from trainer.phases.gpus import ExecutorSlot, GpuPlan, Placement, waves
 from trainer.phases.launch import (
     CONFIG_DIR,
-    REPO_ROOT,
     PhaseResult,
     PhaseRun,
     Profile,
     get_phase,
     read_result,
+    repo_first,
     run_phase,
 )
 from trainer.phases.model_identity import check_executor_url, check_reward_api_url, fingerprint
@@ -187,8 +187,7 @@ def reward_api_env(
     """What the loop's reward_api gets on top of the environment: the repository first on ``PYTHONPATH``,
     then whatever the caller's held (an air-gapped GPU node keeps its wheels there: dropping it lost
     uvicorn), and the executor of the C1 reward."""
-    inherited = (os.environ if base is None else base).get("PYTHONPATH", "")
-    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), inherited) if p)}
+    env = {"PYTHONPATH": repo_first((os.environ if base is None else base).get("PYTHONPATH", ""))}
     if executor_url:
         env.update(
             REWARD_API_EXECUTOR_URLS=executor_url,

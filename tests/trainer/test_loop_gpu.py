@@ -161,7 +161,8 @@ def test_preflight_stops_the_loop_before_a_phase_whose_groups_teach_nothing(
 
 def test_reward_api_keeps_the_callers_pythonpath() -> None:
     """On the air-gapped node the wheels live on PYTHONPATH (/tmp/site): the loop's reward_api lost them."""
-    from trainer.loop import REPO_ROOT, SERVED_NAME, reward_api_env
+    from trainer.loop import SERVED_NAME, reward_api_env
+    from trainer.phases.launch import REPO_ROOT
 
     env = reward_api_env(base={"PYTHONPATH": "/tmp/site"})
     assert env == {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), "/tmp/site"])}

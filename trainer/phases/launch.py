@@ -97,6 +97,12 @@ CPU_ENV: dict[str, str] = {
 }
 
 
+def repo_first(pythonpath: str) -> str:
+    """``PYTHONPATH`` with the repository first and the inherited entries kept (an air-gapped GPU node
+    keeps its wheels there)."""
+    return os.pathsep.join(p for p in (str(REPO_ROOT), pythonpath) if p)
+
+
 def external_modules(profile: Profile, inherited: str = "") -> str:
     """``VERL_USE_EXTERNAL_MODULES`` of a phase: the inherited modules, the CPU shim only for
     ``cpu-smoke`` (dropped on GPU even when inherited), and always :mod:`trainer.phases.fast_logprobs`."""
@@ -143,7 +149,7 @@ class PhaseRun:
                 if env.get(key, "").strip() in ("cpu", "cuda"):
                     env.pop(key)
         env["VERL_USE_EXTERNAL_MODULES"] = external_modules(self.profile, env.get("VERL_USE_EXTERNAL_MODULES", ""))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+        env["PYTHONPATH"] = repo_first(env.get("PYTHONPATH", ""))
         env["TRAINER_REPO_ROOT"] = str(REPO_ROOT)
         env["TRAINER_DATA_DIR"] = str(self.data_dir.resolve())
         env["TRAINER_OUT_DIR"] = str(self.out_dir.resolve())
