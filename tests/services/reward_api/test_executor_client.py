@@ -53,25 +53,21 @@ def test_concurrent_calls_through_one_session() -> None:
 )
 def test_bad_answers_become_failures(mode: str, cause: str) -> None:
     with FaultyExecutor(mode) as fx:  # type: ignore[arg-type]
-
-        async def go() -> ExecutorFailure:
-            client = ExecutorClient(_settings(fx.url))
-            try:
-                with pytest.raises(ExecutorFailure) as info:
-                    await client.complete([{"role": "user", "content": "x"}])
-                return info.value
-            finally:
-                await client.aclose()
-
-        failure = asyncio.run(go())
+        failure = _failure_of(fx.url)
     assert failure.cause == cause
 
 
 def test_connection_refused_is_connect() -> None:
     from services.executor_vllm.cpu_launcher import free_port
 
+    assert _failure_of(f"http://127.0.0.1:{free_port()}").cause == "connect"
+
+
+def _failure_of(url: str) -> ExecutorFailure:
+    """The ExecutorFailure one completion against ``url`` raises (the test fails if none is raised)."""
+
     async def go() -> ExecutorFailure:
-        client = ExecutorClient(_settings(f"http://127.0.0.1:{free_port()}"))
+        client = ExecutorClient(_settings(url))
         try:
             with pytest.raises(ExecutorFailure) as info:
                 await client.complete([{"role": "user", "content": "x"}])
@@ -79,7 +75,7 @@ def test_connection_refused_is_connect() -> None:
         finally:
             await client.aclose()
 
-    assert asyncio.run(go()).cause == "connect"
+    return asyncio.run(go())
 
 
 def test_the_environment_proxy_is_found_once_per_replica(monkeypatch: pytest.MonkeyPatch) -> None:
