@@ -10,6 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [[ -n "${PYTHONPATH:-}" && -d "${MODEL_DIR:-/nonexistent}" ]] || source bench/gpu/node_setup.sh >/dev/null
+source bench/gpu/collect_lib.sh
 LOOP=${LOOP:-/tmp/loop}
 mkdir -p "$LOOP"
 
@@ -55,14 +56,7 @@ collect)
   rm -rf "$o"; mkdir -p "$o"
   cp "$LOOP/loop_manifest.json" "$LOOP.log" "$o/" 2>/dev/null || true
   [[ -f $LOOP.start ]] && echo "start $(cat "$LOOP.start") now $(date +%s) rc $(cat "$LOOP.rc" 2>/dev/null || echo running)" > "$o/wall.txt"
-  for d in "$LOOP"/a1 "$LOOP"/a2 "$LOOP"/b1 "$LOOP"/b2 "$LOOP"/c1 "$LOOP"/c2; do
-    [[ -d $d ]] || continue
-    n=${d##*/}; mkdir -p "$o/$n"
-    cp "$d"/phase_result.json "$d"/metrics.jsonl "$d"/command.sh "$o/$n/" 2>/dev/null || true
-    cp "$d"/checkpoints/early_stopping.json "$o/$n/" 2>/dev/null || true
-    tail -c 300000 "$d/train.log" > "$o/$n/train.log" 2>/dev/null || true
-    [[ -d $d/tensorboard ]] && tar -czf "$o/$n/tensorboard.tar.gz" -C "$d" tensorboard
-  done
+  for d in "$LOOP"/a1 "$LOOP"/a2 "$LOOP"/b1 "$LOOP"/b2 "$LOOP"/c1 "$LOOP"/c2; do collect_phase "$d" "$o"; done
   for d in "$LOOP"/eval_* "$LOOP"/c2_precompute* "$LOOP"/data; do
     [[ -d $d ]] || continue
     mkdir -p "$o/${d##*/}"
@@ -71,17 +65,7 @@ collect)
   done
   mkdir -p "$o/logs"
   for f in "$LOOP"/logs/*.log; do [[ -f $f ]] && tail -c 50000 "$f" > "$o/logs/${f##*/}"; done
-  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader > "$o/card.txt" 2>/dev/null || true
-  python3 - "$o/versions.json" <<'PY'
-import importlib.metadata as md, json, platform, sys
-v = {"python": platform.python_version()}
-for d in ("torch", "transformers", "vllm", "verl", "ray"):
-    try:
-        v[d] = md.version(d)
-    except md.PackageNotFoundError:
-        v[d] = None
-json.dump(v, open(sys.argv[1], "w"))
-PY
+  collect_node_info "$o"
   tar -czf "${OUT:-$LOOP}/loop.tar.gz" -C "$o" .
   ls -la "${OUT:-$LOOP}/loop.tar.gz"
   ;;

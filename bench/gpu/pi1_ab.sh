@@ -14,6 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [[ -n "${PYTHONPATH:-}" && -d "${MODEL_DIR:-/nonexistent}" ]] || source bench/gpu/node_setup.sh >/dev/null
+source bench/gpu/collect_lib.sh
 AB=${AB:-/tmp/ab}
 RL_STEPS=${RL_STEPS:-10}
 TEST=$GOLDEN_DIR/common_test_schemas.jsonl
@@ -82,18 +83,10 @@ wait)
 collect)
   o=$AB.collected; rm -rf "$o"; mkdir -p "$o"
   cp "$AB/stages.tsv" "$AB/data/manifest.json" "$o/" 2>/dev/null || true
-  for ph in a1 a2 b1 c1; do
-    [[ -d $AB/$ph ]] || continue
-    mkdir -p "$o/$ph"
-    cp "$AB/$ph"/phase_result.json "$AB/$ph"/metrics.jsonl "$AB/$ph"/command.sh "$o/$ph/" 2>/dev/null || true
-    cp "$AB/$ph"/checkpoints/early_stopping.json "$o/$ph/" 2>/dev/null || true
-    tail -c 300000 "$AB/$ph/train.log" > "$o/$ph/train.log" 2>/dev/null || true
-    [[ -d $AB/$ph/tensorboard ]] && tar -czf "$o/$ph/tensorboard.tar.gz" -C "$AB/$ph" tensorboard
-  done
+  for ph in a1 a2 b1 c1; do collect_phase "$AB/$ph" "$o"; done
   [[ -d $AB/phase_d ]] && cp -r "$AB/phase_d" "$o/"
   for f in "$AB"/*.log; do tail -c 20000 "$f" > "$o/${f##*/}"; done
-  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader > "$o/card.txt" 2>/dev/null || true
-  python3 -c "import importlib.metadata as m, json, platform; print(json.dumps({'python': platform.python_version(), **{d: m.version(d) for d in ('torch', 'transformers', 'vllm', 'verl', 'ray')}}))" > "$o/versions.json" || true
+  collect_node_info "$o"
   tar -czf "${OUT:-$AB}/ab.tar.gz" -C "$o" .
   ls -la "${OUT:-$AB}/ab.tar.gz"
   ;;

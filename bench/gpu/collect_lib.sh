@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Shared by the node scripts' `collect` steps (loop_node.sh, pi1_ab.sh): what small files of a phase
+# and of the node come back from a device run. Source it; it defines functions only.
+
+# collect_phase PHASE_DIR DEST: phase result, VERL metrics, command, early-stopping state, the log's
+# last 300 kB and the TensorBoard events (one archive), under DEST/<phase>.
+collect_phase() {
+  local d=$1 dest=$2/${1##*/}
+  [[ -d $d ]] || return 0
+  mkdir -p "$dest"
+  cp "$d"/phase_result.json "$d"/metrics.jsonl "$d"/command.sh "$dest/" 2>/dev/null || true
+  cp "$d"/checkpoints/early_stopping.json "$dest/" 2>/dev/null || true
+  tail -c 300000 "$d/train.log" > "$dest/train.log" 2>/dev/null || true
+  if [[ -d $d/tensorboard ]]; then tar -czf "$dest/tensorboard.tar.gz" -C "$d" tensorboard; fi
+}
+
+# collect_node_info DEST: the card (nvidia-smi) and the versions that matter, beside the numbers.
+collect_node_info() {
+  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader > "$1/card.txt" 2>/dev/null || true
+  python3 - "$1/versions.json" <<'PY'
+import importlib.metadata as md, json, platform, sys
+v = {"python": platform.python_version()}
+for d in ("torch", "transformers", "vllm", "verl", "ray"):
+    try:
+        v[d] = md.version(d)
+    except md.PackageNotFoundError:
+        v[d] = None
+json.dump(v, open(sys.argv[1], "w"))
+PY
+}
