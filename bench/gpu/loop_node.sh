@@ -64,7 +64,7 @@ collect)
       -exec cp {} "$o/${d##*/}/" \;
   done
   mkdir -p "$o/logs"
-  for f in "$LOOP"/logs/*.log; do [[ -f $f ]] && tail -c 50000 "$f" > "$o/logs/${f##*/}"; done
+  for f in "$LOOP"/logs/*.log; do if [[ -f $f ]]; then tail -c 50000 "$f" > "$o/logs/${f##*/}"; fi; done
   collect_node_info "$o"
   tar -czf "${OUT:-$LOOP}/loop.tar.gz" -C "$o" .
   ls -la "${OUT:-$LOOP}/loop.tar.gz"

@@ -85,7 +85,7 @@ collect)
   cp "$AB/stages.tsv" "$AB/data/manifest.json" "$o/" 2>/dev/null || true
   for ph in a1 a2 b1 c1; do collect_phase "$AB/$ph" "$o"; done
   [[ -d $AB/phase_d ]] && cp -r "$AB/phase_d" "$o/"
-  for f in "$AB"/*.log; do tail -c 20000 "$f" > "$o/${f##*/}"; done
+  for f in "$AB"/*.log; do if [[ -f $f ]]; then tail -c 20000 "$f" > "$o/${f##*/}"; fi; done
   collect_node_info "$o"
   tar -czf "${OUT:-$AB}/ab.tar.gz" -C "$o" .
   ls -la "${OUT:-$AB}/ab.tar.gz"

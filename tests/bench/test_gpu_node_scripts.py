@@ -1,0 +1,68 @@
+"""The GPU node scripts (bench/gpu/*.sh) without a GPU: they parse, and `collect` packs what a run left."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted((REPO / "bench" / "gpu").glob("*.sh"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_parses(script: Path) -> None:
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True, check=False).returncode == 0
+
+
+def _phase(d: Path) -> None:
+    (d / "checkpoints").mkdir(parents=True)
+    (d / "tensorboard").mkdir()
+    (d / "tensorboard" / "events.out").write_text("e")
+    (d / "phase_result.json").write_text(json.dumps({"status": "ok"}))
+    (d / "metrics.jsonl").write_text('{"step": 1, "data": {}}\n')
+    (d / "checkpoints" / "early_stopping.json").write_text("{}")
+    (d / "train.log").write_text("x" * 400_000)
+
+
+def _collect(script: str, var: str, work: Path, out: Path) -> set[str]:
+    # PYTHONPATH, MODEL_DIR and GOLDEN_DIR set (what node_setup.sh exports): it is not sourced here
+    node = {"PYTHONPATH": str(REPO), "MODEL_DIR": str(work), "GOLDEN_DIR": str(work)}
+    env = {**os.environ, **node, var: str(work), "OUT": str(out)}
+    proc = subprocess.run(
+        ["bash", str(REPO / "bench" / "gpu" / script), "collect"], env=env, capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    archive = next(out.glob("*.tar.gz"))
+    with tarfile.open(archive) as tf:
+        names = {n.removeprefix("./") for n in tf.getnames()}
+        log = tf.extractfile("./b1/train.log")
+        assert log is not None and len(log.read()) == 300_000  # the log's tail only
+        versions = json.loads(tf.extractfile("./versions.json").read())  # type: ignore[union-attr]
+    assert set(versions) >= {"python", "torch", "vllm", "verl", "ray"}
+    return names
+
+
+def test_pi1_ab_collect(tmp_path: Path) -> None:
+    ab = tmp_path / "ab"
+    _phase(ab / "b1")
+    (ab / "phase_d").mkdir()
+    (ab / "phase_d" / "metrics.json").write_text("{}")
+    (ab / "stages.tsv").write_text("sft\t1\t2\t1\n")
+    names = _collect("pi1_ab.sh", "AB", ab, tmp_path)
+    want = {"b1/phase_result.json", "b1/metrics.jsonl", "b1/early_stopping.json", "b1/tensorboard.tar.gz"}
+    assert want | {"phase_d/metrics.json", "stages.tsv", "card.txt"} <= names
+
+
+def test_loop_node_collect(tmp_path: Path) -> None:
+    loop = tmp_path / "loop"
+    _phase(loop / "b1")
+    (loop / "eval_loop1").mkdir()
+    (loop / "eval_loop1" / "metrics.json").write_text("{}")
+    (loop / "loop_manifest.json").write_text("{}")
+    names = _collect("loop_node.sh", "LOOP", loop, tmp_path)
+    assert {"b1/early_stopping.json", "b1/tensorboard.tar.gz", "eval_loop1/metrics.json", "loop_manifest.json"} <= names
