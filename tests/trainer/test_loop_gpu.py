@@ -170,3 +170,101 @@ def test_reward_api_keeps_the_callers_pythonpath() -> None:
     c1 = reward_api_env("http://127.0.0.1:1", 384, base={})
     assert c1["REWARD_API_EXECUTOR_URLS"] == "http://127.0.0.1:1" and c1["REWARD_API_EXECUTOR_MODEL"] == SERVED_NAME
     assert c1["REWARD_API_MAX_TOKENS"] == "384"
+
+
+class SlowStartExecutorForTests:
+    """Fault injection for the executors' start: each start takes ``seconds``; ``fail`` makes it raise."""
+
+    def __init__(self, log: Path, seconds: float, fail: bool, spans: dict[str, tuple[float, float]]) -> None:
+        self.log, self.seconds, self.fail, self.spans = log, seconds, fail, spans
+        self.url = f"http://127.0.0.1:{9000 + len(spans)}/{log.name}"
+        self.stopped = False
+
+    def start(self, timeout: float) -> SlowStartExecutorForTests:
+        t0 = time.monotonic()
+        time.sleep(self.seconds)
+        self.spans[self.log.name] = (t0, time.monotonic())
+        if self.fail:
+            raise RuntimeError(f"{self.log.name}: engine core initialisation failed")
+        return self
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def test_executor_replicas_start_at_once_and_all_stop_when_one_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainer import loop as loop_mod
+    from trainer.phases.gpus import ExecutorSlot
+
+    made: list[SlowStartExecutorForTests] = []
+    spans: dict[str, tuple[float, float]] = {}
+
+    def make(model: str, log: Path, slot: ExecutorSlot | None, eager: bool, fail_on: str = "") -> object:
+        made.append(SlowStartExecutorForTests(log, 0.3, log.name == fail_on, spans))
+        return made[-1]
+
+    monkeypatch.setattr(loop_mod, "make_executor", make)
+    slots = [ExecutorSlot(("2",)), ExecutorSlot(("3",))]
+    with loop_mod.local_executors("/m", tmp_path / "executor_c1", slots) as urls:
+        assert urls.split(",") == [m.url for m in made] and not any(m.stopped for m in made)
+    (s0, e0), (s1, e1) = spans["executor_c1_0.log"], spans["executor_c1_1.log"]
+    assert s0 < e1 and s1 < e0  # started side by side, not one after the other
+    assert all(m.stopped for m in made)
+    made.clear()
+    monkeypatch.setattr(loop_mod, "make_executor", lambda *a: make(*a, fail_on="executor_c1_1.log"))
+    with (
+        pytest.raises(RuntimeError, match=r"executor_c1_1\.log: engine core"),
+        loop_mod.local_executors("/m", tmp_path / "executor_c1", slots),
+    ):
+        pytest.fail("must not yield when a replica failed to start")
+    assert len(made) == 2 and all(m.stopped for m in made)  # the one that did start is stopped too
+
+
+def test_gpu_executors_are_eager_unless_asked_for_cuda_graphs(tmp_path: Path) -> None:
+    from trainer.loop import make_executor
+    from trainer.phases.gpus import ExecutorSlot
+
+    slot = ExecutorSlot(("1",), 0.3)
+    eager = make_executor("/m", tmp_path / "e.log", slot).command()
+    graphs = make_executor("/m", tmp_path / "e.log", slot, eager=False).command()
+    assert "--enforce-eager" in eager and "--enforce-eager" not in graphs
+    assert eager[eager.index("--gpu-memory-utilization") + 1] == "0.3"
+    cpu = make_executor("/m", tmp_path / "e.log", None)
+    assert type(cpu).__name__ == "CpuExecutor" and "--gpu-memory-utilization" not in cpu.command()
+
+
+def test_loop_cli_passes_the_c2_sample_and_executor_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from trainer import loop as loop_mod
+    from trainer.cli import app
+
+    seen: list[LoopConfig] = []
+
+    class CapturingLoop:
+        def __init__(self, cfg: LoopConfig) -> None:
+            seen.append(cfg)
+
+        def run(self) -> dict[str, object]:
+            return {}
+
+    monkeypatch.setattr(loop_mod, "Loop", CapturingLoop)
+    base = ["loop", "--golden", str(SAMPLE), "--out", str(tmp_path), "--profile", "gpu", "--base-model", "/b"]
+    res = CliRunner().invoke(app, [*base, "--gpus", "0,1", "--c2-train-prompts", "4096", "trainer.x=1"])
+    assert res.exit_code == 0, res.output
+    assert seen[-1].c2_train_prompts == 4096 and seen[-1].executor_eager and seen[-1].overrides == ("trainer.x=1",)
+    res = CliRunner().invoke(app, [*base, "--gpus", "0", "--executor-cuda-graphs"])
+    assert res.exit_code == 0 and seen[-1].executor_eager is False and seen[-1].c2_train_prompts is None
+    res = CliRunner().invoke(app, [*base, "--gpus", "0", "--c2-train-prompts", "0"])
+    assert res.exit_code == 2 and "--c2-train-prompts" in res.output
+
+
+def test_stage_groups_record_their_wall_time_once(tmp_path: Path) -> None:
+    out = tmp_path / "loop"
+    Loop(config(out, ("0", "1"), until="sft"), runner=RecordingRunnerForTests(0.2)).run()
+    first = json.loads((out / MANIFEST).read_text())["time:sft"]
+    assert 0.2 <= first["seconds"] < 30 and first["ended"] <= time.time() + 0.1  # rounded to 0.1 s
+    Loop(config(out, ("0", "1"), until="sft"), runner=RecordingRunnerForTests(0.2)).run()  # skipped: kept
+    assert json.loads((out / MANIFEST).read_text())["time:sft"] == first

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Sequence
+import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from tqdm import tqdm
 
@@ -18,6 +19,8 @@ from trainer.data.prompt_fit import Stage2Fit
 from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig, Message
 
 Stage = Literal["stage1", "stage2"]
+
+T = TypeVar("T")
 
 
 def messages_hash(messages: Sequence[Message]) -> str:
@@ -88,6 +91,13 @@ class PrecomputeReport:
     too_long_ids: dict[str, list[str]] = field(default_factory=dict)  # Stage-2 prompt past the context: dropped
 
 
+def seeded_sample(items: Sequence[T], n: int, seed: int) -> list[T]:
+    """``n`` of ``items`` drawn at random with ``seed``, kept in their original order (all if fewer)."""
+    if n >= len(items):
+        return list(items)
+    return [items[i] for i in sorted(random.Random(seed).sample(range(len(items)), n))]
+
+
 def precompute_c2(
     golden: Path,
     out: Path,
@@ -96,10 +106,20 @@ def precompute_c2(
     on_invalid: Literal["skip", "gold"] = "skip",
     limit: int | None = None,
     stage2_fit: Stage2Fit | None = None,
+    sample: Mapping[str, int] | None = None,
+    seed: int = 0,
 ) -> PrecomputeReport:
     """Run π1 over the splits and write ``out/c2/<split>.parquet``: Stage-2 prompts on the *predicted*
     schema, ground truth = gold table. Invalid schemas are counted, then skipped or given the gold one.
-    With ``stage2_fit``, rows whose Stage-2 prompt cannot fit that context are counted and dropped."""
+    With ``stage2_fit``, rows whose Stage-2 prompt cannot fit that context are counted and dropped.
+    ``sample`` (split → n): a seeded random n documents of that split, in file order (all if it has fewer)."""
+    if sample:
+        unknown = sorted(set(sample) - set(splits))
+        if unknown:
+            raise ValueError(f"sample: splits {unknown} are not among {list(splits)}")
+        bad_n = {k: n for k, n in sample.items() if n < 1}
+        if bad_n:
+            raise ValueError(f"sample: sizes must be >= 1, got {bad_n}")
     report = PrecomputeReport()
     sources = []
     for split in splits:
@@ -108,6 +128,8 @@ def precompute_c2(
             raise FileNotFoundError(f"--golden: {src} is missing")
         sources.append(src)
         examples = read_golden(src, limit)
+        if sample and split in sample:
+            examples = seeded_sample(examples, sample[split], seed)
         schemas = asyncio.run(
             generate_with_progress(client, [build_stage1_messages(ex.text) for ex in examples], f"π1 {split}")
         )
@@ -130,6 +152,7 @@ def precompute_c2(
         report.invalid_ids[split] = bad
     c2: dict[str, Any] = {
         "schema_model": client.model, "on_invalid": on_invalid, "invalid_schemas": report.invalid, "limit": limit,
+        "sample": dict(sample or {}), "seed": seed,
     }  # fmt: skip
     if stage2_fit is not None:
         c2 |= stage2_fit.describe()

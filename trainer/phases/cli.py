@@ -117,6 +117,14 @@ def loop_cmd(
     preflight_min: float | None = typer.Option(
         None, min=0.0, max=1.0, help="Before each GRPO phase: stop unless this share of groups has rewards that differ."
     ),
+    c2_train_prompts: int | None = typer.Option(
+        None,
+        min=1,
+        help="C2 precompute: a seeded random N train documents (default: all; VERL uses train_max_samples).",
+    ),
+    executor_cuda_graphs: bool = typer.Option(
+        False, help="GPU executors with CUDA graphs + torch.compile (slower start; for larger models). Default: eager."
+    ),
 ) -> None:
     """(A1, A2 →) B1 → B2 → C1 → C2 → Phase-D evaluation; Hydra overrides after the options apply to every RL phase."""
     from trainer.loop import STAGE_GROUPS, Loop, LoopConfig
@@ -156,6 +164,8 @@ def loop_cmd(
         until=until,
         reward_workers=reward_workers,
         preflight_min=preflight_min,
+        c2_train_prompts=c2_train_prompts,
+        executor_eager=not executor_cuda_graphs,
     )
     manifest = Loop(cfg).run()
     if manifest.get("stopped_after"):
