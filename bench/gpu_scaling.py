@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import statistics
 import time
@@ -253,6 +254,37 @@ def goals_from(rows: Sequence[dict[str, Any]]) -> tuple[dict[int, float], list[d
     return best, goals
 
 
+def same_setting_speedups(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """items/s at n executors over 1 executor at the SAME reward_api setting (replicas × workers), for every
+    setting measured at both: the goal compares best rates, this shows how much the setting moves it."""
+    base = {(r.get("api_replicas", 1), r["workers"]): r["items_per_s"] for r in rows if r["replicas"] == 1}
+    out = []
+    for r in rows:
+        key = (r.get("api_replicas", 1), r["workers"])
+        if r["replicas"] > 1 and base.get(key):
+            out.append(
+                {
+                    "executors": r["replicas"],
+                    "reward_api": f"{key[0]} × {key[1]}",
+                    "speedup": round(r["items_per_s"] / base[key], 2),
+                }
+            )
+    return out
+
+
+def rerender(path: Path) -> str:
+    """The Markdown report of a recorded JSON result, with goals and same-setting speed-ups recomputed
+    from its rows (reports written before those sections existed read the same as new ones)."""
+    p = json.loads(Path(path).read_text())
+    best, goals = goals_from(p["rows"])
+    p |= {
+        "best_items_per_s": {str(k): v for k, v in sorted(best.items())},
+        "goals": goals,
+        "speedup_same_setting": same_setting_speedups(p["rows"]),
+    }
+    return render_md(p)
+
+
 def report(
     rows: list[dict[str, Any]],
     record: dict[str, Any],
@@ -268,6 +300,7 @@ def report(
         "rows": rows,
         "best_items_per_s": {str(k): v for k, v in sorted(best.items())},
         "goals": goals,
+        "speedup_same_setting": same_setting_speedups(rows),
     }
     write_result(NAME, payload, render_md(payload), quick)
     if plot:
@@ -316,6 +349,12 @@ def render_md(p: dict[str, Any]) -> str:
             for r in p["rows"]
         ],
     )
+    same = p.get("speedup_same_setting") or []
+    if same:
+        md += "\n## Speed-up at the same reward_api setting\n\n" + md_table(
+            ["executors", "reward_api × workers", "items/s over 1 executor"],
+            [[x["executors"], x["reward_api"], x["speedup"]] for x in same],
+        )
     md += "\n" + bottleneck_note(p["rows"]) + "\n"
     return md
 
@@ -325,14 +364,19 @@ def bottleneck_note(rows: Sequence[dict[str, Any]]) -> str:
     executor count, reward_api was the limit."""
     lines = []
     for n in sorted({r["replicas"] for r in rows}):
-        by_w = sorted((r["workers"] * r.get("api_replicas", 1), r["items_per_s"]) for r in rows if r["replicas"] == n)
+        by_w = sorted(
+            (r["workers"] * r.get("api_replicas", 1), r["items_per_s"], f"{r.get('api_replicas', 1)} × {r['workers']}")
+            for r in rows
+            if r["replicas"] == n
+        )
         if len(by_w) < 2:
             continue
         lo, hi = by_w[0], max(by_w, key=lambda x: x[1])
         gain = hi[1] / lo[1] if lo[1] else float("nan")
         where = "reward_api (more workers help)" if gain >= 1.15 else "the executors (more workers do not help)"
         lines.append(
-            f"- {n} executor(s): best at {hi[0]} worker(s), {gain:.2f}× the rate with {lo[0]}: the limit is {where}."
+            f"- {n} executor(s): best at {hi[0]} worker(s) in all (reward_api {hi[2]}), {gain:.2f}× the rate "
+            f"with {lo[0]} ({lo[2]}): the limit is {where}."
         )
     return "## Where the limit is\n\n" + ("\n".join(lines) if lines else "- one worker count only") + "\n"
 

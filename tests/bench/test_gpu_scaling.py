@@ -98,8 +98,9 @@ def test_goals_compare_best_rates_against_one_replica() -> None:
 
 def test_bottleneck_note_names_reward_api_when_workers_help() -> None:
     note = gs.bottleneck_note(ROWS)
-    assert "4 executor(s): best at 8 worker(s), 2.25× the rate with 1: the limit is reward_api" in note
-    assert "1 executor(s): best at 8 worker(s), 1.10× the rate with 1: the limit is the executors" in note
+    four = "4 executor(s): best at 8 worker(s) in all (reward_api 1 × 8), 2.25× the rate with 1 (1 × 1)"
+    one = "1 executor(s): best at 8 worker(s) in all (reward_api 1 × 8), 1.10× the rate with 1 (1 × 1)"
+    assert f"{four}: the limit is reward_api" in note and f"{one}: the limit is the executors" in note
 
 
 def test_report_writes_json_md_png(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -199,9 +200,40 @@ def test_bottleneck_note_counts_workers_over_reward_api_replicas() -> None:
         {"replicas": 4, "workers": 8, "api_replicas": 1, "items_per_s": 400.0},
         {"replicas": 4, "workers": 8, "api_replicas": 2, "items_per_s": 700.0},
     ]
-    assert "4 executor(s): best at 16 worker(s), 1.75× the rate with 8: the limit is reward_api" in gs.bottleneck_note(
-        rows
-    )
+    note = gs.bottleneck_note(rows)
+    assert "4 executor(s): best at 16 worker(s) in all (reward_api 2 × 8), 1.75× the rate with 8 (1 × 8)" in note
+    assert "the limit is reward_api" in note
+
+
+def test_same_setting_speedups_pair_rows_by_reward_api_setting(tmp_path: Path) -> None:
+    rows = [
+        {"replicas": 1, "workers": 4, "api_replicas": 1, "items_per_s": 200.0},
+        {"replicas": 1, "workers": 4, "api_replicas": 2, "items_per_s": 250.0},
+        {"replicas": 2, "workers": 4, "api_replicas": 1, "items_per_s": 380.0},
+        {"replicas": 2, "workers": 4, "api_replicas": 2, "items_per_s": 500.0},
+        {"replicas": 2, "workers": 8, "api_replicas": 1, "items_per_s": 420.0},  # no 1-executor row: left out
+    ]
+    rest = {"executor_tokens_per_s": 1.0, "generated_tokens_per_item": 128.0, "p50_ms": 1.0, "p99_ms": 2.0,
+            "failed": 0, "share_per_replica": [1.0]}  # fmt: skip
+    rows = [r | rest for r in rows]
+    got = gs.same_setting_speedups(rows)
+    assert got == [
+        {"executors": 2, "reward_api": "1 × 4", "speedup": 1.9},
+        {"executors": 2, "reward_api": "2 × 4", "speedup": 2.0},
+    ]
+    # the goal compares best against best: 500 / 250
+    assert gs.goals_from(rows)[1][0]["value"] == 2.0
+    run = {"quick": False, "noisy": False, "timestamp": "t", "command": "c", "loadavg_1m_at_start": 1.0,
+           "machine": {"cpu": "x", "cores": 32, "ram_gib": 251.8},
+           "versions": {"python": "3.12", "vllm": "0.24.0", "fastapi": "f", "uvicorn": "u", "project_commit": "c"}}
+    rec = {"run": run, "model": "m",
+           "items": 2000, "max_tokens": 128, "clients": 32, "batch": 16, "max_in_flight": 256,
+           "gpu": {"count": 2, "name": "H200"}, "rows": rows}  # fmt: skip
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(rec))  # a result recorded before the same-setting section existed
+    md = gs.rerender(path)
+    assert "## Speed-up at the same reward_api setting" in md and "| 2 | 2 × 4 | 2 |" in md and "| 2 | 1 × 4 | 1.9 |" in md
+    assert "| items/s at 2 executors ≥ 1.8× 1 executor | 2 | 1.8 | met |" in md
 
 
 def test_load_spreads_over_two_real_reward_api_replicas() -> None:
