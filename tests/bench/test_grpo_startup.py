@@ -1,0 +1,61 @@
+"""The GRPO start-up report from probe runs: markers read off real VERL / vLLM / Ray log lines (copied
+from a run on one H200), the stages between them, and unfinished runs kept out of the timings."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import grpo_startup as gs
+
+# Lines as VERL 0.9.1, vLLM 0.24.0 and Ray 2.60.0 wrote them on the node (ANSI prefixes kept).
+LOG = (Path(__file__).parent / "data" / "probe_train.log").read_text()
+START = dt.datetime(2026, 11, 26, 16, 17, 54, 950000, tzinfo=dt.UTC).timestamp()
+
+
+def write_run(folder: Path, end: float | None) -> None:
+    folder.mkdir(parents=True)
+    (folder / "start").write_text(f"{START:.6f}\n")
+    (folder / "train.log").write_text(LOG)
+    if end is not None:
+        (folder / "end").write_text(f"{end:.6f}\n")
+        (folder / "run.rc").write_text("0\n")
+
+
+def test_line_time_reads_verl_ray_and_vllm_stamps_as_utc() -> None:
+    assert gs.line_time("x INFO:2026-11-26 16:19:05,059:train", 2026) == pytest.approx(START + 70.109, abs=1e-3)
+    assert gs.line_time("2026-11-26 16:18:15,892\tINFO worker.py", 2026) == pytest.approx(START + 20.942, abs=1e-3)
+    assert gs.line_time("(EngineCore pid=1) INFO 11-26 16:20:50 [core.py:114] x", 2026) == pytest.approx(START + 175.05)
+    assert gs.line_time("no stamp here", 2026) is None
+
+
+def test_stages_run_from_start_through_every_marker_to_the_end(tmp_path: Path) -> None:
+    write_run(tmp_path / "p1", end=START + 342.0)
+    r = gs.read_run(tmp_path / "p1")
+    assert r["exit_code"] == 0 and r["total_seconds"] == 342.0
+    assert r["seconds_to_first_generation"] == pytest.approx(245.6, abs=0.1)
+    by = {s["to"]: s["seconds"] for s in r["stages"]}
+    assert by["ray_started"] == pytest.approx(20.9, abs=0.1)
+    assert by["actor_ref_ready"] == pytest.approx(31.1, abs=0.1)  # from "create worker group"
+    assert by["vllm_server_up"] == pytest.approx(33.2, abs=0.1)  # the first of the two server lines
+    assert by["vllm_engine_ready"] == pytest.approx(20.0, abs=0.1)
+    assert by["end"] == pytest.approx(342.0 - 245.6, abs=0.1)
+    assert sum(s["seconds"] for s in r["stages"]) == pytest.approx(342.0, abs=0.3)  # nothing lost between stages
+
+
+def test_build_keeps_unfinished_runs_out_of_the_timings(tmp_path: Path) -> None:
+    write_run(tmp_path / "p1", end=START + 342.0)
+    write_run(tmp_path / "p2", end=None)
+    (tmp_path / "card.txt").write_text("0, NVIDIA H200, 143771 MiB, 580.159.04\n")
+    (tmp_path / "versions.json").write_text(json.dumps({"vllm": "0.24.0", "verl": "0.9.1"}))
+    p = gs.build(tmp_path, notes="## Notes\n\nx")
+    assert [r["run"] for r in p["runs"]] == ["p1"] and p["unfinished"] == ["p2"]
+    md = gs.render_md(p)
+    assert "| p1 | 0 | 342 | 246 |" in md and "Still running when collected (not timed): p2." in md
+    assert "card: 0, NVIDIA H200" in md and "vllm 0.24.0" in md and md.rstrip().endswith("x")
+    (tmp_path / "no_runs").mkdir()
+    with pytest.raises(FileNotFoundError, match="--collected: no run folder"):
+        gs.build(tmp_path / "no_runs")
