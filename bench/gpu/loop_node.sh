@@ -7,7 +7,7 @@
 #   bash bench/gpu/loop_node.sh wait SECONDS                        # until the loop ends or SECONDS pass
 #   bash bench/gpu/loop_node.sh collect                             # $OUT/loop.tar.gz (<= 16 MiB)
 # The loop is resumable: `start` again after a lost node goes on from the last finished stage.
-# Whole loop in one lease: ~36 min on 2 GPUs, ~27 estimated on 4 (bench/results/grpo_startup.md), e.g.
+# Whole loop in one lease: ~36 min on 2 GPUs, ~29 on 4 (estimates in bench/results/grpo_startup.md), e.g.
 #   bash bench/gpu/loop_node.sh start --c2-train-prompts 1024 trainer.total_training_steps=10 \
 #     trainer.test_freq=5 data.train_max_samples=1024
 set -euo pipefail
