@@ -7,6 +7,8 @@
 # local and pipe is the reward. Source node_setup.sh first (or let this do it).
 #   bash bench/gpu/pi1_ab.sh sft        # data build, then A1 beside A2 (background)
 #   bash bench/gpu/pi1_ab.sh rl         # after sft: π2ˢ executor + two reward_apis, B1 beside C1 (background)
+#   bash bench/gpu/pi1_ab.sh preflight  # after sft, before rl: the share of informative groups of 8 for B1 and C1
+#                                       # at temperatures $TEMPS (training prompts only), to choose rl's temperature
 #   bash bench/gpu/pi1_ab.sh eval       # after rl: executors of π1ˢ/π1ʳ-local/π1ʳ-pipe, Phase D (background)
 #   bash bench/gpu/pi1_ab.sh wait NAME SECONDS   # NAME: sft, rl or eval
 #   bash bench/gpu/pi1_ab.sh collect    # $OUT/ab.tar.gz
@@ -33,16 +35,8 @@ RL_ARGS="--profile gpu --data $AB/data --nproc 1 trainer.n_gpus_per_node=1 train
   trainer.test_freq=5 trainer.save_freq=5 data.train_max_samples=2048 actor_rollout_ref.rollout.enforce_eager=true \
   actor_rollout_ref.rollout.gpu_memory_utilization=0.2 +ray_kwargs.ray_init._node_ip_address=127.0.0.1"
 
-case "${1:-}" in
-sft)
-  sft_args="--profile gpu --data $AB/data --model $MODEL_DIR --nproc 1 trainer.n_gpus_per_node=1"
-  bg sft "python3 -m trainer data build --golden $GOLDEN_DIR --out $AB/data --phases a1,a2,b1,c1 || exit 1; \
-    python3 -m trainer run a1 $sft_args --out $AB/a1 > $AB/a1.log 2>&1 & p1=\$!; \
-    python3 -m trainer run a2 $sft_args --out $AB/a2 > $AB/a2.log 2>&1 & p2=\$!; \
-    wait \$p1; a=\$?; wait \$p2; b=\$?; echo a1 \$a a2 \$b; [[ \$a == 0 && \$b == 0 ]]"
-  echo "sft started"
-  ;;
-rl)
+services_up() {  # π2ˢ executor (the pipeline reward's frozen π2) + reward_api local (18310) and pipeline (18311)
+  python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:18311/healthz')" 2>/dev/null && return 0
   python3 -m bench.gpu.serve start --model "$AB/a2/hf" --name pi2-sft --gpus 0 --port 18301 --mem 0.08
   REWARD_API_LOG_LEVEL=WARNING setsid python3 -m services.reward_api --host 127.0.0.1 --port 18310 --workers 4 \
     > "$AB/reward_api_local.log" 2>&1 < /dev/null &
@@ -53,6 +47,35 @@ rl)
   for port in 18310 18311; do
     for _ in $(seq 90); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/healthz')" 2>/dev/null && break; sleep 1; done
   done
+}
+
+case "${1:-}" in
+sft)
+  sft_args="--profile gpu --data $AB/data --model $MODEL_DIR --nproc 1 trainer.n_gpus_per_node=1"
+  bg sft "python3 -m trainer data build --golden $GOLDEN_DIR --out $AB/data --phases a1,a2,b1,c1 || exit 1; \
+    python3 -m trainer run a1 $sft_args --out $AB/a1 > $AB/a1.log 2>&1 & p1=\$!; \
+    python3 -m trainer run a2 $sft_args --out $AB/a2 > $AB/a2.log 2>&1 & p2=\$!; \
+    wait \$p1; a=\$?; wait \$p2; b=\$?; echo a1 \$a a2 \$b; [[ \$a == 0 && \$b == 0 ]]"
+  echo "sft started"
+  ;;
+preflight)
+  # B1's and C1's start policy (π1ˢ) sampled n=8 on 64 training prompts per temperature; each group's
+  # rewards through the reward API its phase uses. Chooses rl's temperature without the test split.
+  services_up
+  python3 -m bench.gpu.serve start --model "$AB/a1/hf" --name pi1-sft --gpus 0 --port 18320 --mem 0.08 --wait
+  mkdir -p "$AB/preflight"
+  bg preflight "for t in ${TEMPS:-1.0 1.3 1.6}; do \
+    python3 -m trainer preflight --golden $GOLDEN_DIR --phase b1 --policy-url http://127.0.0.1:18320 --policy-model pi1-sft \
+      --reward-url http://127.0.0.1:18310 --prompts 64 --temperature \$t --max-tokens 256 --min-informative 0 \
+      --out $AB/preflight/b1_t\$t.json > /dev/null; \
+    python3 -m trainer preflight --golden $GOLDEN_DIR --phase c1 --policy-url http://127.0.0.1:18320 --policy-model pi1-sft \
+      --reward-url http://127.0.0.1:18311 --prompts 64 --temperature \$t --max-tokens 256 --min-informative 0 \
+      --out $AB/preflight/c1_t\$t.json > /dev/null; \
+  done"
+  echo "preflight started: temperatures ${TEMPS:-1.0 1.3 1.6}"
+  ;;
+rl)
+  services_up
   bg rl "python3 -m trainer run b1 $RL_ARGS --out $AB/b1 --model $AB/a1/hf --reward-url http://127.0.0.1:18310 > $AB/b1.log 2>&1 & p1=\$!; \
     python3 -m trainer run c1 $RL_ARGS --out $AB/c1 --model $AB/a1/hf --reward-url http://127.0.0.1:18311 > $AB/c1.log 2>&1 & p2=\$!; \
     wait \$p1; a=\$?; wait \$p2; b=\$?; echo b1 \$a c1 \$b; [[ \$a == 0 && \$b == 0 ]]"
@@ -78,6 +101,11 @@ wait)
     [[ -f $AB/$ph.log ]] && echo "$ph: $(tail -c 400 "$AB/$ph.log" | tr '\r' '\n' | grep -v '^\s*$' | tail -n 1 | cut -c1-200)"
   done
   if [[ -f $AB/$name.rc ]]; then echo "$name exit $(cat "$AB/$name.rc")"; tail -n 5 "$AB/$name.log"; else echo "$name still running"; fi
+  for f in "$AB"/preflight/*.json; do
+    if [[ -f $f ]]; then python3 -c "import json,sys; r=json.load(open(sys.argv[1])); \
+print(sys.argv[1].rsplit('/', 1)[-1], 'informative', r['informative_share'], 'mean', round(r['mean_reward'], 3), \
+'group std', round(r['mean_group_std'], 4))" "$f"; fi
+  done
   cat "$AB/stages.tsv" 2>/dev/null || true
   ;;
 collect)
@@ -85,10 +113,11 @@ collect)
   cp "$AB/stages.tsv" "$AB/data/manifest.json" "$o/" 2>/dev/null || true
   for ph in a1 a2 b1 c1; do collect_phase "$AB/$ph" "$o"; done
   [[ -d $AB/phase_d ]] && cp -r "$AB/phase_d" "$o/"
+  [[ -d $AB/preflight ]] && cp -r "$AB/preflight" "$o/"
   for f in "$AB"/*.log; do if [[ -f $f ]]; then tail -c 20000 "$f" > "$o/${f##*/}"; fi; done
   collect_node_info "$o"
   tar -czf "${OUT:-$AB}/ab.tar.gz" -C "$o" .
   ls -la "${OUT:-$AB}/ab.tar.gz"
   ;;
-*) echo "usage: pi1_ab.sh sft|rl|eval|wait NAME SECONDS|collect" >&2; exit 2 ;;
+*) echo "usage: pi1_ab.sh sft|preflight|rl|eval|wait NAME SECONDS|collect" >&2; exit 2 ;;
 esac

@@ -53,9 +53,31 @@ def test_pi1_ab_collect(tmp_path: Path) -> None:
     (ab / "phase_d").mkdir()
     (ab / "phase_d" / "metrics.json").write_text("{}")
     (ab / "stages.tsv").write_text("sft\t1\t2\t1\n")
+    (ab / "preflight").mkdir()
+    (ab / "preflight" / "c1_t1.3.json").write_text(json.dumps(PREFLIGHT))
     names = _collect("pi1_ab.sh", "AB", ab, tmp_path)
     want = {"b1/phase_result.json", "b1/metrics.jsonl", "b1/early_stopping.json", "b1/tensorboard.tar.gz"}
-    assert want | {"phase_d/metrics.json", "stages.tsv", "card.txt"} <= names
+    assert want | {"phase_d/metrics.json", "stages.tsv", "card.txt", "preflight/c1_t1.3.json"} <= names
+
+
+PREFLIGHT = {"stage": "pipeline", "prompts": 64, "n": 8, "temperature": 1.3, "informative_groups": 20,
+             "informative_share": 0.3125, "mean_reward": 0.91234, "mean_group_std": 0.04321,
+             "min_informative": 0.0, "ok": True}  # fmt: skip
+
+
+def test_pi1_ab_wait_summarises_the_preflight_sweep(tmp_path: Path) -> None:
+    """`wait preflight` prints one line per temperature and phase: what rl's temperature is chosen from."""
+    ab = tmp_path / "ab"
+    (ab / "preflight").mkdir(parents=True)
+    (ab / "preflight" / "c1_t1.3.json").write_text(json.dumps(PREFLIGHT))
+    (ab / "preflight.rc").write_text("0\n")
+    (ab / "preflight.log").write_text("")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MODEL_DIR": str(ab), "GOLDEN_DIR": str(ab), "AB": str(ab)}
+    proc = subprocess.run(["bash", str(REPO / "bench" / "gpu" / "pi1_ab.sh"), "wait", "preflight", "1"],
+                          env=env, capture_output=True, text=True, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "preflight exit 0" in proc.stdout
+    assert "c1_t1.3.json informative 0.3125 mean 0.912 group std 0.0432" in proc.stdout
 
 
 def test_loop_node_collect(tmp_path: Path) -> None:
