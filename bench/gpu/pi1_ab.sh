@@ -71,7 +71,7 @@ preflight)
     python3 -m trainer preflight --golden $GOLDEN_DIR --phase c1 --policy-url http://127.0.0.1:18320 --policy-model pi1-sft \
       --reward-url http://127.0.0.1:18311 --prompts 64 --temperature \$t --max-tokens 256 --min-informative 0 \
       --out $AB/preflight/c1_t\$t.json > /dev/null; \
-  done"
+  done; python3 -m bench.gpu.serve stop --ports 18320"  # eval starts its own π1ˢ executor on that port
   echo "preflight started: temperatures ${TEMPS:-1.0 1.3 1.6}"
   ;;
 rl)
