@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -42,9 +43,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.executor_model,
             len(settings.executor_urls),
         )
+        freeze_startup_heap()
         try:
             yield
         finally:
+            gc.unfreeze()
             if client is not None:
                 await client.aclose()
             if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -68,6 +71,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(RequestContextMiddleware)
     return app
+
+
+def freeze_startup_heap() -> None:
+    """Move the objects alive after start-up (modules, the app, pydantic's validators: ~200k) out of the
+    cyclic GC's reach (``gc.freeze``). A batch-1024 request decodes ~20k objects that live until it is
+    answered; they regularly set off a full collection that walked the whole start-up heap, which made
+    decoding the body twice as slow on average (3.3 -> 7.4 ms per request). ``gc.collect`` first, so no
+    garbage is frozen; the lifespan unfreezes at shutdown (tests run several apps in one process)."""
+    gc.collect()
+    gc.freeze()
 
 
 def _document_request_models(app: FastAPI) -> None:
