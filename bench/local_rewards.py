@@ -9,6 +9,7 @@ Beside it (informational): N workers against 1 worker, both driven by N concurre
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import threading
@@ -93,12 +94,19 @@ class Mismatch(AssertionError):
 def time_http(
     url: str, kind: str, batches: list[list[dict[str, Any]]], expected: list[list[float]], concurrency: int
 ) -> Timing:
-    """``concurrency`` client threads share the batches; each checks its answers against ``expected``."""
+    """``concurrency`` client threads share the batches; each checks its answers against ``expected``.
+
+    Each client first posts one untimed warm-up request (connection, first-request costs); the clock
+    starts once all of them are warm, as ``time_in_process`` warms up before its clock starts. (Until
+    this was fixed, the warm-up counted in the elapsed time but not in the items: 9 requests timed for
+    8 batches' items at batch 1024, which understated the HTTP rate by 1/9.)
+    """
     endpoint = f"{url}/reward/{kind}"
     lat: list[float] = []
     errors: list[BaseException] = []
     lock = threading.Lock()
     next_i = iter(range(len(batches)))
+    warm = threading.Barrier(concurrency + 1)
 
     def post(client: httpx.Client, batch: list[dict[str, Any]], want: list[float]) -> None:
         body = json.dumps({"items": batch}).encode()
@@ -114,7 +122,15 @@ def time_http(
 
     def worker() -> None:
         with httpx.Client(timeout=300.0) as client:
-            post(client, batches[0], expected[0])  # warm-up: connection, first-request costs
+            try:
+                post(client, batches[0], expected[0])  # warm-up, untimed
+                warm.wait()
+            except threading.BrokenBarrierError:  # another client's warm-up failed
+                return
+            except BaseException as exc:
+                errors.append(exc)
+                warm.abort()
+                return
             while True:
                 with lock:
                     i = next(next_i, None)
@@ -130,9 +146,11 @@ def time_http(
                     lat.append(time.perf_counter() - s)
 
     threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    t0 = time.perf_counter()
     for t in threads:
         t.start()
+    with contextlib.suppress(threading.BrokenBarrierError):  # a warm-up failed: its error is raised below
+        warm.wait()
+    t0 = time.perf_counter()
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - t0
@@ -235,7 +253,8 @@ def render_md(p: dict[str, Any]) -> str:
     md = header_md("Local rewards: in-process vs HTTP", p["run"])
     md += (
         "Same perturbed golden items on both sides; every HTTP answer was checked against the in-process "
-        "rewards (ids, order, values). HTTP time includes client-side JSON encoding and decoding; "
+        "rewards (ids, order, values). HTTP time includes client-side JSON encoding and decoding; one warm-up "
+        "batch per side (per client) runs before the clock starts; "
         "`http-Nw` = N uvicorn workers driven by N concurrent clients; `http-1w-Nc` = 1 worker driven by the same "
         "N clients (the baseline of the workers row). "
         f"Median of {p['repeats']} alternating rounds per row (p50/p99 over all rounds).\n\n"
