@@ -1,4 +1,4 @@
-"""The local-rewards bench's HTTP timing: warm-up requests stay off the clock, answers are checked.
+"""The local-rewards bench: warm-up requests stay off the clock, answers are checked, ratios pair rounds.
 
 The server is the real reward_api app (uvicorn in a thread); ``FirstRequestDelayInjector`` is a fault
 injector in front of it that holds back the first reward request, so a warm-up that leaked into the
@@ -19,8 +19,17 @@ import pytest
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from bench.common import load_examples
-from bench.local_rewards import Mismatch, _batches, build_items, in_process_rewards, time_http
+from bench.common import Timing, load_examples
+from bench.local_rewards import (
+    Mismatch,
+    _batches,
+    _median_round,
+    build_items,
+    in_process_rewards,
+    paired_ratios,
+    render_md,
+    time_http,
+)
 from services.executor_vllm.cpu_launcher import free_port
 from services.reward_api.app import create_app
 from services.reward_api.settings import Settings
@@ -123,3 +132,17 @@ def test_a_wrong_timed_answer_raises(
     assert any(r != 0 for r in expected[2])  # negating changes at least one value
     with pytest.raises(Mismatch, match="rewards differ"):
         time_http(server.url, "schema", batches, wrong, concurrency=1)
+
+
+def test_rounds_keep_their_order_and_ratios_pair_them() -> None:
+    in_process = _median_round([Timing(100, 1.0, [0.5]), Timing(100, 4.0, [2.0]), Timing(100, 2.0, [1.0])])
+    http = _median_round([Timing(100, 2.0, [1.0]), Timing(100, 5.0, [2.5]), Timing(100, 2.5, [1.2])])
+    assert in_process["round_items_per_s"] == [100.0, 25.0, 50.0]
+    assert in_process["items_per_s"] == 50.0  # the median round
+    assert paired_ratios(http, in_process) == [0.5, 0.8, 0.8]
+    goal = {"goal": "g", "value": 0.8, "target": 0.7, "met": True, "binding": True, "per_round": [0.5, 0.8, 0.8]}
+    run = {"quick": False, "noisy": False, "timestamp": "t", "command": "c", "loadavg_1m_at_start": 0.1}
+    versions = {"python": "3.11", "vllm": "v", "fastapi": "f", "uvicorn": "u", "project_commit": "c"}
+    run |= {"machine": {"cpu": "x", "cores": 2, "ram_gib": 1.0}, "versions": versions}
+    md = render_md({"run": run, "repeats": 3, "goals": [goal], "rows": [], "plot": None})
+    assert "| g | 0.8 | 0.7 | yes | met | 0.5 / 0.8 / 0.8 |" in md
