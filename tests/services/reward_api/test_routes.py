@@ -126,6 +126,25 @@ def test_metrics_count_items_and_invalid(local_server: RewardApiServer, golden_s
     assert metric(local_server.url, "reward_api_requests_total", {"endpoint": "/reward/schema", "status": "200"}) >= 1
 
 
+@pytest.mark.parametrize("kind", ["schema", "table"])
+def test_reward_histogram_holds_a_full_batch_as_soon_as_it_is_answered(
+    local_server: RewardApiServer, golden_sample: list[GoldenExample], kind: str
+) -> None:
+    """The per-item metrics are recorded after the answer is sent: a read right after it must see them all."""
+    pool = _schema_items(golden_sample) if kind == "schema" else _table_items(golden_sample)
+    items = [{**pool[i % len(pool)], "id": str(i)} for i in range(1024)]
+    labels = {"endpoint": f"/reward/{kind}"}
+    bounds = ("-1.0", "0.0", "0.5", "0.9", "+Inf")
+    before = {le: metric(local_server.url, "reward_api_reward_bucket", {**labels, "le": le}) for le in bounds}
+    r = post(local_server.url, f"/reward/{kind}", {"items": items})
+    assert r.status_code == 200, r.text
+    rewards = [x["reward"] for x in r.json()["results"]]
+    for le in bounds:
+        got = metric(local_server.url, "reward_api_reward_bucket", {**labels, "le": le}) - before[le]
+        assert got == sum(1 for x in rewards if x <= float(le)), le
+    assert 0 < sum(1 for x in rewards if x <= 0.5) < 1024  # the buckets split this batch
+
+
 def test_ops_endpoints(local_server: RewardApiServer) -> None:
     assert httpx.get(f"{local_server.url}/healthz").json() == {"status": "ok"}
     ready = httpx.get(f"{local_server.url}/readyz")
