@@ -276,13 +276,18 @@ def rerender(path: Path) -> str:
     """The Markdown report of a recorded JSON result, with goals and same-setting speed-ups recomputed
     from its rows (reports written before those sections existed read the same as new ones)."""
     p = json.loads(Path(path).read_text())
-    best, goals = goals_from(p["rows"])
-    p |= {
+    return render_md(p | derived(p["rows"]))
+
+
+def derived(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What a report computes from its rows: best items/s per executor count, the goals, the same-setting
+    speed-ups."""
+    best, goals = goals_from(rows)
+    return {
         "best_items_per_s": {str(k): v for k, v in sorted(best.items())},
         "goals": goals,
-        "speedup_same_setting": same_setting_speedups(p["rows"]),
+        "speedup_same_setting": same_setting_speedups(rows),
     }
-    return render_md(p)
 
 
 def report(
@@ -292,16 +297,7 @@ def report(
     quick: bool,
     plot: bool = True,
 ) -> dict[str, Any]:
-    best, goals = goals_from(rows)
-    payload = {
-        "benchmark": NAME,
-        "run": record,
-        **setup,
-        "rows": rows,
-        "best_items_per_s": {str(k): v for k, v in sorted(best.items())},
-        "goals": goals,
-        "speedup_same_setting": same_setting_speedups(rows),
-    }
+    payload = {"benchmark": NAME, "run": record, **setup, "rows": rows, **derived(rows)}
     write_result(NAME, payload, render_md(payload), quick)
     if plot:
         render_png(payload, quick)

@@ -175,22 +175,22 @@ def make_executor(model_dir: str, log: Path, slot: ExecutorSlot | None = None, e
 def local_executor(model_dir: str, log: Path, slot: ExecutorSlot | None = None, eager: bool = True) -> Iterator[str]:
     """An executor serving ``model_dir`` as ``SERVED_NAME`` (on ``slot``'s GPU, else vLLM-CPU);
     yields its URL, always stops it."""
-    with local_executors(model_dir, log, [slot], eager, single=True) as url:
+    with local_executors(model_dir, [log], [slot], eager) as url:
         yield url
+
+
+def replica_logs(prefix: Path, n: int) -> list[Path]:
+    """One log per executor replica: ``<prefix>_<i>.log``."""
+    return [prefix.with_name(f"{prefix.name}_{i}.log") for i in range(n)]
 
 
 @contextlib.contextmanager
 def local_executors(
-    model_dir: str, log_prefix: Path, slots: Sequence[ExecutorSlot | None], eager: bool = True, single: bool = False
+    model_dir: str, logs: Sequence[Path], slots: Sequence[ExecutorSlot | None], eager: bool = True
 ) -> Iterator[str]:
-    """One executor per slot (replicas of one model), started at once (each on its own GPU); yields
-    their URLs comma-separated for reward_api. All are stopped at the end, also when one fails to start.
-
-    ``single``: one slot, logged at ``log_prefix`` itself (else ``<prefix>_<i>.log`` per replica).
-    """
-    if single and len(slots) != 1:
-        raise ValueError(f"single: needs exactly one slot, got {len(slots)}")
-    logs = [log_prefix] if single else [log_prefix.with_name(f"{log_prefix.name}_{i}.log") for i in range(len(slots))]
+    """One executor per slot (replicas of one model, each logged to its entry of ``logs``), started at once
+    (each on its own GPU); yields their URLs comma-separated for reward_api. All are stopped at the end,
+    also when one fails to start."""
     executors = [make_executor(model_dir, log, slot, eager) for log, slot in zip(logs, slots, strict=True)]
     try:
         with ThreadPoolExecutor(max_workers=max(1, len(executors))) as pool:
@@ -433,7 +433,9 @@ class Loop:
                 yield url
             return
         with (
-            local_executors(executor_model, logs / f"executor_{tag}", slots, self.cfg.executor_eager) as ex_urls,
+            local_executors(
+                executor_model, replica_logs(logs / f"executor_{tag}", len(slots)), slots, self.cfg.executor_eager
+            ) as ex_urls,
             local_reward_api(logs / f"reward_api_{tag}.log", ex_urls, self.cfg.executor_max_tokens, workers) as url,
         ):
             yield url

@@ -207,7 +207,7 @@ def test_executor_replicas_start_at_once_and_all_stop_when_one_fails(
 
     monkeypatch.setattr(loop_mod, "make_executor", make)
     slots = [ExecutorSlot(("2",)), ExecutorSlot(("3",))]
-    with loop_mod.local_executors("/m", tmp_path / "executor_c1", slots) as urls:
+    with loop_mod.local_executors("/m", loop_mod.replica_logs(tmp_path / "executor_c1", 2), slots) as urls:
         assert urls.split(",") == [m.url for m in made] and not any(m.stopped for m in made)
     (s0, e0), (s1, e1) = spans["executor_c1_0.log"], spans["executor_c1_1.log"]
     assert s0 < e1 and s1 < e0  # started side by side, not one after the other
@@ -216,7 +216,7 @@ def test_executor_replicas_start_at_once_and_all_stop_when_one_fails(
     monkeypatch.setattr(loop_mod, "make_executor", lambda *a: make(*a, fail_on="executor_c1_1.log"))
     with (
         pytest.raises(RuntimeError, match=r"executor_c1_1\.log: engine core"),
-        loop_mod.local_executors("/m", tmp_path / "executor_c1", slots),
+        loop_mod.local_executors("/m", loop_mod.replica_logs(tmp_path / "executor_c1", 2), slots),
     ):
         pytest.fail("must not yield when a replica failed to start")
     assert len(made) == 2 and all(m.stopped for m in made)  # the one that did start is stopped too
