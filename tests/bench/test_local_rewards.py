@@ -8,15 +8,11 @@ timed interval would show as a whole delay.
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import pytest
-import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from bench.common import Timing, load_examples
@@ -30,9 +26,9 @@ from bench.local_rewards import (
     render_md,
     time_http,
 )
-from services.executor_vllm.cpu_launcher import free_port
 from services.reward_api.app import create_app
 from services.reward_api.settings import Settings
+from tests.helpers.servers import ThreadServer
 
 DELAY_S = 1.5
 
@@ -50,32 +46,6 @@ class FirstRequestDelayInjector:
             self.delayed += 1
             await asyncio.sleep(self.delay_s)
         await self.app(scope, receive, send)
-
-
-class ThreadServer:
-    """uvicorn on 127.0.0.1 (a free port) in a background thread."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> ThreadServer:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("reward_api thread server did not start")
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
 
 
 @pytest.fixture()

@@ -8,17 +8,14 @@ free loopback port, in a thread. Success-path tests use the real ``services.rewa
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from services.executor_vllm.cpu_launcher import free_port
 from shared import compute_schema_reward_single
+from tests.helpers.servers import ThreadServer
 
 
 @dataclass
@@ -33,7 +30,6 @@ class Faults:
 class FaultyRewardApi:
     def __init__(self, faults: Faults | None = None) -> None:
         self.faults = faults or Faults()
-        self.port = free_port()
         app = FastAPI()
 
         @app.post("/reward/schema")
@@ -52,22 +48,16 @@ class FaultyRewardApi:
             ]
             return JSONResponse({"results": results, "count": len(results), "prompt_version": "x", "elapsed_ms": 0})
 
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self._server = ThreadServer(app)
+        self.port = self._server.port
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self._server.url
 
     def __enter__(self) -> FaultyRewardApi:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("faulty reward api did not start")
-            time.sleep(0.05)
+        self._server.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+        self._server.__exit__(None, None, None)
