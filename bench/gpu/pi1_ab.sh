@@ -9,6 +9,8 @@
 #   bash bench/gpu/pi1_ab.sh rl         # after sft: π2ˢ executor + two reward_apis, B1 beside C1 (background)
 #   bash bench/gpu/pi1_ab.sh preflight  # after sft, before rl: the share of informative groups of 8 for B1 and C1
 #                                       # at temperatures $TEMPS (training prompts only), to choose rl's temperature
+#   SFT_PHASES="a1" (default "a1 a2") trains only π1ˢ; PREFLIGHT_PHASES="b1" (default "b1 c1") sweeps only B1,
+#   which needs no π2ˢ executor: the short lease for the preflight alone.
 #   bash bench/gpu/pi1_ab.sh eval       # after rl: executors of π1ˢ/π1ʳ-local/π1ʳ-pipe, Phase D (background)
 #   bash bench/gpu/pi1_ab.sh wait NAME SECONDS   # NAME: sft, rl or eval
 #   bash bench/gpu/pi1_ab.sh collect    # $OUT/ab.tar.gz
@@ -35,44 +37,59 @@ RL_ARGS="--profile gpu --data $AB/data --nproc 1 trainer.n_gpus_per_node=1 train
   trainer.test_freq=5 trainer.save_freq=5 data.train_max_samples=2048 actor_rollout_ref.rollout.enforce_eager=true \
   actor_rollout_ref.rollout.gpu_memory_utilization=0.2 +ray_kwargs.ray_init._node_ip_address=127.0.0.1"
 
-services_up() {  # π2ˢ executor (the pipeline reward's frozen π2) + reward_api local (18310) and pipeline (18311)
-  python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:18311/healthz')" 2>/dev/null && return 0
-  python3 -m bench.gpu.serve start --model "$AB/a2/hf" --name pi2-sft --gpus 0 --port 18301 --mem 0.08
-  REWARD_API_LOG_LEVEL=WARNING setsid python3 -m services.reward_api --host 127.0.0.1 --port 18310 --workers 4 \
-    > "$AB/reward_api_local.log" 2>&1 < /dev/null &
-  python3 -m bench.gpu.serve wait --ports 18301
-  REWARD_API_EXECUTOR_URLS=http://127.0.0.1:18301 REWARD_API_EXECUTOR_MODEL=pi2-sft REWARD_API_LOG_LEVEL=WARNING \
-    setsid python3 -m services.reward_api --host 127.0.0.1 --port 18311 --workers 8 \
-    > "$AB/reward_api_pipe.log" 2>&1 < /dev/null &
-  for port in 18310 18311; do
-    for _ in $(seq 90); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/healthz')" 2>/dev/null && break; sleep 1; done
+up() { python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$1/healthz')" 2>/dev/null; }
+services_up() {  # reward_api local (18310); with PIPE=1 (default) also the π2ˢ executor (the pipeline reward's
+                 # frozen π2) and reward_api pipeline (18311)
+  local pipe=${PIPE:-1} ports=18310
+  if ! up 18310; then
+    REWARD_API_LOG_LEVEL=WARNING setsid python3 -m services.reward_api --host 127.0.0.1 --port 18310 --workers 4 \
+      > "$AB/reward_api_local.log" 2>&1 < /dev/null &
+  fi
+  if [[ $pipe == 1 ]] && ! up 18311; then
+    ports="18310 18311"
+    python3 -m bench.gpu.serve start --model "$AB/a2/hf" --name pi2-sft --gpus 0 --port 18301 --mem 0.08 --eager
+    python3 -m bench.gpu.serve wait --ports 18301
+    REWARD_API_EXECUTOR_URLS=http://127.0.0.1:18301 REWARD_API_EXECUTOR_MODEL=pi2-sft REWARD_API_LOG_LEVEL=WARNING \
+      setsid python3 -m services.reward_api --host 127.0.0.1 --port 18311 --workers 8 \
+      > "$AB/reward_api_pipe.log" 2>&1 < /dev/null &
+  fi
+  for port in $ports; do
+    for _ in $(seq 90); do up "$port" && break; sleep 1; done
   done
 }
 
 case "${1:-}" in
 sft)
   sft_args="--profile gpu --data $AB/data --model $MODEL_DIR --nproc 1 trainer.n_gpus_per_node=1"
+  runs=""
+  for ph in ${SFT_PHASES:-a1 a2}; do
+    runs+="python3 -m trainer run $ph $sft_args --out $AB/$ph > $AB/$ph.log 2>&1 & pids+=(\$!); "
+  done
   bg sft "python3 -m trainer data build --golden $GOLDEN_DIR --out $AB/data --phases a1,a2,b1,c1 || exit 1; \
-    python3 -m trainer run a1 $sft_args --out $AB/a1 > $AB/a1.log 2>&1 & p1=\$!; \
-    python3 -m trainer run a2 $sft_args --out $AB/a2 > $AB/a2.log 2>&1 & p2=\$!; \
-    wait \$p1; a=\$?; wait \$p2; b=\$?; echo a1 \$a a2 \$b; [[ \$a == 0 && \$b == 0 ]]"
-  echo "sft started"
+    pids=(); $runs failed=0; for p in \${pids[@]}; do wait \$p || failed=1; done; \
+    echo sft phases ${SFT_PHASES:-a1 a2} failed=\$failed; exit \$failed"
+  echo "sft started: ${SFT_PHASES:-a1 a2}"
   ;;
 preflight)
   # B1's and C1's start policy (π1ˢ) sampled n=8 on 64 training prompts per temperature; each group's
   # rewards through the reward API its phase uses. Chooses rl's temperature without the test split.
-  services_up
-  python3 -m bench.gpu.serve start --model "$AB/a1/hf" --name pi1-sft --gpus 0 --port 18320 --mem 0.08 --wait
+  phases=${PREFLIGHT_PHASES:-b1 c1}
+  PIPE=0; [[ " $phases " == *" c1 "* ]] && PIPE=1
+  PIPE=$PIPE services_up
+  # eager (no CUDA graphs / compile): the sweep is short, the start is what costs (on a fresh H200 node the
+  # compiled start ran past 90 s, and a preflight that had 100 s left never sampled)
+  python3 -m bench.gpu.serve start --model "$AB/a1/hf" --name pi1-sft --gpus 0 --port 18320 --mem 0.08 --eager --wait
   mkdir -p "$AB/preflight"
-  bg preflight "for t in ${TEMPS:-1.0 1.3 1.6}; do \
-    python3 -m trainer preflight --golden $GOLDEN_DIR --phase b1 --policy-url http://127.0.0.1:18320 --policy-model pi1-sft \
-      --reward-url http://127.0.0.1:18310 --prompts 64 --temperature \$t --max-tokens 256 --min-informative 0 \
-      --out $AB/preflight/b1_t\$t.json > /dev/null; \
-    python3 -m trainer preflight --golden $GOLDEN_DIR --phase c1 --policy-url http://127.0.0.1:18320 --policy-model pi1-sft \
-      --reward-url http://127.0.0.1:18311 --prompts 64 --temperature \$t --max-tokens 256 --min-informative 0 \
-      --out $AB/preflight/c1_t\$t.json > /dev/null; \
-  done; python3 -m bench.gpu.serve stop --ports 18320"  # eval starts its own π1ˢ executor on that port
-  echo "preflight started: temperatures ${TEMPS:-1.0 1.3 1.6}"
+  sweeps=""
+  for ph in $phases; do
+    case $ph in b1) url=http://127.0.0.1:18310 ;; c1) url=http://127.0.0.1:18311 ;; *) echo "no preflight for $ph" >&2; exit 2 ;; esac
+    sweeps+="python3 -m trainer preflight --golden $GOLDEN_DIR --phase $ph --policy-url http://127.0.0.1:18320 \
+      --policy-model pi1-sft --reward-url $url --prompts 64 --temperature \$t --max-tokens 256 --min-informative 0 \
+      --out $AB/preflight/${ph}_t\$t.json > /dev/null; "
+  done
+  bg preflight "for t in ${TEMPS:-1.0 1.3 1.6}; do $sweeps done; \
+    python3 -m bench.gpu.serve stop --ports 18320"  # eval starts its own π1ˢ executor on that port
+  echo "preflight started: $phases at temperatures ${TEMPS:-1.0 1.3 1.6}"
   ;;
 rl)
   services_up

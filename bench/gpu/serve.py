@@ -15,46 +15,26 @@ import argparse
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
 
+from services.executor_vllm.gpu_launcher import GpuExecutor
+
 RUN_DIR = Path(os.environ.get("STX_VLLM_RUN_DIR", "/tmp"))
-# NVLink multicast stays off on shared hosts (the device machines' rule); vLLM's own child processes
-# inherit these.
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-# No flashinfer is carried: use FlashAttention and torch sampling.
-VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
 
 
-def vllm_command(
-    model: str,
-    name: str,
-    port: int,
-    mem: float,
-    prefix_cache: bool = True,
-    max_model_len: int | None = None,
-    extra: Sequence[str] = (),
-) -> list[str]:
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", name]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--seed", "0"]
-    cmd += ["--gpu-memory-utilization", str(mem)]
-    if not prefix_cache:
-        cmd.append("--no-enable-prefix-caching")
-    if max_model_len:
-        cmd += ["--max-model-len", str(max_model_len)]
-    return cmd + list(extra)
-
-
-def executor_env(gpu: str, base: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ if base is None else base)
-    env.update(SAFE_ENV)
-    env.update(VLLM_ENV)
-    env["CUDA_VISIBLE_DEVICES"] = gpu
-    return env
+def executor(
+    model: str, name: str, gpu: str, port: int, mem: float, prefix_cache: bool = True, eager: bool = False
+) -> GpuExecutor:
+    """The executor's command and environment are GpuExecutor's (the loop's): bf16, seed 0, loopback,
+    NVLink multicast off, no flashinfer; this module only runs it detached and keeps its PID file."""
+    return GpuExecutor(
+        model, [gpu], name, port, mem, enforce_eager=eager, prefix_caching=prefix_cache,
+        log_path=RUN_DIR / f"stx-vllm-{port}.log",
+    )  # fmt: skip
 
 
 def assign(gpus: Sequence[str], port: int) -> list[tuple[str, int]]:
@@ -64,14 +44,17 @@ def assign(gpus: Sequence[str], port: int) -> list[tuple[str, int]]:
     return [(g, port + i) for i, g in enumerate(gpus)]
 
 
-def start(model: str, name: str, gpus: Sequence[str], port: int, mem: float, prefix_cache: bool) -> list[int]:
+def start(
+    model: str, name: str, gpus: Sequence[str], port: int, mem: float, prefix_cache: bool, eager: bool = False
+) -> list[int]:
     ports = []
     for gpu, p in assign(gpus, port):
-        log = (RUN_DIR / f"stx-vllm-{p}.log").open("ab")
+        ex = executor(model, name, gpu, p, mem, prefix_cache, eager)
+        log = ex.log_path.open("ab")
         proc = subprocess.Popen(
-            vllm_command(model, name, p, mem, prefix_cache),
+            ex.command(),
             # A compile cache of its own: executors that start together never race on one.
-            env={**executor_env(gpu), "VLLM_CACHE_ROOT": str(RUN_DIR / f"stx-vllm-cache-{p}")},
+            env={**ex.env(), "VLLM_CACHE_ROOT": str(RUN_DIR / f"stx-vllm-cache-{p}")},
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -151,13 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--port", type=int, required=True, help="Port of the first executor.")
     s.add_argument("--mem", type=float, default=0.3, help="--gpu-memory-utilization of each.")
     s.add_argument("--no-prefix-cache", action="store_true", help="Turn vLLM's prefix caching off.")
+    s.add_argument("--eager", action="store_true", help="No CUDA graphs / torch.compile: starts sooner, runs slower.")
     s.add_argument("--wait", action="store_true", help="Wait until all are ready.")
     for name in ("wait", "stop"):
         p = sub.add_parser(name)
         p.add_argument("--ports", required=True)
     a = ap.parse_args(argv)
     if a.cmd == "start":
-        ports = start(a.model, a.name, a.gpus.split(","), a.port, a.mem, not a.no_prefix_cache)
+        ports = start(a.model, a.name, a.gpus.split(","), a.port, a.mem, not a.no_prefix_cache, a.eager)
         if a.wait:
             wait(ports)
     elif a.cmd == "wait":

@@ -52,7 +52,8 @@ def gpu_env(gpus: Sequence[str], base: Mapping[str, str] | None = None) -> dict[
 
 
 class GpuExecutor(CpuExecutor):
-    """A vLLM server on ``gpus`` (bf16, CUDA graphs unless ``enforce_eager``)."""
+    """A vLLM server on ``gpus`` (bf16, CUDA graphs unless ``enforce_eager``, prefix caching unless
+    ``prefix_caching`` is False)."""
 
     def __init__(
         self,
@@ -66,6 +67,7 @@ class GpuExecutor(CpuExecutor):
         seed: int = 0,
         enforce_eager: bool = False,
         extra_args: Sequence[str] = (),
+        prefix_caching: bool = True,
     ) -> None:
         super().__init__(model, served_model_name, port, log_path=log_path, max_model_len=max_model_len, seed=seed)
         self.gpus = [str(g) for g in gpus]
@@ -75,6 +77,7 @@ class GpuExecutor(CpuExecutor):
             raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {gpu_memory_utilization}")
         self.gpu_memory_utilization = gpu_memory_utilization
         self.enforce_eager = enforce_eager
+        self.prefix_caching = prefix_caching
         self.extra_args = list(extra_args)
 
     def command(self) -> list[str]:
@@ -82,7 +85,8 @@ class GpuExecutor(CpuExecutor):
             *self.server_argv(),
             "--dtype", "bfloat16", "--max-model-len", str(self.max_model_len), "--seed", str(self.seed),
             "--gpu-memory-utilization", str(self.gpu_memory_utilization),
-            "--tensor-parallel-size", str(len(self.gpus)), "--enable-prefix-caching",
+            "--tensor-parallel-size", str(len(self.gpus)),
+            "--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching",
         ]  # fmt: skip
         if self.enforce_eager:
             cmd.append("--enforce-eager")

@@ -11,6 +11,7 @@ import pytest
 
 from bench import gpu_scaling as gs
 from bench.gpu import serve
+from services.executor_vllm.gpu_launcher import GpuExecutor
 from shared import read_split
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "data" / "golden"
@@ -145,22 +146,30 @@ def _writer(folder: Path):  # type: ignore[no-untyped-def]
     return write
 
 
-def test_executors_get_one_gpu_each_and_the_safe_environment() -> None:
+def test_executors_get_one_gpu_each_and_the_safe_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert serve.assign(["0", "1", "3"], 18201) == [("0", 18201), ("1", 18202), ("3", 18203)]
     with pytest.raises(ValueError, match="a GPU of its own"):
         serve.assign(["0", "0"], 18201)
-    env = serve.executor_env("2", base={"PATH": "/bin", "NCCL_NVLS_ENABLE": "1"})
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
+    env = serve.executor("/m", "pi2", "2", 18201, 0.3).env()
     assert env["CUDA_VISIBLE_DEVICES"] == "2" and env["NCCL_NVLS_ENABLE"] == "0"
     assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and env["NVSHMEM_DISABLE_NVLS"] == "1"
     assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
 
 
-def test_vllm_command_serves_on_loopback() -> None:
-    cmd = serve.vllm_command("/m", "pi2", 18201, 0.3, prefix_cache=False)
+def test_vllm_command_serves_on_loopback_with_the_loops_flags() -> None:
+    """bench/gpu/serve.py runs GpuExecutor's command (the one the loop uses), detached, logging to RUN_DIR."""
+    ex = serve.executor("/m", "pi2", "0", 18201, 0.3, prefix_cache=False, eager=True)
+    cmd = ex.command()
     assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--port") + 1] == "18201"
-    assert "--no-enable-prefix-caching" in cmd
-    assert "--no-enable-prefix-caching" not in serve.vllm_command("/m", "pi2", 1, 0.3)
+    assert cmd[cmd.index("--served-model-name") + 1] == "pi2"
+    assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.3"
+    assert "--no-enable-prefix-caching" in cmd and "--enforce-eager" in cmd
+    assert ex.log_path == serve.RUN_DIR / "stx-vllm-18201.log"
+    default = serve.executor("/m", "pi2", "0", 1, 0.3).command()
+    assert "--no-enable-prefix-caching" not in default and "--enforce-eager" not in default
+    assert cmd[:10] == GpuExecutor("/m", ["0"], "pi2", 18201, 0.3).command()[:10]
 
 
 def test_a_dead_unreaped_executor_counts_as_dead() -> None:

@@ -22,7 +22,14 @@ def test_command_pins_dtype_memory_share_and_tensor_parallel_to_its_gpus() -> No
     assert _flag(cmd, "--gpu-memory-utilization") == "0.3"
     assert _flag(cmd, "--tensor-parallel-size") == "2"
     assert "--enforce-eager" not in cmd  # CUDA graphs on GPU
+    assert "--enable-prefix-caching" in cmd and "--no-enable-prefix-caching" not in cmd
     assert ex.url == "http://127.0.0.1:18123"
+
+
+def test_prefix_caching_and_eager_are_switches() -> None:
+    cmd = GpuExecutor("/m", gpus=["0"], port=1, enforce_eager=True, prefix_caching=False).command()
+    assert "--no-enable-prefix-caching" in cmd and "--enable-prefix-caching" not in cmd
+    assert cmd.count("--enforce-eager") == 1
 
 
 def test_env_sets_the_gpus_and_keeps_multicast_off_whatever_the_caller_set() -> None:
