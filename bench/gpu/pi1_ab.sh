@@ -12,9 +12,14 @@
 #   SFT_PHASES="a1" (default "a1 a2") trains only π1ˢ; PREFLIGHT_PHASES="b1" (default "b1 c1") sweeps only B1,
 #   which needs no π2ˢ executor: the short lease for the preflight alone.
 #   bash bench/gpu/pi1_ab.sh eval       # after rl: executors of π1ˢ/π1ʳ-local/π1ʳ-pipe, Phase D (background)
-#   bash bench/gpu/pi1_ab.sh wait NAME SECONDS   # NAME: sft, rl or eval
+#   bash bench/gpu/pi1_ab.sh all        # sft, preflight, rl at the temperature the sweep chose, eval: one background
+#                                       # chain (a lease then needs only `all`, `wait all 580` calls and `collect`)
+#   bash bench/gpu/pi1_ab.sh wait NAME SECONDS   # NAME: sft, preflight, rl, eval or all
 #   bash bench/gpu/pi1_ab.sh collect    # $OUT/ab.tar.gz
 # Every stage's wall time goes to $AB/stages.tsv (name, start, end, seconds).
+# RL_TEMPERATURE sets both arms' rollout temperature (default: the gpu profile's); `all` sets it to the
+# lowest temperature of TEMPS at which B1 and C1 each have >= MIN_SHARE (default 0.5) informative groups
+# on training prompts (`python -m trainer preflight-choose`; the choice goes to $AB/preflight/choice.json).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [[ -n "${PYTHONPATH:-}" && -d "${MODEL_DIR:-/nonexistent}" ]] || source bench/gpu/node_setup.sh >/dev/null
@@ -35,7 +40,8 @@ bg() {  # NAME CMD: run CMD in its own session (outlives this command); NAME.rc 
 # Ray on loopback (the node has no network).
 RL_ARGS="--profile gpu --data $AB/data --nproc 1 trainer.n_gpus_per_node=1 trainer.total_training_steps=$RL_STEPS \
   trainer.test_freq=5 trainer.save_freq=5 data.train_max_samples=2048 actor_rollout_ref.rollout.enforce_eager=true \
-  actor_rollout_ref.rollout.gpu_memory_utilization=0.2 +ray_kwargs.ray_init._node_ip_address=127.0.0.1"
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.2 +ray_kwargs.ray_init._node_ip_address=127.0.0.1 \
+  ${RL_TEMPERATURE:+actor_rollout_ref.rollout.temperature=$RL_TEMPERATURE}"
 
 up() { python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$1/healthz')" 2>/dev/null; }
 services_up() {  # reward_api local (18310); with PIPE=1 (default) also the π2ˢ executor (the pipeline reward's
@@ -111,6 +117,22 @@ eval)
       --setting pipe=http://127.0.0.1:18322,pi1-pipe,http://127.0.0.1:18301,pi2-sft"
   echo "eval started"
   ;;
+all)
+  bg all "bash bench/gpu/pi1_ab.sh _chain"
+  echo "all started: sft, preflight (${TEMPS:-1.0 1.3 1.6}), rl ($RL_STEPS steps), eval"
+  ;;
+_chain)  # what `all` runs in the background: each stage in turn, stopping at the first that fails
+  stage() {
+    bash bench/gpu/pi1_ab.sh "$1" || return 1
+    while [[ ! -f $AB/$1.rc ]]; do sleep 5; done
+    [[ $(cat "$AB/$1.rc") == 0 ]] || { echo "stage $1 failed: $(tail -n 3 "$AB/$1.log")"; return 1; }
+  }
+  stage sft && stage preflight || exit 1
+  t=$(python3 -m trainer preflight-choose --dir "$AB/preflight" --phases b1,c1 --min-share "${MIN_SHARE:-0.5}" \
+    --out "$AB/preflight/choice.json") || exit 1
+  echo "rl temperature: $t"
+  RL_TEMPERATURE=$t stage rl && stage eval
+  ;;
 wait)
   name=$2; deadline=$(( $(date +%s) + ${3:-540} ))
   while [[ ! -f $AB/$name.rc ]] && (( $(date +%s) < deadline )); do sleep 5; done
@@ -118,11 +140,14 @@ wait)
     [[ -f $AB/$ph.log ]] && echo "$ph: $(tail -c 400 "$AB/$ph.log" | tr '\r' '\n' | grep -v '^\s*$' | tail -n 1 | cut -c1-200)"
   done
   if [[ -f $AB/$name.rc ]]; then echo "$name exit $(cat "$AB/$name.rc")"; tail -n 5 "$AB/$name.log"; else echo "$name still running"; fi
-  for f in "$AB"/preflight/*.json; do
+  for f in "$AB"/preflight/*_t*.json; do
     if [[ -f $f ]]; then python3 -c "import json,sys; r=json.load(open(sys.argv[1])); \
 print(sys.argv[1].rsplit('/', 1)[-1], 'informative', r['informative_share'], 'mean', round(r['mean_reward'], 3), \
 'group std', round(r['mean_group_std'], 4))" "$f"; fi
   done
+  [[ -f $AB/preflight/choice.json ]] && python3 -c "import json,sys; c=json.load(open(sys.argv[1])); \
+print('chosen temperature', c['temperature'], '(reached)' if c['reached'] else '(NOT reached)', '-', c['reason'])" \
+    "$AB/preflight/choice.json"
   cat "$AB/stages.tsv" 2>/dev/null || true
   ;;
 collect)
@@ -136,5 +161,5 @@ collect)
   tar -czf "${OUT:-$AB}/ab.tar.gz" -C "$o" .
   ls -la "${OUT:-$AB}/ab.tar.gz"
   ;;
-*) echo "usage: pi1_ab.sh sft|preflight|rl|eval|wait NAME SECONDS|collect" >&2; exit 2 ;;
+*) echo "usage: pi1_ab.sh sft|preflight|rl|eval|all|wait NAME SECONDS|collect" >&2; exit 2 ;;
 esac

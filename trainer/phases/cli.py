@@ -206,6 +206,28 @@ def preflight_cmd(
         raise typer.Exit(1)
 
 
+@app.command("preflight-choose")
+def preflight_choose_cmd(
+    folder: Path = typer.Option(..., "--dir", exists=True, file_okay=False, help="Folder of <phase>_t<T>.json."),
+    phases: str = typer.Option("b1,c1", help="Comma-separated phases that must all have enough signal."),
+    min_share: float = typer.Option(0.5, min=0.0, max=1.0, help="Share of informative groups wanted in every phase."),
+    out: Path | None = typer.Option(None, help="Write the choice (and the sweep it came from) here as JSON."),
+) -> None:
+    """Choose the rollout temperature from a preflight sweep: prints only the temperature (for shells)."""
+    from trainer.phases.preflight import choose_temperature, read_sweep
+
+    names = [p.strip() for p in phases.split(",") if p.strip()]
+    try:
+        choice = choose_temperature(read_sweep(folder, names), min_share)
+    except ValueError as exc:
+        raise _bad("--dir", exc) from None
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(choice.as_dict(), indent=2) + "\n")
+    typer.echo(f"{choice.reason}: {choice.temperature}", err=True)
+    typer.echo(f"{choice.temperature}")
+
+
 @app.command("rft", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def rft_cmd(
     ctx: typer.Context,

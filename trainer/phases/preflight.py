@@ -103,3 +103,70 @@ def advantage_check(
 def write_report(report: PreflightReport, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+
+
+@dataclass(frozen=True)
+class TemperatureChoice:
+    """The rollout temperature chosen from a preflight sweep, and why."""
+
+    temperature: float
+    reached: bool  # every phase has at least ``min_share`` informative groups at ``temperature``
+    min_share: float
+    reason: str
+    # temperature -> phase -> (informative share, mean reward), as read from the sweep
+    sweep: dict[float, dict[str, tuple[float, float]]]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "temperature": self.temperature,
+            "reached": self.reached,
+            "min_share": self.min_share,
+            "reason": self.reason,
+            "sweep": {
+                str(t): {ph: {"informative_share": s, "mean_reward": m} for ph, (s, m) in row.items()}
+                for t, row in self.sweep.items()
+            },
+        }
+
+
+def read_sweep(folder: Path, phases: Sequence[str]) -> dict[float, dict[str, tuple[float, float]]]:
+    """``<phase>_t<temperature>.json`` reports (``write_report``'s format) of ``phases`` in ``folder``:
+    temperature -> phase -> (informative share, mean reward). Only temperatures that every phase was
+    checked at are kept."""
+    by_t: dict[float, dict[str, tuple[float, float]]] = {}
+    for phase in phases:
+        for path in sorted(folder.glob(f"{phase}_t*.json")):
+            try:
+                rep = json.loads(path.read_text())
+                t = float(rep["temperature"])
+                by_t.setdefault(t, {})[phase] = (float(rep["informative_share"]), float(rep["mean_reward"]))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"{path}: not a preflight report ({exc})") from None
+    complete = {t: row for t, row in by_t.items() if set(row) == set(phases)}
+    if not complete:
+        found = sorted(p.name for p in folder.glob("*_t*.json"))
+        raise ValueError(f"{folder}: no temperature with a report for every phase of {list(phases)} (found {found})")
+    return dict(sorted(complete.items()))
+
+
+def choose_temperature(sweep: dict[float, dict[str, tuple[float, float]]], min_share: float) -> TemperatureChoice:
+    """The lowest temperature at which every phase has at least ``min_share`` informative groups: the
+    samples closest to the policy's own that still give GRPO a gradient. If none reaches it, the
+    temperature with the highest worst-phase share (ties: the lower temperature), marked not reached.
+    Training prompts only: nothing here looks at the validation or test split."""
+    if not sweep:
+        raise ValueError("choose_temperature: empty sweep")
+    if not 0.0 <= min_share <= 1.0:
+        raise ValueError(f"min_share: must be in [0, 1], got {min_share}")
+    worst = {t: min(share for share, _ in row.values()) for t, row in sweep.items()}
+    for t in sorted(sweep):
+        if worst[t] >= min_share:
+            return TemperatureChoice(
+                t, True, min_share, f"lowest temperature with every phase >= {min_share:.0%} informative groups "
+                f"(worst phase {worst[t]:.0%})", sweep,
+            )  # fmt: skip
+    best = max(sorted(sweep), key=lambda t: worst[t])
+    return TemperatureChoice(
+        best, False, min_share, f"no temperature reaches {min_share:.0%} informative groups in every phase; "
+        f"the best worst-phase share is {worst[best]:.0%}", sweep,
+    )  # fmt: skip
