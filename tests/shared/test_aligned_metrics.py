@@ -48,3 +48,13 @@ def test_empty_prediction() -> None:
 def test_null_cells_are_ignored() -> None:
     m = aligned_table_metrics([{"a": "1"}], [{"a": "1", "b": None}], ["a", "b"])
     assert m.cell_f1 == 1.0 and m.row_exact_match == 1.0
+
+
+def test_as_dict_is_every_field_in_order_with_its_value() -> None:
+    import dataclasses
+
+    m = aligned_table_metrics([{"a": "1", "b": "x"}], [{"a": "1", "b": "y"}, {"a": "2", "b": "z"}], ["a", "b"])
+    d = m.as_dict()
+    assert d == dataclasses.asdict(m)
+    assert list(d) == [f.name for f in dataclasses.fields(m)]
+    assert 0.0 < d["cell_recall"] < 1.0

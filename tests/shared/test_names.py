@@ -28,3 +28,14 @@ def test_normalize_is_idempotent() -> None:
     for raw in ["priceRange", "HTTPResponseCode", "a  B-c", "Prénom"]:
         once = normalize_name(raw)
         assert normalize_name(once) == once
+
+
+def test_the_cache_is_bounded_and_changes_no_answer() -> None:
+    from shared.names import NAME_CACHE_SIZE
+
+    info = normalize_name.cache_info()
+    assert info.maxsize == NAME_CACHE_SIZE
+    names = ["priceRange", "Price Range", "HTTPServer", "Prénom", "__x__", "", "a--b", "ÉtéName", "x1Y2"]
+    for name in names * 3:
+        assert normalize_name(name) == normalize_name.__wrapped__(name)
+    assert normalize_name.cache_info().hits >= info.hits + 2 * len(names)
