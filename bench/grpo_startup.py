@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR, md_table
+from bench.common import md_table, write_result
 
 NAME = "grpo_startup"
 
@@ -151,7 +151,5 @@ def render_md(p: dict[str, Any]) -> str:
 
 def run(collected: Path, notes_file: Path | None = None) -> dict[str, Any]:
     payload = build(collected, notes_file.read_text() if notes_file else "")
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / f"{NAME}.json").write_text(json.dumps(payload, indent=2) + "\n")
-    (RESULTS_DIR / f"{NAME}.md").write_text(render_md(payload))
+    write_result(NAME, payload, render_md(payload), quick=False)
     return payload
