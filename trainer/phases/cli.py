@@ -214,7 +214,7 @@ def preflight_choose_cmd(
     out: Path | None = typer.Option(None, help="Write the choice (and the sweep it came from) here as JSON."),
 ) -> None:
     """Choose the rollout temperature from a preflight sweep: prints only the temperature (for shells)."""
-    from trainer.phases.preflight import choose_temperature, read_sweep
+    from trainer.phases.preflight import choose_temperature, read_sweep, write_report
 
     names = [p.strip() for p in phases.split(",") if p.strip()]
     try:
@@ -222,8 +222,7 @@ def preflight_choose_cmd(
     except ValueError as exc:
         raise _bad("--dir", exc) from None
     if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(choice.as_dict(), indent=2) + "\n")
+        write_report(choice, out)
     typer.echo(f"{choice.reason}: {choice.temperature}", err=True)
     typer.echo(f"{choice.temperature}")
 

@@ -100,7 +100,8 @@ def advantage_check(
     )
 
 
-def write_report(report: PreflightReport, path: Path) -> None:
+def write_report(report: PreflightReport | TemperatureChoice, path: Path) -> None:
+    """A preflight report, or the temperature chosen from a sweep of them, as JSON at ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
 
