@@ -1,6 +1,18 @@
 #!/usr/bin/env bash
-# Shared by the node scripts' `collect` steps (loop_node.sh, pi1_ab.sh): what small files of a phase
-# and of the node come back from a device run. Source it; it defines functions only.
+# Shared by the node scripts (loop_node.sh, pi1_ab.sh, startup_probe.sh): what small files of a phase
+# and of the node come back from a device run, and whether a local service answers. Source it; it
+# defines functions only.
+
+# up PORT: the service on 127.0.0.1:PORT answers /healthz.
+up() { python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$1/healthz')" 2>/dev/null; }
+
+# wait_up TRIES PORT...: for each port, until it is up or TRIES tries one second apart have failed.
+wait_up() {
+  local tries=$1 port; shift
+  for port in "$@"; do
+    for _ in $(seq "$tries"); do up "$port" && break; sleep 1; done
+  done
+}
 
 # collect_phase PHASE_DIR DEST: phase result, VERL metrics, command, early-stopping state, the log's
 # last 300 kB and the TensorBoard events (one archive), under DEST/<phase>.

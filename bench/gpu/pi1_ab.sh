@@ -43,7 +43,6 @@ RL_ARGS="--profile gpu --data $AB/data --nproc 1 trainer.n_gpus_per_node=1 train
   actor_rollout_ref.rollout.gpu_memory_utilization=0.2 +ray_kwargs.ray_init._node_ip_address=127.0.0.1 \
   ${RL_TEMPERATURE:+actor_rollout_ref.rollout.temperature=$RL_TEMPERATURE}"
 
-up() { python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$1/healthz')" 2>/dev/null; }
 services_up() {  # reward_api local (18310); with PIPE=1 (default) also the π2ˢ executor (the pipeline reward's
                  # frozen π2) and reward_api pipeline (18311)
   local pipe=${PIPE:-1} ports=18310
@@ -59,9 +58,8 @@ services_up() {  # reward_api local (18310); with PIPE=1 (default) also the π2�
       setsid python3 -m services.reward_api --host 127.0.0.1 --port 18311 --workers 8 \
       > "$AB/reward_api_pipe.log" 2>&1 < /dev/null &
   fi
-  for port in $ports; do
-    for _ in $(seq 90); do up "$port" && break; sleep 1; done
-  done
+  # shellcheck disable=SC2086
+  wait_up 90 $ports
 }
 
 case "${1:-}" in

@@ -38,10 +38,10 @@ start)
     python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .whl/py_spy-*.whl
   fi
   [[ -f $ROOT/data/b1/train.parquet ]] || python3 -m trainer data build --golden "$GOLDEN_DIR" --out "$ROOT/data" --phases b1
-  if ! python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:18410/healthz')" 2>/dev/null; then
+  if ! up 18410; then
     REWARD_API_LOG_LEVEL=WARNING setsid python3 -m services.reward_api --host 127.0.0.1 --port 18410 --workers 4 \
       > "$ROOT/reward_api.log" 2>&1 < /dev/null &
-    for _ in $(seq 90); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:18410/healthz')" 2>/dev/null && break; sleep 1; done
+    wait_up 90 18410
   fi
   # shellcheck disable=SC2145
   setsid bash -c "date +%s.%N > $d/start; python3 -m trainer run b1 --profile gpu --data $ROOT/data --out $d/b1 \
