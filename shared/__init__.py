@@ -5,7 +5,7 @@ here and nowhere else, so training data, rewards and evaluation can never disagr
 framework, torch or VERL is imported.
 """
 
-from shared.aligned_metrics import AlignedMetrics, aligned_table_metrics
+from shared.aligned_metrics import DEFAULT_MAX_ALIGN_ROWS, AlignedMetrics, aligned_cell_f1, aligned_table_metrics
 from shared.golden import (
     GoldenExample,
     GoldenFormatError,
@@ -37,10 +37,12 @@ from shared.rewards import (
     INVALID_JSON,
     INVALID_NDJSON,
     PROMPT_TOO_LONG,
+    TABLE_METRICS,
     PipelineReward,
     PipelineSchemaRewardConfig,
     SchemaReward,
     SchemaRewardConfig,
+    TableMetric,
     TableReward,
     TableRewardConfig,
     combine_pipeline_reward,
@@ -52,29 +54,41 @@ from shared.rewards import (
 )
 from shared.schema_metrics import SchemaPRF, schema_prf_from_text
 from shared.schema_parsing import parse_schema_text, strip_code_fence
-from shared.table_metrics import cell_accuracy, gold_table_to_rows, normalize_cell, parse_ndjson, parse_ndjson_detailed
+from shared.table_metrics import (
+    JsonFloat,
+    cell_accuracy,
+    gold_table_to_rows,
+    normalize_cell,
+    parse_ndjson,
+    parse_ndjson_detailed,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_MAX_ALIGN_ROWS",
     "EXECUTOR_FAILED",
     "INVALID_JSON",
     "INVALID_NDJSON",
     "PROMPT_TOO_LONG",
     "PROMPT_VERSION",
+    "TABLE_METRICS",
     "AlignedMetrics",
     "GoldSchema",
     "GoldTable",
     "GoldenExample",
     "GoldenFormatError",
+    "JsonFloat",
     "PipelineReward",
     "PipelineSchemaRewardConfig",
     "SchemaPRF",
     "SchemaReward",
     "SchemaRewardConfig",
+    "TableMetric",
     "TableReward",
     "TableRewardConfig",
     "__version__",
+    "aligned_cell_f1",
     "aligned_table_metrics",
     "build_stage1_messages",
     "build_stage2_messages",

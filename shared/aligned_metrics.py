@@ -1,10 +1,21 @@
-"""Order-invariant table metrics, reported beside the seed's reward (DESIGN §4.3).
+"""Order-invariant table metrics: the default table reward and Phase D's headline (DESIGN §4.3).
 
 Rows are aligned one-to-one with the Hungarian algorithm (``scipy.optimize.linear_sum_assignment``)
 so that a correct table in another row order scores as correct. The metrics follow the spirit of
-Wu et al. 2022 (Text-to-Table): header F1 and non-empty cell F1, each with *exact* matching
-(``str(v).strip()``) and *normalised* matching (case-folded, whitespace collapsed, outer
-punctuation dropped; column names through :func:`shared.names.normalize_name`).
+Wu et al. 2022 (Text-to-Table): header F1 and non-empty cell F1. Cell metrics always compare column
+names through :func:`shared.names.normalize_name` (the schema metric's normalisation, so a value under
+``number of deaths`` matches the gold ``number_of_deaths``) and values either *exactly*
+(:func:`shared.table_metrics.normalize_cell`) or *normalised* (case-folded, whitespace collapsed, outer
+punctuation dropped). Only non-empty cells count: an empty or ``null`` cell earns nothing and costs
+nothing, so padding a table with null columns cannot raise any of these numbers.
+
+Within a row, two keys with the same normalised name keep the first non-empty value; the others are
+dropped on both sides (so a prediction cannot place two guesses under one column).
+
+Cost is bounded: the match matrix is built from an inverted index of gold cells (numpy, no Python call
+per row pair), and the Hungarian solver sees at most ``max_align_rows`` rows of each side; rows past
+that cap are paired by position (``DEFAULT_MAX_ALIGN_ROWS``; gold tables in the golden data have at
+most 6 rows).
 """
 
 from __future__ import annotations
@@ -21,6 +32,9 @@ from shared.names import normalize_name
 from shared.schema_metrics import prf
 from shared.table_metrics import normalize_cell
 
+DEFAULT_MAX_ALIGN_ROWS = 256
+_TIE_BONUS = 1e-6  # on the diagonal: ties keep the positional pairing
+
 _SPACE_RUN = re.compile(r"\s+")
 _OUTER_PUNCT = re.compile(r"^[\W_]+|[\W_]+$")
 
@@ -31,10 +45,6 @@ KeyNorm = Callable[[str], str]
 def loose_cell(value: Any) -> str:
     """Normalised cell form: case-folded, inner whitespace collapsed, outer punctuation dropped."""
     return _OUTER_PUNCT.sub("", _SPACE_RUN.sub(" ", normalize_cell(value).casefold()))
-
-
-def _identity(key: str) -> str:
-    return key
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,12 +70,13 @@ _ALIGNED_FIELDS = tuple(f.name for f in fields(AlignedMetrics))
 
 
 def _cells(row: Mapping[str, Any], key_norm: KeyNorm, cell_norm: CellNorm) -> dict[str, str]:
-    """Non-empty cells of a row, keyed by normalised column name."""
+    """Non-empty cells of a row, keyed by normalised column name; the first non-empty value of a
+    normalised name wins."""
     out: dict[str, str] = {}
     for key, value in row.items():
         v = cell_norm(value)
         if v:
-            out[key_norm(key)] = v
+            out.setdefault(key_norm(key), v)
     return out
 
 
@@ -75,20 +86,43 @@ def _pair_stats(pred: dict[str, str], gold: dict[str, str]) -> tuple[int, int]:
     return matches, len(pred.keys() | gold.keys())
 
 
-def align_rows(pred: Sequence[dict[str, str]], gold: Sequence[dict[str, str]]) -> list[tuple[int, int]]:
+def match_matrix(pred: Sequence[dict[str, str]], gold: Sequence[dict[str, str]]) -> np.ndarray:
+    """``M[i, j]`` = matching cells of pred row ``i`` and gold row ``j``, from an inverted index of the
+    gold cells: one numpy update per predicted cell instead of one Python call per row pair."""
+    index: dict[tuple[str, str], list[int]] = {}
+    for j, g in enumerate(gold):
+        for cell in g.items():
+            index.setdefault(cell, []).append(j)
+    score = np.zeros((len(pred), len(gold)))
+    for i, p in enumerate(pred):
+        for cell in p.items():
+            js = index.get(cell)
+            if js:
+                score[i, js] += 1.0
+    return score
+
+
+def align_rows(
+    pred: Sequence[dict[str, str]], gold: Sequence[dict[str, str]], max_rows: int = DEFAULT_MAX_ALIGN_ROWS
+) -> list[tuple[int, int]]:
     """One-to-one (pred, gold) row pairs maximising the number of matching non-empty cells.
 
     Ties go to the positional pairing: a tiny bonus on the diagonal keeps the seed's order when
-    content does not decide.
+    content does not decide. Only the first ``max_rows`` rows of each side are aligned; the rest are
+    paired by position (the solver is cubic in the rows).
     """
+    if max_rows < 1:
+        raise ValueError(f"max_rows must be >= 1, got {max_rows}")
     if not pred or not gold:
         return []
-    score = np.zeros((len(pred), len(gold)))
-    for i, p in enumerate(pred):
-        for j, g in enumerate(gold):
-            score[i, j] = _pair_stats(p, g)[0] + (1e-6 if i == j else 0.0)
+    p, g = min(len(pred), max_rows), min(len(gold), max_rows)
+    score = match_matrix(pred[:p], gold[:g])
+    k = min(p, g)
+    score[np.arange(k), np.arange(k)] += _TIE_BONUS
     rows, cols = linear_sum_assignment(score, maximize=True)
-    return list(zip(rows.tolist(), cols.tolist(), strict=True))
+    pairs = list(zip(rows.tolist(), cols.tolist(), strict=True))
+    pairs += [(i, i) for i in range(max_rows, min(len(pred), len(gold)))]
+    return pairs
 
 
 def _cell_prf(
@@ -96,10 +130,11 @@ def _cell_prf(
     gold_rows: Sequence[Mapping[str, Any]],
     key_norm: KeyNorm,
     cell_norm: CellNorm,
+    max_rows: int = DEFAULT_MAX_ALIGN_ROWS,
 ) -> tuple[float, float, float, float, float, list[tuple[int, int]]]:
     pred = [_cells(r, key_norm, cell_norm) for r in pred_rows]
     gold = [_cells(r, key_norm, cell_norm) for r in gold_rows]
-    pairs = align_rows(pred, gold)
+    pairs = align_rows(pred, gold, max_rows)
     tp = exact_rows = 0
     correct_union = union_total = 0
     for i, j in pairs:
@@ -134,23 +169,35 @@ def _header_names(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return list(seen)
 
 
+def aligned_cell_f1(
+    pred_rows: Sequence[Mapping[str, Any]],
+    gold_rows: Sequence[Mapping[str, Any]],
+    max_align_rows: int = DEFAULT_MAX_ALIGN_ROWS,
+) -> float:
+    """The default table reward's score: ``cell_f1`` of :func:`aligned_table_metrics` alone."""
+    return _cell_prf(pred_rows, gold_rows, normalize_name, normalize_cell, max_align_rows)[2]
+
+
 def aligned_table_metrics(
     pred_rows: Sequence[Mapping[str, Any]],
     gold_rows: Sequence[Mapping[str, Any]],
     gold_columns: Sequence[str] | None = None,
+    max_align_rows: int = DEFAULT_MAX_ALIGN_ROWS,
 ) -> AlignedMetrics:
-    """All order-invariant metrics for one table.
+    """All order-invariant metrics for one table (cell names always through :func:`normalize_name`).
 
     - ``aligned_cell_accuracy``: after alignment, matching non-empty cells / union of non-empty
       (row, column) cells on both sides (unpaired rows count in full); 1.0 when both are empty.
     - ``row_exact_match``: aligned pairs whose non-empty cells are identical / max(#pred, #gold).
     - ``cell_precision/recall/f1``: over (aligned row, column, value) triples of non-empty cells,
-      exact matching; ``cell_f1_normalized`` the same with normalised names and values.
+      exact values; 1.0 when neither side has a non-empty cell. ``cell_f1`` is the default table
+      reward's score. ``cell_f1_normalized``: the same with normalised values.
     - ``column_header_f1``: set F1 of predicted keys (over all rows) vs gold columns, exact;
       ``column_header_f1_normalized`` with :func:`normalize_name`.
     """
-    precision, recall, f1, accuracy, row_exact, _ = _cell_prf(pred_rows, gold_rows, _identity, normalize_cell)
-    _, _, f1_norm, _, _, _ = _cell_prf(pred_rows, gold_rows, normalize_name, loose_cell)
+    cap = max_align_rows
+    precision, recall, f1, accuracy, row_exact, _ = _cell_prf(pred_rows, gold_rows, normalize_name, normalize_cell, cap)
+    _, _, f1_norm, _, _, _ = _cell_prf(pred_rows, gold_rows, normalize_name, loose_cell, cap)
     gold_cols = list(gold_columns) if gold_columns is not None else _header_names(gold_rows)
     pred_cols = _header_names(pred_rows)
     _, _, header_f1 = prf(frozenset(pred_cols), frozenset(gold_cols))

@@ -2,7 +2,22 @@
 
 - Schema: ``f1_weight·F1 + precision_weight·P + recall_weight·R``; unparseable → ``invalid_json_penalty``;
   clipped to ``[min_reward, max_reward]``.
-- Table: ``min_reward + (max_reward − min_reward)·cell_accuracy``; invalid NDJSON → ``invalid_json_penalty``.
+- Table: ``min_reward + (max_reward − min_reward)·score``; invalid NDJSON → ``invalid_json_penalty``. The score
+  is chosen by ``table_metric``:
+
+  - ``aligned`` (default): F1 over non-empty cells after one-to-one (Hungarian) row alignment, column
+    names through ``normalize_name`` (as schema F1), values as ``normalize_cell``; an empty or null cell
+    earns nothing and costs nothing. It equals Phase D's headline ``aligned_cell_f1``, so training and
+    report agree. Why F1 and not accuracy over the gold cells plus a precision term: F1 needs no extra
+    weight, is 1 only for a perfect table, and every worsening edit lowers it or leaves it unchanged:
+    padding with null columns (unchanged), with invented values (precision falls), dropping, emptying
+    or renaming a correct cell (recall falls, and an emptied correct cell lowers F1 because
+    2·(tp−1)/(n−1+g) < 2·tp/(n+g) whenever tp < n + g), duplicating a row (precision falls). Equivalent
+    predictions (row order, column order, name formatting) score the same. ``bench reward-audit``
+    checks all of this on real data.
+  - ``positional`` (the seed's, for fidelity and ablations): ``cell_accuracy``, positional rows over the
+    union of keys with literal names, where ``"" == ""`` counts as correct: on open-domain headers a
+    null-filled junk column raises it (padding pays).
 - Pipeline: ``a·schema + (1 − a)·table``, clipped. An invalid schema makes no executor call and both
   parts take their invalid penalties. The executor call itself lives in the reward service; this
   module holds only the pure combining step.
@@ -16,11 +31,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from shared.aligned_metrics import AlignedMetrics, aligned_table_metrics
+from shared.aligned_metrics import DEFAULT_MAX_ALIGN_ROWS, AlignedMetrics, aligned_cell_f1, aligned_table_metrics
 from shared.schema_metrics import schema_prf_from_text
 from shared.table_metrics import cell_accuracy, gold_table_to_rows, parse_ndjson_detailed, table_column_names
 
@@ -28,6 +43,9 @@ INVALID_JSON = "invalid_json"
 INVALID_NDJSON = "invalid_ndjson"
 EXECUTOR_FAILED = "executor_failed"
 PROMPT_TOO_LONG = "prompt_too_long"
+
+TableMetric = Literal["aligned", "positional"]
+TABLE_METRICS: tuple[TableMetric, ...] = ("aligned", "positional")
 
 
 class RewardBounds(BaseModel):
@@ -68,9 +86,16 @@ class SchemaRewardConfig(_RewardConfig):
 
 
 class TableRewardConfig(_RewardConfig):
-    """Table reward: cell accuracy mapped linearly onto [min_reward, max_reward]."""
+    """Table reward: the ``table_metric`` score mapped linearly onto [min_reward, max_reward]."""
 
-    aligned_metrics: bool = Field(True, description="Also report order-invariant metrics (not part of the reward).")
+    table_metric: TableMetric = Field(
+        "aligned",
+        description="'aligned' (default): cell F1 after Hungarian row alignment, names normalised, empty cells "
+        "earn nothing (= Phase D's aligned_cell_f1). 'positional': the seed's positional cell accuracy.",
+    )
+    aligned_metrics: bool = Field(
+        True, description="Also report every order-invariant metric (the result's 'aligned' field)."
+    )
 
 
 class PipelineSchemaRewardConfig(RewardBounds):
@@ -98,6 +123,9 @@ class SchemaReward:
 
 @dataclass(frozen=True, slots=True)
 class TableReward:
+    """``score`` is what the reward maps (the ``metric``'s number); ``cell_accuracy`` is always the
+    seed's positional accuracy, reported whichever metric is chosen."""
+
     reward: float
     valid_json: bool
     cell_accuracy: float
@@ -105,6 +133,8 @@ class TableReward:
     n_gold_rows: int
     error: str | None = None
     aligned: AlignedMetrics | None = None
+    score: float = 0.0
+    metric: str = "aligned"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -135,13 +165,21 @@ def compute_schema_reward_single(
 
 def invalid_table_reward(config: TableRewardConfig, n_gold_rows: int, error: str) -> TableReward:
     """The table reward for output that could not be scored (invalid NDJSON, or no table at all)."""
-    return TableReward(config.clip(config.invalid_json_penalty), False, 0.0, 0, n_gold_rows, error)
+    return TableReward(
+        config.clip(config.invalid_json_penalty), False, 0.0, 0, n_gold_rows, error, metric=config.table_metric
+    )
 
 
 def compute_table_reward_single(
-    prediction: str, gold_table: Mapping[str, Any], config: TableRewardConfig | None = None
+    prediction: str,
+    gold_table: Mapping[str, Any],
+    config: TableRewardConfig | None = None,
+    max_align_rows: int = DEFAULT_MAX_ALIGN_ROWS,
 ) -> TableReward:
-    """Score one predicted NDJSON table against its gold table."""
+    """Score one predicted NDJSON table against its gold table.
+
+    ``max_align_rows`` bounds the row alignment's cost (server configuration, not a reward knob: a
+    request cannot raise it)."""
     cfg = config or TableRewardConfig()
     gold_rows = gold_table_to_rows(gold_table)
     parsed = parse_ndjson_detailed(prediction)
@@ -149,10 +187,16 @@ def compute_table_reward_single(
         return invalid_table_reward(cfg, len(gold_rows), INVALID_NDJSON)
     acc = cell_accuracy(parsed.rows, gold_rows)
     aligned = (
-        aligned_table_metrics(parsed.rows, gold_rows, table_column_names(gold_table)) if cfg.aligned_metrics else None
+        aligned_table_metrics(parsed.rows, gold_rows, table_column_names(gold_table), max_align_rows)
+        if cfg.aligned_metrics
+        else None
     )
-    reward = cfg.clip(cfg.min_reward + (cfg.max_reward - cfg.min_reward) * acc)
-    return TableReward(reward, True, acc, len(parsed.rows), len(gold_rows), None, aligned)
+    if cfg.table_metric == "positional":
+        score = acc
+    else:
+        score = aligned.cell_f1 if aligned is not None else aligned_cell_f1(parsed.rows, gold_rows, max_align_rows)
+    reward = cfg.clip(cfg.min_reward + (cfg.max_reward - cfg.min_reward) * score)
+    return TableReward(reward, True, acc, len(parsed.rows), len(gold_rows), None, aligned, score, cfg.table_metric)
 
 
 def combine_pipeline_reward(

@@ -1,7 +1,9 @@
 """Table parsing and the seed's positional cell accuracy (DESIGN §4.3).
 
-The one deliberate change from the seed: both sides of a cell comparison become
-``str(v).strip()``, with ``None`` (and a missing key) as ``""``.
+The cell comparison form (``normalize_cell``) is shared by every table metric: ``str(v).strip()``,
+with ``None`` (and a missing key) as ``""``, JSON booleans as ``true``/``false`` and JSON numbers as
+the literal the model wrote (``1.50`` stays ``"1.50"``, so it matches the text ``"1.50"``; Python's
+``str(1.5)`` would not).
 """
 
 from __future__ import annotations
@@ -23,15 +25,39 @@ class ParsedTable:
     error: str | None = None
 
 
+class JsonFloat(float):
+    """A JSON number with a fraction or exponent that remembers how it was written: ``str`` gives the
+    literal (``1.50``), arithmetic and equality behave as the float. ``parse_ndjson`` makes these."""
+
+    __slots__ = ("literal",)
+    literal: str
+
+    def __new__(cls, literal: str) -> JsonFloat:
+        obj = super().__new__(cls, literal)
+        obj.literal = literal
+        return obj
+
+    def __str__(self) -> str:
+        return self.literal
+
+
 def normalize_cell(value: Any) -> str:
-    """The comparison form of a cell: ``None`` → ``""``, anything else ``str(v).strip()``."""
-    return "" if value is None else str(value).strip()
+    """The comparison form of a cell: ``None`` → ``""``, ``True``/``False`` → ``"true"``/``"false"``
+    (as JSON writes them), anything else ``str(v).strip()`` (a parsed JSON number gives its literal)."""
+    if value is None:
+        return ""
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    return str(value).strip()
 
 
 def parse_ndjson_detailed(text: str) -> ParsedTable:
     """Parse NDJSON; every non-empty line must be a JSON object, otherwise the table is invalid.
 
-    Lines end at ``\n`` only (``\r\n`` tolerated): ``str.splitlines`` would also split on U+0085 or
+    Numbers with a fraction or exponent come back as :class:`JsonFloat` (their literal is kept for the
+    cell comparison). Lines end at ``\n`` only (``\r\n`` tolerated): ``str.splitlines`` would also split on U+0085 or
     U+2028, which JSON allows raw inside a string.
     """
     rows: list[Row] = []
@@ -39,7 +65,7 @@ def parse_ndjson_detailed(text: str) -> ParsedTable:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = json.loads(line, parse_float=JsonFloat)
         except (ValueError, RecursionError) as exc:
             return ParsedTable([], False, f"line {lineno}: invalid JSON ({type(exc).__name__})")
         if not isinstance(obj, dict):

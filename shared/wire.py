@@ -119,7 +119,9 @@ class TableResult(BaseModel):
     id: str
     reward: float
     valid_json: bool
-    cell_accuracy: float
+    score: float = Field(description="The table_metric's number that the reward maps onto [min, max].")
+    table_metric: str = Field(description="Which metric made the reward: 'aligned' or 'positional'.")
+    cell_accuracy: float = Field(description="The seed's positional cell accuracy (reported for every metric).")
     n_pred_rows: int
     n_gold_rows: int
     error: str | None = None
@@ -129,7 +131,8 @@ class TableResult(BaseModel):
     def row(item_id: str, r: TableReward) -> dict[str, Any]:
         """This result as the JSON object it is sent as (see ``SchemaResult.row``)."""
         return {
-            "id": item_id, "reward": r.reward, "valid_json": r.valid_json, "cell_accuracy": r.cell_accuracy,
+            "id": item_id, "reward": r.reward, "valid_json": r.valid_json, "score": r.score,
+            "table_metric": r.metric, "cell_accuracy": r.cell_accuracy,
             "n_pred_rows": r.n_pred_rows, "n_gold_rows": r.n_gold_rows, "error": r.error,
             "aligned": r.aligned.as_dict() if r.aligned is not None else None,
         }  # fmt: skip
@@ -158,6 +161,8 @@ class PipelineResult(BaseModel):
     precision: float
     recall: float
     f1: float
+    table_score: float = Field(description="The table part's table_metric number (see TableResult.score).")
+    table_metric: str = Field(description="Which metric made the table part: 'aligned' or 'positional'.")
     cell_accuracy: float
     error: str | None = None
     prompt_tokens: int | None = Field(
@@ -183,7 +188,8 @@ class PipelineResult(BaseModel):
         return {
             "id": item_id, "reward": r.reward, "schema_reward": s.reward, "table_reward": t.reward,
             "valid_json": s.valid_json, "table_valid_json": t.valid_json, "precision": s.precision,
-            "recall": s.recall, "f1": s.f1, "cell_accuracy": t.cell_accuracy, "error": r.error,
+            "recall": s.recall, "f1": s.f1, "table_score": t.score, "table_metric": t.metric,
+            "cell_accuracy": t.cell_accuracy, "error": r.error,
             "prompt_tokens": prompt_tokens, "prompt_limit": prompt_limit,
             "aligned": t.aligned.as_dict() if t.aligned is not None else None, "debug": debug,
         }  # fmt: skip
@@ -208,6 +214,8 @@ class PipelineResult(BaseModel):
             precision=r.schema.precision,
             recall=r.schema.recall,
             f1=r.schema.f1,
+            table_score=t.score,
+            table_metric=t.metric,
             cell_accuracy=t.cell_accuracy,
             error=r.error,
             prompt_tokens=prompt_tokens,

@@ -43,14 +43,57 @@ def test_schema_clip_and_penalty() -> None:
     assert compute_schema_reward_single("nope", SCHEMA, SchemaRewardConfig(invalid_json_penalty=-0.3)).reward == -0.3
 
 
-def test_table_linear_map() -> None:
-    r = compute_table_reward_single('{"a": "1", "b": "2"}\n{"a": "3", "b": "x"}', TABLE)
-    assert r.cell_accuracy == 0.75
+POSITIONAL = TableRewardConfig(table_metric="positional")
+
+
+def test_table_linear_map_positional() -> None:
+    r = compute_table_reward_single('{"a": "1", "b": "2"}\n{"a": "3", "b": "x"}', TABLE, POSITIONAL)
+    assert r.cell_accuracy == r.score == 0.75 and r.metric == "positional"
     assert r.reward == pytest.approx(-1 + 2 * 0.75)
     r2 = compute_table_reward_single(
-        '{"a": "1", "b": "2"}\n{"a": "3", "b": "x"}', TABLE, TableRewardConfig(min_reward=0, max_reward=1)
+        '{"a": "1", "b": "2"}\n{"a": "3", "b": "x"}',
+        TABLE,
+        TableRewardConfig(table_metric="positional", min_reward=0, max_reward=1),
     )
     assert r2.reward == 0.75
+
+
+def test_table_default_is_aligned_cell_f1() -> None:
+    # 4 non-empty predicted cells, 3 non-empty gold cells, 3 match: F1 = 2·3 / (4 + 3) = 6/7
+    r = compute_table_reward_single('{"a": "1", "b": "2"}\n{"a": "3", "b": "x"}', TABLE)
+    assert r.metric == "aligned" and r.score == pytest.approx(6 / 7)
+    assert r.aligned is not None and r.aligned.cell_f1 == r.score
+    assert r.reward == pytest.approx(-1 + 2 * 6 / 7)
+    assert r.cell_accuracy == 0.75  # the seed's number is still reported
+    no_extras = compute_table_reward_single(
+        '{"a": "1"}\n{"a": "3", "b": "x"}', TABLE, TableRewardConfig(aligned_metrics=False)
+    )
+    assert no_extras.aligned is None and no_extras.score == pytest.approx(2 * 2 / (3 + 3))
+
+
+def test_table_default_ignores_null_padding_and_row_order() -> None:
+    base = compute_table_reward_single('{"a": "1", "b": "2"}\n{"a": "3", "b": "x"}', TABLE)
+    padded = compute_table_reward_single('{"a": "1", "b": "2", "z": null}\n{"a": "3", "b": "x", "z": null}', TABLE)
+    swapped = compute_table_reward_single('{"A": "3", "B": "x"}\n{"b": "2", "a": "1"}', TABLE)
+    assert padded.reward == base.reward == swapped.reward
+    # the seed's positional metric pays for the same padding: null == null counts as a correct cell
+    pos_base = compute_table_reward_single('{"a": "1", "b": "2"}\n{"a": "3", "b": "x"}', TABLE, POSITIONAL)
+    pos_padded = compute_table_reward_single(
+        '{"a": "1", "b": "2", "z": null}\n{"a": "3", "b": "x", "z": null}', TABLE, POSITIONAL
+    )
+    assert pos_padded.reward > pos_base.reward
+
+
+def test_table_json_numbers_and_booleans_match_their_text() -> None:
+    gold = {"columns": ["p", "q", "r"], "data": [["1.50", "true", "7"]]}
+    r = compute_table_reward_single('{"p": 1.50, "q": true, "r": 7}', gold)
+    assert r.score == 1.0 and r.cell_accuracy == 1.0
+    assert compute_table_reward_single('{"p": 1.5, "q": "True", "r": 7.0}', gold).score == 0.0
+
+
+def test_table_metric_must_be_known() -> None:
+    with pytest.raises(ValueError, match="table_metric"):
+        TableRewardConfig.model_validate({"table_metric": "union"})
 
 
 def test_table_invalid_and_perfect() -> None:
@@ -67,7 +110,7 @@ def test_table_aligned_can_be_switched_off() -> None:
 
 def test_pipeline_combination() -> None:
     s = compute_schema_reward_single('["a", "b", "c", "d"]', SCHEMA)  # 1.0
-    t = compute_table_reward_single('{"a": "1", "b": "2"}\n{"a": "3", "b": "x"}', TABLE)  # 0.5
+    t = compute_table_reward_single('{"a": "1", "b": "2"}\n{"a": "3", "b": "x"}', TABLE, POSITIONAL)  # 0.5
     assert combine_pipeline_reward(s, t).reward == pytest.approx(0.75)
     cfg = PipelineSchemaRewardConfig(schema_weight=0.2)
     assert combine_pipeline_reward(s, t, cfg).reward == pytest.approx(0.2 + 0.8 * 0.5)

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from shared import cell_accuracy, gold_table_to_rows, parse_ndjson, parse_ndjson_detailed
+from shared import cell_accuracy, gold_table_to_rows, normalize_cell, parse_ndjson, parse_ndjson_detailed
 
 GOLD = {"columns": [{"name": "name"}, {"name": "points"}], "data": [["Wall", "9"], ["Beal", "20"]]}
 
@@ -72,7 +72,16 @@ def test_missing_key_matches_null_gold() -> None:
 def test_numbers_vs_strings_and_strip() -> None:
     assert cell_accuracy([{"p": 9, "q": " yes "}], [{"p": "9", "q": "yes"}]) == 1.0
     assert cell_accuracy([{"p": 9.0}], [{"p": "9"}]) == 0.0  # str(9.0) == "9.0"
-    assert cell_accuracy([{"p": True}], [{"p": "True"}]) == 1.0
+    assert cell_accuracy([{"p": True}], [{"p": "true"}]) == 1.0  # JSON's spelling, not Python's
+    assert cell_accuracy([{"p": False}], [{"p": "False"}]) == 0.0
+
+
+def test_json_number_literals_are_kept() -> None:
+    rows = parse_ndjson('{"p": 1.50, "q": 2e3, "r": -0.0, "s": 10}')
+    assert rows is not None
+    assert [normalize_cell(v) for v in rows[0].values()] == ["1.50", "2e3", "-0.0", "10"]
+    assert rows[0]["p"] == 1.5 and isinstance(rows[0]["p"], float)
+    assert cell_accuracy(rows, [{"p": "1.50", "q": "2e3", "r": "-0.0", "s": "10"}]) == 1.0
 
 
 def test_keys_compare_raw() -> None:
