@@ -14,8 +14,8 @@ dropped on both sides (so a prediction cannot place two guesses under one column
 
 Cost is bounded: the match matrix is built from an inverted index of gold cells (numpy, no Python call
 per row pair), and the Hungarian solver sees at most ``max_align_rows`` rows of each side; rows past
-that cap are paired by position (``DEFAULT_MAX_ALIGN_ROWS``; gold tables in the golden data have at
-most 6 rows).
+that cap are paired in linear time, identical rows first, then in order (``DEFAULT_MAX_ALIGN_ROWS``;
+gold tables in the golden data have at most 6 rows, so the cap only bounds what hostile input costs).
 """
 
 from __future__ import annotations
@@ -108,8 +108,8 @@ def align_rows(
     """One-to-one (pred, gold) row pairs maximising the number of matching non-empty cells.
 
     Ties go to the positional pairing: a tiny bonus on the diagonal keeps the seed's order when
-    content does not decide. Only the first ``max_rows`` rows of each side are aligned; the rest are
-    paired by position (the solver is cubic in the rows).
+    content does not decide. Only the first ``max_rows`` rows of each side go to the solver (it is
+    cubic in the rows); the rest are paired in linear time, identical rows first, then in order.
     """
     if max_rows < 1:
         raise ValueError(f"max_rows must be >= 1, got {max_rows}")
@@ -121,8 +121,33 @@ def align_rows(
     score[np.arange(k), np.arange(k)] += _TIE_BONUS
     rows, cols = linear_sum_assignment(score, maximize=True)
     pairs = list(zip(rows.tolist(), cols.tolist(), strict=True))
-    pairs += [(i, i) for i in range(max_rows, min(len(pred), len(gold)))]
-    return pairs
+    if len(pred) <= max_rows and len(gold) <= max_rows:
+        return pairs
+    # Past the cap, a solver pair with no matching cell may belong to a row the solver never saw: free it.
+    pairs = [(i, j) for i, j in pairs if score[i, j] >= 1.0]
+    return pairs + _pair_past_the_cap(pred, gold, {i for i, _ in pairs}, {j for _, j in pairs})
+
+
+def _pair_past_the_cap(
+    pred: Sequence[dict[str, str]], gold: Sequence[dict[str, str]], used_p: set[int], used_g: set[int]
+) -> list[tuple[int, int]]:
+    """Rows the solver did not see (past ``max_rows``) in linear time: identical rows first (so a correct
+    row scores in any order), then the rest in order."""
+    free_g: dict[frozenset[tuple[str, str]], list[int]] = {}
+    for j in range(len(gold)):
+        if j not in used_g:
+            free_g.setdefault(frozenset(gold[j].items()), []).append(j)
+    pairs, rest_p = [], []
+    for i in range(len(pred)):
+        if i in used_p:
+            continue
+        same = free_g.get(frozenset(pred[i].items()))
+        if same:
+            pairs.append((i, same.pop(0)))
+        else:
+            rest_p.append(i)
+    rest_g = sorted(j for js in free_g.values() for j in js)
+    return pairs + list(zip(rest_p, rest_g, strict=False))
 
 
 def _cell_prf(

@@ -58,3 +58,18 @@ def test_as_dict_is_every_field_in_order_with_its_value() -> None:
     assert d == dataclasses.asdict(m)
     assert list(d) == [f.name for f in dataclasses.fields(m)]
     assert 0.0 < d["cell_recall"] < 1.0
+
+
+def test_rows_past_the_alignment_cap_pair_identical_rows_first() -> None:
+    import random
+
+    gold = [{"a": str(i)} for i in range(40)]
+    shuffled = gold[:]
+    random.Random(0).shuffle(shuffled)
+    full = aligned_table_metrics(shuffled, gold, ["a"], max_align_rows=1000)
+    capped = aligned_table_metrics(shuffled, gold, ["a"], max_align_rows=8)
+    assert full.cell_f1 == 1.0 and capped.cell_f1 == 1.0  # every row is correct: order costs nothing
+    wrong = [{"a": "x"}] * 40
+    assert aligned_table_metrics(wrong, gold, ["a"], max_align_rows=8).cell_f1 == 0.0
+    with pytest.raises(ValueError, match="max_rows"):
+        aligned_table_metrics(shuffled, gold, ["a"], max_align_rows=0)
