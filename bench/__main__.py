@@ -1,5 +1,7 @@
 """``python -m bench all|local|profile-local|pipeline|pipeline-cpu-cost|dedup|gpu-pipeline|reliability [--quick]``.
 
+``reward-audit`` checks that no edit moves a reward the wrong way, per source (bench/reward_audit.py).
+
 ``grpo-startup`` builds a report from GPU start-up probe runs (bench/gpu/startup_probe.sh).
 
 ``all`` runs local, pipeline and dedup (one vLLM-CPU executor shared by the last two); ``gpu-pipeline``
@@ -166,6 +168,22 @@ def all_(quick: Quick = False, golden: Golden = None, executor_url: ExecutorUrl 
     with pipeline_reward.executor(executor_url) as url:
         _report(pipeline_reward.run(url, golden, quick=quick))
         _report(grpo_dedup.run(url, golden, quick=quick))
+
+
+@app.command(name="reward-audit")
+def reward_audit(
+    quick: Quick = False,
+    golden: Golden = None,
+    per_source: Annotated[
+        int | None, typer.Option(min=1, help="Examples per source (default: all of the split; --quick: 40).")
+    ] = None,
+    split: Annotated[str, typer.Option(help="Golden split to draw examples from.")] = "validation",
+    seed: int = 0,
+) -> None:
+    """Edits that must not raise / must not lower each reward, per source: bench/results/reward_audit.*."""
+    from bench import reward_audit as ra
+
+    _report(ra.run(golden, per_source=per_source, quick=quick, seed=seed, split=split))
 
 
 @app.command()
