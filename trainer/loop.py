@@ -100,7 +100,7 @@ class LoopConfig:
     eval_limit: int | None = None
     loops: int = 1
     min_gain: float = 1.0
-    decision_metric: str = "cell_accuracy"
+    decision_metric: str = "aligned_cell_f1"  # phase_d.DEFAULT_DECISION_METRIC (imported lazily there)
     overrides: tuple[str, ...] = ()
     executor_max_tokens: int = 256
     eval_max_tokens: int = 256

@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from shared import EXECUTOR_FAILED, PROMPT_TOO_LONG
+from trainer.data_source import reward_kind
 
 log = logging.getLogger("trainer.reward_client")
 
@@ -50,13 +51,14 @@ DATA_SOURCES: tuple[DataSource, ...] = ("schema", "table", "pipeline")
 # sample, so they must never vary (DESIGN "known user pain").
 SCORE_KEYS: dict[str, tuple[str, ...]] = {
     "schema": ("score", "valid_json", "precision", "recall", "f1"),
-    "table": ("score", "valid_json", "cell_accuracy"),
+    "table": ("score", "valid_json", "table_score", "cell_accuracy"),
     "pipeline": (
         "score",
         "schema_reward",
         "table_reward",
         "valid_json",
         "f1",
+        "table_score",
         "cell_accuracy",
         "executor_failed",
         "prompt_too_long",
@@ -333,12 +335,13 @@ def score_dict(data_source: str, result: Mapping[str, Any]) -> dict[str, float]:
     if data_source == "schema":
         out.update(precision=float(result["precision"]), recall=float(result["recall"]), f1=float(result["f1"]))
     elif data_source == "table":
-        out["cell_accuracy"] = float(result["cell_accuracy"])
+        out.update(table_score=float(result["score"]), cell_accuracy=float(result["cell_accuracy"]))
     else:
         out.update(
             schema_reward=float(result["schema_reward"]),
             table_reward=float(result["table_reward"]),
             f1=float(result["f1"]),
+            table_score=float(result["table_score"]),
             cell_accuracy=float(result["cell_accuracy"]),
             executor_failed=float(result.get("error") == EXECUTOR_FAILED),
             prompt_too_long=float(result.get("error") == PROMPT_TOO_LONG),
@@ -373,9 +376,12 @@ async def score_one(
     cfg: RewardClientConfig,
     item_id: str | None = None,
 ) -> dict[str, float]:
-    """Score one sample through the running loop's batcher."""
+    """Score one sample through the running loop's batcher. ``data_source`` may carry its golden source
+    (``table:wikitabletext``, :mod:`trainer.data_source`): the kind picks the endpoint, and samples of
+    every source share one batcher."""
+    kind = reward_kind(data_source)
     gt = decode_ground_truth(ground_truth)
     uid = f"{item_id or 'sample'}#{next(_ids)}"
-    item = build_item(data_source, uid, solution_str, gt)
-    result = await get_batcher(data_source, cfg).submit(item)
-    return score_dict(data_source, result)
+    item = build_item(kind, uid, solution_str, gt)
+    result = await get_batcher(kind, cfg).submit(item)
+    return score_dict(kind, result)

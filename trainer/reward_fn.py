@@ -11,7 +11,8 @@ Point VERL 0.9 at this file with the ``reward.*`` keys (the old top-level
 VERL calls ``compute_score`` once per sample, concurrently on one event loop per reward worker;
 :mod:`trainer.reward_client` coalesces those calls into batched POSTs, enforces the deadline and
 the retries, and raises rather than invent a score (its docstring states the failure policy).
-The endpoint is chosen by ``data_source`` ("schema", "table" or "pipeline").
+The endpoint is chosen by the reward kind of ``data_source`` ("schema", "table" or "pipeline", optionally
+tagged with the golden source, "table:wikitabletext": see :mod:`trainer.data_source`).
 
 When the call fails, the error is appended to ``reward_kwargs.failure_log`` (if set) and re-raised.
 VERL then marks the prompt group ``failure`` and keeps the exception in the rollout worker's log

@@ -158,7 +158,7 @@ def test_items_and_ground_truth_errors() -> None:
 
 def test_score_keys_do_not_depend_on_the_result() -> None:
     ok = {"reward": 0.5, "valid_json": True, "schema_reward": 1, "table_reward": 0, "f1": 1, "cell_accuracy": 0.5,
-          "precision": 1, "recall": 1, "error": None}
+          "precision": 1, "recall": 1, "error": None, "score": 0.75, "table_score": 0.75}
     bad = {**ok, "valid_json": False, "error": "executor_failed"}
     for source in SCORE_KEYS:
         assert list(score_dict(source, ok)) == list(score_dict(source, bad)) == list(SCORE_KEYS[source])
@@ -168,7 +168,7 @@ def test_score_keys_do_not_depend_on_the_result() -> None:
 
 def test_prompt_too_long_is_its_own_part_and_says_what_to_do(caplog: pytest.LogCaptureFixture) -> None:
     ok = {"reward": 0.0, "valid_json": True, "schema_reward": 1, "table_reward": -1, "f1": 1, "cell_accuracy": 0.0,
-          "error": "prompt_too_long", "prompt_tokens": 5000, "prompt_limit": 2048}
+          "table_score": 0.0, "error": "prompt_too_long", "prompt_tokens": 5000, "prompt_limit": 2048}
     with caplog.at_level("WARNING", logger="trainer.reward_client"):
         parts = score_dict("pipeline", ok)
     assert list(parts) == list(SCORE_KEYS["pipeline"])

@@ -6,6 +6,8 @@ validation) plus ``manifest.json`` (counts, prompt version, source files with sh
 - SFT (A1, A2): one column ``messages`` (system, user, assistant) for VERL's ``sft_trainer``.
 - RL (B1, B2, C1, C2): VERL's RLHFDataset columns ``prompt``, ``data_source``, ``ability``,
   ``reward_model`` {style, ground_truth}, ``extra_info`` {id, phase, prompt_version, index, split}.
+  ``data_source`` is ``<reward kind>:<golden source>`` (``table:wikitabletext``, :mod:`trainer.data_source`),
+  so VERL reports every validation metric per source.
   ``ground_truth`` is a JSON *string*: gold tables hold ragged, nullable lists that Arrow would
   coerce, so the reward function decodes it (see :func:`trainer.reward_client.decode_ground_truth`).
 """
@@ -33,6 +35,7 @@ from shared import (
 )
 from shared.golden import sha256_file
 from trainer.data.prompt_fit import Stage2Fit
+from trainer.data_source import data_source
 
 SFT_PHASES = ("a1", "a2")
 RL_PHASES = ("b1", "b2", "c1")
@@ -104,11 +107,11 @@ def rl_row(
             prompt = build_stage2_messages(ex.text, ex.schema_dict())
         else:
             raise ValueError(f"phase {phase!r} needs an explicit prompt")
-    source = DATA_SOURCE[phase]
+    kind = DATA_SOURCE[phase]
     return {
         "prompt": prompt,
-        "data_source": source,
-        "ability": ABILITY[source],
+        "data_source": data_source(kind, ex.id),
+        "ability": ABILITY[kind],
         "reward_model": {"style": "rule", "ground_truth": _dumps(ground_truth(phase, ex))},
         "extra_info": {"id": ex.id, "phase": phase, "prompt_version": PROMPT_VERSION, "index": index, "split": split},
     }

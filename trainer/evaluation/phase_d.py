@@ -32,8 +32,10 @@ from trainer.evaluation.inference import generate_with_progress, messages_hash, 
 from trainer.evaluation.report import SCHEMA_METRICS, TABLE_METRICS, aligned_key, markdown_report, plot_metrics
 from trainer.evaluation.significance import intervals, paired_tests
 
-DEFAULT_DECISION_METRIC = "cell_accuracy"
-DEFAULT_PAIRED_METRIC = "aligned_cell_f1"  # end-to-end, order-invariant: the seed's question
+# End-to-end, order-invariant aligned cell F1 (names normalised): the default table reward's number, so
+# training and report agree; the loop-2 rule and the paired tests read its macro mean over sources.
+DEFAULT_DECISION_METRIC = "aligned_cell_f1"
+DEFAULT_PAIRED_METRIC = "aligned_cell_f1"
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,9 @@ def score_example(ex: GoldenExample, pred: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def aggregate(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Means of every metric present, overall and per data source."""
+    """Means of every metric present: pooled over documents (``overall``), per data source, and the
+    ``macro`` mean over sources (each source weighs the same: the headline, since a pooled number is
+    dominated by the largest source and hides the one where a model is weak)."""
 
     def means(group: Sequence[Mapping[str, Any]]) -> dict[str, float | int]:
         out: dict[str, float | int] = {"n": len(group)}
@@ -97,10 +101,20 @@ def aggregate(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         return out
 
     sources = sorted({str(r["source"]) for r in rows})
-    return {
-        "overall": means(rows),
-        "per_source": {s: means([r for r in rows if r["source"] == s]) for s in sources},
-    }
+    per_source = {s: means([r for r in rows if r["source"] == s]) for s in sources}
+    return {"overall": means(rows), "per_source": per_source, "macro": macro_means(per_source)}
+
+
+def macro_means(per_source: Mapping[str, Mapping[str, float | int]]) -> dict[str, float | int]:
+    """Unweighted mean over sources of every metric that every source has; ``n`` is the number of sources."""
+    out: dict[str, float | int] = {"n": len(per_source)}
+    if not per_source:
+        return out
+    keys = set.intersection(*(set(m) for m in per_source.values())) - {"n"}
+    for key in (*SCHEMA_METRICS, *TABLE_METRICS):
+        if key in keys:
+            out[key] = statistics.fmean(float(m[key]) for m in per_source.values())
+    return out
 
 
 def score_predictions(golden: Sequence[GoldenExample], preds: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -170,7 +184,8 @@ def loop2_decision(
     min_gain_points: float = 1.0,
     compare: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The seed's loop-2 rule: stop when ``last`` gains < ``min_gain_points`` (×100) over ``previous``.
+    """The seed's loop-2 rule: stop when ``last`` gains < ``min_gain_points`` (×100) over ``previous``,
+    on the macro mean over sources (the pooled mean where a setting has no ``macro``).
 
     ``compare`` = (previous, last); default: the last two settings.
     """
@@ -180,8 +195,8 @@ def loop2_decision(
     prev, last = compare or (names[-2], names[-1])
     if prev not in metrics or last not in metrics:
         raise ValueError(f"loop-2 comparison {prev!r} vs {last!r}: settings are {names}")
-    a = metrics[prev]["overall"].get(metric)
-    b = metrics[last]["overall"].get(metric)
+    a = metrics[prev].get("macro", metrics[prev]["overall"]).get(metric)
+    b = metrics[last].get("macro", metrics[last]["overall"]).get(metric)
     if a is None or b is None:
         return {"decision": "n/a", "reason": f"metric {metric!r} missing", "metric": metric}
     gain = 100.0 * (float(b) - float(a))
@@ -191,6 +206,7 @@ def loop2_decision(
         "metric": metric,
         "previous": prev,
         "last": last,
+        "mean": "macro over sources" if "macro" in metrics[last] else "pooled",
         "gain_points": round(gain, 3),
         "min_gain_points": min_gain_points,
         "reason": f"{last} vs {prev}: {gain:+.2f} points {'<' if stop else '>='} {min_gain_points}",
@@ -220,8 +236,9 @@ def write_outputs(
 ) -> EvalOutputs:
     """Score every setting's predictions; write metrics.json, report.md, plots/ (and predictions).
 
-    Every setting gets 95% bootstrap intervals (``ci95``); each setting is paired-tested against the
-    one before it (base → sft → local → pipe) on ``paired_metric``.
+    Every setting gets 95% bootstrap intervals (``ci95``: pooled, per source and macro); each setting is
+    paired-tested against the one before it (base → sft → local → pipe) on ``paired_metric``, macro,
+    pooled and per source.
     """
     out.mkdir(parents=True, exist_ok=True)
     metrics: dict[str, Any] = {}

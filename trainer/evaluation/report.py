@@ -39,7 +39,16 @@ def markdown_report(
     names = list(metrics)
     keys = ["n", *SCHEMA_METRICS, *TABLE_METRICS]
     keys = [k for k in keys if any(k in metrics[n]["overall"] for n in names)]
-    lines = [f"# {title}", "", f"Prompt version: `{PROMPT_VERSION}`", "", "## Overall", ""]
+    lines = [f"# {title}", "", f"Prompt version: `{PROMPT_VERSION}`", ""]
+    if all("macro" in metrics[n] for n in names):
+        n_src = max(int(metrics[n]["macro"].get("n", 0)) for n in names)
+        lines += [f"## Macro mean over {n_src} sources (the headline: every source weighs the same)", ""]
+        lines += ["| metric | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        lines += [
+            f"| {k} | " + " | ".join(_fmt(metrics[n]["macro"].get(k)) for n in names) + " |" for k in keys if k != "n"
+        ]
+        lines += [""]
+    lines += ["## Pooled over documents", ""]
     lines += ["| metric | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     lines += [f"| {k} | " + " | ".join(_fmt(metrics[n]["overall"].get(k)) for n in names) + " |" for k in keys]
     sources = sorted({s for n in names for s in metrics[n]["per_source"]})
@@ -61,15 +70,21 @@ def markdown_report(
 def _interval_lines(metrics: Mapping[str, Mapping[str, Any]], names: Sequence[str], keys: Sequence[str]) -> list[str]:
     if not any("ci95" in metrics[n] for n in names):
         return []
-    lines = ["", "## 95% bootstrap intervals (documents resampled)", ""]
-    lines += ["| metric | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines = ["", "## 95% bootstrap intervals (documents resampled; macro: within each source)", ""]
+    lines += ["| metric | scope | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    per_source = {s for n in names for s in metrics[n].get("ci95", {}).get("per_source", {})}
+    scopes = ["macro", "overall", *sorted(per_source)]
     for k in keys:
-        cells = []
-        for n in names:
-            ci = metrics[n].get("ci95", {}).get("overall", {}).get(k)
-            cells.append(f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "–")
-        if any(c != "–" for c in cells):
-            lines.append(f"| {k} | " + " | ".join(cells) + " |")
+        for scope in scopes:
+            cells = []
+            for n in names:
+                ci95 = metrics[n].get("ci95", {})
+                ci = ci95.get(scope) if scope in ("macro", "overall") else ci95.get("per_source", {}).get(scope, {})
+                ci = (ci or {}).get(k)
+                cells.append(f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "–")
+            if any(c != "–" for c in cells):
+                label = "pooled" if scope == "overall" else scope
+                lines.append(f"| {k} | {label} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -77,12 +92,12 @@ def _paired_lines(tests: Sequence[Mapping[str, Any]]) -> list[str]:
     if not tests:
         return []
     lines = ["", "## Paired bootstrap tests (same documents, treatment − baseline)", ""]
-    lines += ["| metric | baseline → treatment | n | diff (points) | 95% interval (points) | p |"]
-    lines += ["|---|---|---|---|---|---|"]
+    lines += ["| metric | baseline → treatment | scope | n | diff (points) | 95% interval (points) | p |"]
+    lines += ["|---|---|---|---|---|---|---|"]
     for t in tests:
         lines.append(
-            f"| {t['metric']} | {t['baseline']} → {t['treatment']} | {t['n']} | {100 * t['diff']:+.2f} | "
-            f"[{100 * t['ci_low']:+.2f}, {100 * t['ci_high']:+.2f}] | {t['p_value']:.3f} |"
+            f"| {t['metric']} | {t['baseline']} → {t['treatment']} | {t.get('scope', 'pooled')} | {t['n']} | "
+            f"{100 * t['diff']:+.2f} | [{100 * t['ci_low']:+.2f}, {100 * t['ci_high']:+.2f}] | {t['p_value']:.3f} |"
         )
     return lines
 
@@ -98,8 +113,15 @@ def plot_metrics(metrics: Mapping[str, Mapping[str, Any]], out_dir: Path) -> lis
     names = list(metrics)
     written: list[Path] = []
     panels: list[tuple[str, list[str], Callable[[str, str], Any]]] = [
-        ("overall.png", [k for k in ("schema_valid", "schema_f1", "table_valid", "cell_accuracy", "aligned_cell_f1")
-                         if any(k in metrics[n]["overall"] for n in names)], lambda n, k: metrics[n]["overall"].get(k)),
+        (
+            "overall.png",
+            [
+                k
+                for k in ("schema_valid", "schema_f1", "table_valid", "cell_accuracy", "aligned_cell_f1")
+                if any(k in metrics[n]["overall"] for n in names)
+            ],
+            lambda n, k: metrics[n]["overall"].get(k),
+        ),
     ]
     sources = sorted({s for n in names for s in metrics[n]["per_source"]})
     key = "cell_accuracy" if any("cell_accuracy" in metrics[n]["overall"] for n in names) else "schema_f1"

@@ -91,8 +91,67 @@ def paired_bootstrap(
     )
 
 
+def _stratified_macro_means(groups: Sequence[np.ndarray], n_resamples: int, seed: int) -> np.ndarray:
+    """Resampled macro means: each source resampled within itself, then the sources averaged."""
+    rng = np.random.default_rng(seed)
+    total = np.zeros(n_resamples)
+    for values in groups:
+        idx = rng.integers(0, len(values), size=(n_resamples, len(values)))
+        total += values[idx].mean(axis=1)
+    return total / len(groups)
+
+
+def macro_ci(
+    groups: Sequence[Sequence[float]], level: float = LEVEL, n_resamples: int = N_RESAMPLES, seed: int = SEED
+) -> tuple[float, float]:
+    """Interval of the macro mean (unweighted mean of the per-source means), resampling within sources."""
+    arrays = [np.asarray(g, dtype=float) for g in groups]
+    if not arrays or any(a.size == 0 for a in arrays):
+        raise ValueError("macro_ci: every source needs at least one value")
+    means = _stratified_macro_means(arrays, n_resamples, seed)
+    alpha = (1.0 - level) / 2.0
+    return float(np.quantile(means, alpha)), float(np.quantile(means, 1.0 - alpha))
+
+
+def macro_paired_bootstrap(
+    pairs: Sequence[tuple[Sequence[float], Sequence[float]]],
+    *,
+    names: tuple[str, str] = ("baseline", "treatment"),
+    metric: str = "",
+    level: float = LEVEL,
+    n_resamples: int = N_RESAMPLES,
+    seed: int = SEED,
+) -> PairedTest:
+    """Paired bootstrap of the macro mean difference: per source (baseline, treatment) values in one order;
+    documents are resampled within their source."""
+    diffs_by_source = []
+    for a, b in pairs:
+        x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+        if x.shape != y.shape or x.size == 0:
+            raise ValueError(f"macro_paired_bootstrap: need equal, non-empty sequences (got {x.size} and {y.size})")
+        diffs_by_source.append(y - x)
+    means = _stratified_macro_means(diffs_by_source, n_resamples, seed)
+    alpha = (1.0 - level) / 2.0
+    below, above = float(np.mean(means <= 0.0)), float(np.mean(means >= 0.0))
+    base_mean = float(np.mean([np.mean(a) for a, _ in pairs]))
+    treat_mean = float(np.mean([np.mean(b) for _, b in pairs]))
+    return PairedTest(
+        baseline=names[0],
+        treatment=names[1],
+        metric=metric,
+        n=sum(len(a) for a, _ in pairs),
+        baseline_mean=base_mean,
+        treatment_mean=treat_mean,
+        diff=treat_mean - base_mean,
+        ci_low=float(np.quantile(means, alpha)),
+        ci_high=float(np.quantile(means, 1.0 - alpha)),
+        p_value=min(1.0, 2.0 * min(below, above)),
+    )
+
+
 def intervals(rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> dict[str, Any]:
-    """95% intervals of every metric in ``keys`` that the rows hold, overall and per data source."""
+    """95% intervals of every metric in ``keys`` that the rows hold: pooled, per data source, and of the
+    macro mean over sources (resampled within each source)."""
 
     def of(group: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
         out: dict[str, list[float]] = {}
@@ -103,22 +162,41 @@ def intervals(rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> dict[st
         return out
 
     sources = sorted({str(r["source"]) for r in rows})
-    return {"overall": of(rows), "per_source": {s: of([r for r in rows if r["source"] == s]) for s in sources}}
+    by_source = {s: [r for r in rows if r["source"] == s] for s in sources}
+    macro: dict[str, list[float]] = {}
+    for key in keys:
+        groups = [[float(r[key]) for r in g if key in r] for g in by_source.values()]
+        if groups and all(groups):
+            macro[key] = [round(v, 6) for v in macro_ci(groups)]
+    return {"overall": of(rows), "per_source": {s: of(g) for s, g in by_source.items()}, "macro": macro}
 
 
 def paired_tests(
     rows: Mapping[str, Sequence[Mapping[str, Any]]], pairs: Sequence[tuple[str, str]], metric: str
 ) -> list[dict[str, Any]]:
-    """A paired test per (baseline, treatment) pair whose settings both hold ``metric``; documents by id."""
+    """Paired tests per (baseline, treatment) pair whose settings both hold ``metric``, documents by id:
+    the pooled mean (``scope`` "pooled") and, with several sources, the macro mean over sources ("macro")
+    and each source (its name)."""
     out: list[dict[str, Any]] = []
     for base, treat in pairs:
         if base not in rows or treat not in rows:
             continue
-        a = {str(r["id"]): float(r[metric]) for r in rows[base] if metric in r}
+        a = {str(r["id"]): (str(r.get("source", "")), float(r[metric])) for r in rows[base] if metric in r}
         b = {str(r["id"]): float(r[metric]) for r in rows[treat] if metric in r}
         ids = sorted(a.keys() & b.keys())
         if not ids:
             continue
-        test = paired_bootstrap([a[i] for i in ids], [b[i] for i in ids], names=(base, treat), metric=metric)
-        out.append(test.as_dict())
+        by_source: dict[str, list[str]] = {}
+        for i in ids:
+            by_source.setdefault(a[i][0], []).append(i)
+        names = (base, treat)
+        if len(by_source) > 1:
+            groups = [([a[i][1] for i in g], [b[i] for i in g]) for g in by_source.values()]
+            out.append({"scope": "macro", **macro_paired_bootstrap(groups, names=names, metric=metric).as_dict()})
+        pooled = paired_bootstrap([a[i][1] for i in ids], [b[i] for i in ids], names=names, metric=metric)
+        out.append({"scope": "pooled", **pooled.as_dict()})
+        for src in sorted(by_source) if len(by_source) > 1 else ():
+            g = by_source[src]
+            test = paired_bootstrap([a[i][1] for i in g], [b[i] for i in g], names=names, metric=metric)
+            out.append({"scope": src, **test.as_dict()})
     return out

@@ -1,8 +1,10 @@
 """Early stopping for the RL phases (VERL has none): the pure decision logic and its state file.
 
 Policy, stated once: after every validation the phase's score is the weighted mean of its
-validation metrics (``val-core|val-aux/<data_source>/<key>/mean@N``, largest N). Two questions, kept
-apart:
+validation metrics (``val-core|val-aux/<data_source>/<key>/mean@N``, largest N). When the data carries
+its golden source (``table:e2e``, ``table:wikitabletext``: :mod:`trainer.data_source`), each metric is the
+macro mean over sources, so the largest source cannot hide the one where the model is weak. Two
+questions, kept apart:
 
 - *Which checkpoint is best?* The highest-scoring validated step (``mode`` direction; an earlier
   step wins a tie). ``min_delta`` plays no part: a step that beats the best by less than
@@ -33,6 +35,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from trainer.data_source import belongs_to
+
 STATE_FILE = "early_stopping.json"
 _METRIC_RE = re.compile(r"^val-(?:core|aux)/(?P<ds>[^/]+)/(?P<key>[^/]+)/mean@(?P<n>\d+)$")
 
@@ -43,7 +47,10 @@ class EarlyStoppingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = Field(True, description="Off: validate and record, never stop.")
-    data_source: str = Field(description="data_source whose validation metrics are read (schema/table/pipeline).")
+    data_source: str = Field(
+        description="Reward kind whose validation metrics are read (schema/table/pipeline); its per-source "
+        "tags kind:source are macro-averaged."
+    )
     metrics: dict[str, float] = Field(description="Metric key → weight; the score is the weighted mean.")
     patience: int = Field(3, ge=1, description="Validations without improvement before stopping.")
     min_delta: float = Field(0.005, ge=0, description="Smallest gain that counts as an improvement.")
@@ -68,17 +75,27 @@ class EarlyStoppingConfig(BaseModel):
             raise ValueError("; ".join(msgs)) from None
 
 
-def metric_value(val_metrics: Mapping[str, Any], data_source: str, key: str) -> float:
-    """``val-*/<data_source>/<key>/mean@N`` with the largest N; KeyError lists what exists."""
-    best_n, value = -1, None
+def per_source_values(val_metrics: Mapping[str, Any], data_source: str, key: str) -> dict[str, float]:
+    """``val-*/<ds>/<key>/mean@N`` (largest N) for ``data_source`` and each of its per-source tags
+    (``<data_source>:<source>``), keyed by the logged data_source."""
+    best: dict[str, tuple[int, float]] = {}
     for name, v in val_metrics.items():
         m = _METRIC_RE.match(name)
-        if m and m["ds"] == data_source and m["key"] == key and int(m["n"]) > best_n:
-            best_n, value = int(m["n"]), v
-    if value is None:
+        if m and belongs_to(m["ds"], data_source) and m["key"] == key:
+            n = int(m["n"])
+            if n > best.get(m["ds"], (-1, 0.0))[0]:
+                best[m["ds"]] = (n, float(v))
+    return {ds: value for ds, (_, value) in sorted(best.items())}
+
+
+def metric_value(val_metrics: Mapping[str, Any], data_source: str, key: str) -> float:
+    """``val-*/<data_source>/<key>/mean@N`` with the largest N, or the macro mean over its per-source tags;
+    KeyError lists what exists."""
+    values = per_source_values(val_metrics, data_source, key)
+    if not values:
         have = sorted(n for n in val_metrics if n.startswith("val-"))
         raise KeyError(f"no validation metric val-*/{data_source}/{key}/mean@N; have {have}")
-    return float(value)
+    return sum(values.values()) / len(values)
 
 
 def phase_score(cfg: EarlyStoppingConfig, val_metrics: Mapping[str, Any]) -> float:

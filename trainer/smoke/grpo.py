@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -43,7 +44,7 @@ from trainer.phases.launch import REPO_ROOT, PhaseRun, get_phase, run_phase
 
 SAMPLE_DIR = REPO_ROOT / "trainer" / "data" / "sample"
 # Reward parts our reward function returns for data_source "pipeline" (trainer.reward_client.SCORE_KEYS).
-PIPELINE_PARTS = ("schema_reward", "table_reward", "f1", "cell_accuracy", "valid_json")
+PIPELINE_PARTS = ("schema_reward", "table_reward", "f1", "table_score", "cell_accuracy", "valid_json")
 
 
 class BackgroundLoop:
@@ -100,7 +101,6 @@ class MemorySampler(BackgroundLoop):
         while not self._stop.wait(self.interval_s):
             self._sample()
 
-
     def non_loopback(self) -> list[str]:
         """Listeners on anything but 127.0.0.0/8, ::1 or IPv4-mapped loopback (``::ffff:127.*``)."""
         return sorted(a for a in self.listeners if not is_loopback(listener_ip(a)))
@@ -136,9 +136,12 @@ def is_wildcard(addr: str) -> bool:
     return ipaddress.ip_address(addr).is_unspecified
 
 
+_PART_KEY = re.compile(r"^val-aux/pipeline:[^/]+/(?P<part>[^/]+)/")
+
+
 def reward_parts(logged: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
     """Per step, the reward values VERL logged: training score and our validation reward parts."""
-    wanted = ("critic/score/mean", "critic/rewards/mean", "val-core/pipeline/", "val-aux/pipeline/")
+    wanted = ("critic/score/mean", "critic/rewards/mean", "val-core/pipeline", "val-aux/pipeline")
     out: dict[int, dict[str, float]] = {}
     for m in logged:
         for key, value in m["data"].items():
@@ -189,7 +192,6 @@ class RewardApiKiller(BackgroundLoop):
                 self.killed_at = time.monotonic()
                 print(f"smoke: reward API killed after step {self.after_step} was validated", flush=True)
                 return
-
 
 
 class Checks:
@@ -302,13 +304,17 @@ def smoke(
     train_steps = sorted({int(m["step"]) for m in logged if "critic/score/mean" in m["data"]})
     checks.add(f"{steps} training steps logged", len(train_steps) == steps, f"steps {train_steps}")
     keys = {k for m in logged for k in m["data"]}
-    missing = [p for p in PIPELINE_PARTS if not any(k.startswith(f"val-aux/pipeline/{p}/") for k in keys)]
+    # data_source is "pipeline:<golden source>" (trainer.data_source), so VERL logs every part per source
+    logged_parts = {m["part"] for m in map(_PART_KEY.match, keys) if m}
+    missing = [p for p in PIPELINE_PARTS if p not in logged_parts]
     checks.add(
-        "VERL logged our reward parts (val-aux/pipeline/<part>)", not missing, f"missing {missing}" if missing else ""
+        "VERL logged our reward parts per source (val-aux/pipeline:<source>/<part>)",
+        not missing,
+        f"missing {missing}" if missing else "",
     )
     checks.add(
-        "VERL logged the pipeline reward (val-core/pipeline/reward)",
-        any(k.startswith("val-core/pipeline/reward/") for k in keys),
+        "VERL logged the pipeline reward per source (val-core/pipeline:<source>/reward)",
+        any(re.match(r"^val-core/pipeline:[^/]+/reward/", k) for k in keys),
     )
     summary["reward_parts"] = reward_parts(logged)
     for step, parts in summary["reward_parts"].items():

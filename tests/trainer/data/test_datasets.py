@@ -18,6 +18,7 @@ from shared import (
     golden_filename,
     read_golden,
 )
+from shared.golden import source_of
 from trainer.cli import app
 from trainer.data.datasets import build_datasets, read_rows
 from trainer.data.sample_data import SAMPLE_DIR
@@ -50,7 +51,7 @@ def test_rl_rows_follow_rlhf_format_and_round_trip(built: Path, phase: str, sour
     assert list(df.columns) == ["prompt", "data_source", "ability", "reward_model", "extra_info"]
     assert len(df) == len(val) == 6
     for i, (ex, row) in enumerate(zip(val, df.to_dict("records"), strict=True)):
-        assert row["data_source"] == source
+        assert row["data_source"] == f"{source}:{source_of(ex.id)}"  # per-source validation metrics in VERL
         assert row["reward_model"]["style"] == "rule"
         assert row["extra_info"] == {"id": ex.id, "phase": phase, "prompt_version": PROMPT_VERSION, "index": i,
                                      "split": "validation"}

@@ -48,12 +48,23 @@ def test_metrics_come_from_shared() -> None:
 
 def test_loop2_decision() -> None:
     m = {"a": {"overall": {"cell_accuracy": 0.50}}, "b": {"overall": {"cell_accuracy": 0.505}}}
-    d = loop2_decision(m)
-    assert d["decision"] == "stop" and d["gain_points"] == pytest.approx(0.5)
+    d = loop2_decision(m, "cell_accuracy")
+    assert d["decision"] == "stop" and d["gain_points"] == pytest.approx(0.5) and d["mean"] == "pooled"
     m["b"]["overall"]["cell_accuracy"] = 0.53
-    assert loop2_decision(m)["decision"] == "continue"
-    assert loop2_decision(m, min_gain_points=5.0)["decision"] == "stop"
+    assert loop2_decision(m, "cell_accuracy")["decision"] == "continue"
+    assert loop2_decision(m, "cell_accuracy", min_gain_points=5.0)["decision"] == "stop"
     assert loop2_decision({"a": m["a"]})["decision"] == "n/a"
+
+
+def test_loop2_decision_reads_the_macro_mean_over_sources() -> None:
+    """A gain on the largest source alone moves the pooled mean, not the macro mean the rule reads."""
+    m = {
+        "local": {"overall": {"aligned_cell_f1": 0.50}, "macro": {"aligned_cell_f1": 0.50}},
+        "pipe": {"overall": {"aligned_cell_f1": 0.53}, "macro": {"aligned_cell_f1": 0.505}},
+    }
+    d = loop2_decision(m)
+    assert d["metric"] == "aligned_cell_f1" and d["mean"] == "macro over sources"
+    assert d["decision"] == "stop" and d["gain_points"] == pytest.approx(0.5)
 
 
 def test_loop2_decision_compares_the_named_pair_not_the_last_two() -> None:
@@ -62,12 +73,12 @@ def test_loop2_decision_compares_the_named_pair_not_the_last_two() -> None:
         "pipe": {"overall": {"cell_accuracy": 0.60}},
         "rft": {"overall": {"cell_accuracy": 0.10}},
     }
-    assert loop2_decision(m)["previous"] == "pipe"  # default: the last two
-    d = loop2_decision(m, compare=("local", "pipe"))
+    assert loop2_decision(m, "cell_accuracy")["previous"] == "pipe"  # default: the last two
+    d = loop2_decision(m, "cell_accuracy", compare=("local", "pipe"))
     assert (d["previous"], d["last"], d["decision"]) == ("local", "pipe", "continue")
     assert d["gain_points"] == pytest.approx(10.0)
     with pytest.raises(ValueError, match="'sft' vs 'pipe'"):
-        loop2_decision(m, compare=("sft", "pipe"))
+        loop2_decision(m, "cell_accuracy", compare=("sft", "pipe"))
 
 
 def test_aligned_metric_keys_have_one_prefix() -> None:
@@ -109,10 +120,19 @@ def test_evaluate_score_cli_writes_report_and_plots(tmp_path: Path) -> None:
     lo, hi = metrics["settings"]["worse"]["ci95"]["overall"]["cell_accuracy"]
     assert lo <= worse["cell_accuracy"] <= hi and hi - lo > 0
     assert metrics["settings"]["gold"]["ci95"]["overall"]["aligned_cell_f1"] == [1.0, 1.0]
-    (test,) = metrics["paired_tests"]
+    tests = {t["scope"]: t for t in metrics["paired_tests"]}
+    assert set(tests) == {"macro", "pooled", "invoice", "product", "people"}
+    test = tests["pooled"]
     assert (test["baseline"], test["treatment"], test["metric"], test["n"]) == ("worse", "gold", "aligned_cell_f1", 6)
     assert test["diff"] == pytest.approx(1.0 - worse["aligned_cell_f1"]) and test["ci_low"] > 0
-    assert "## 95% bootstrap intervals" in report and "| aligned_cell_f1 | worse → gold | 6 |" in report
+    macro = metrics["settings"]["worse"]["macro"]
+    assert macro["n"] == 3 and tests["macro"]["diff"] == pytest.approx(1.0 - macro["aligned_cell_f1"])
+    per_source = metrics["settings"]["worse"]["per_source"]
+    assert macro["aligned_cell_f1"] == pytest.approx(sum(v["aligned_cell_f1"] for v in per_source.values()) / 3)
+    lo, hi = metrics["settings"]["worse"]["ci95"]["macro"]["aligned_cell_f1"]
+    assert lo <= macro["aligned_cell_f1"] <= hi
+    assert "## 95% bootstrap intervals" in report and "| aligned_cell_f1 | worse → gold | pooled | 6 |" in report
+    assert "## Macro mean over 3 sources" in report and "| aligned_cell_f1 | worse → gold | macro | 6 |" in report
     for png in ("overall.png", "per_source_cell_accuracy.png"):
         assert (out / "plots" / png).read_bytes()[:4] == b"\x89PNG"
     res = CliRunner().invoke(app, ["evaluate", "score", "--golden", str(TEST), "--out", str(tmp_path / "e2"),

@@ -76,3 +76,19 @@ def test_intervals_overall_and_per_source() -> None:
     assert set(ci["per_source"]) == {"e2e", "rotowire"}
     lo, hi = ci["overall"]["f1"]
     assert lo <= 20 / 60 <= hi
+
+
+def test_macro_interval_and_paired_test_weigh_every_source_the_same() -> None:
+    from trainer.evaluation.significance import macro_ci
+
+    big = [1.0] * 90 + [0.0] * 10  # mean 0.9
+    small = [0.0] * 9 + [1.0]  # mean 0.1
+    lo, hi = macro_ci([big, small])
+    assert lo <= 0.5 <= hi and hi - lo > 0  # macro 0.5, pooled would be 0.827
+    rows_a = [{"id": f"b{i}", "source": "big", "m": v} for i, v in enumerate(big)]
+    rows_a += [{"id": f"s{i}", "source": "small", "m": v} for i, v in enumerate(small)]
+    rows_b = [{**r, "m": 1.0} if r["source"] == "small" else dict(r) for r in rows_a]  # gain only on small
+    tests = {t["scope"]: t for t in paired_tests({"a": rows_a, "b": rows_b}, [("a", "b")], "m")}
+    assert tests["macro"]["diff"] == pytest.approx(0.9 / 2) and tests["pooled"]["diff"] == pytest.approx(9 / 110)
+    assert tests["big"]["diff"] == 0.0 and tests["small"]["diff"] == pytest.approx(0.9)
+    assert tests["macro"]["ci_low"] > 0

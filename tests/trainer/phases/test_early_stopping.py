@@ -142,3 +142,24 @@ def test_prune_keeps_only_requested(tmp_path: Path) -> None:
     assert prune_checkpoints(tmp_path, {2, 4}) == [1, 3]
     assert checkpoint_steps(tmp_path) == [2, 4]
     assert (tmp_path / "early_stopping.json").is_file()
+
+
+def test_per_source_metrics_are_macro_averaged() -> None:
+    """data_source "table:<source>" (trainer.data_source): the score is the mean over sources, whatever
+    their sizes, and an untagged "table" metric still reads as before."""
+    from trainer.phases.early_stopping import per_source_values
+
+    m = {
+        "val-aux/table:e2e/table_score/mean@1": 0.9,
+        "val-aux/table:rotowire_sent/table_score/mean@1": 0.8,
+        "val-aux/table:wikitabletext/table_score/mean@1": 0.4,
+        "val-aux/table:wikitabletext/table_score/mean@4": 0.5,
+        "val-aux/tablet/table_score/mean@1": 0.0,  # another data source whose name starts alike
+        "val-aux/schema:e2e/table_score/mean@1": 0.0,
+    }
+    assert per_source_values(m, "table", "table_score") == {
+        "table:e2e": 0.9, "table:rotowire_sent": 0.8, "table:wikitabletext": 0.5,
+    }  # fmt: skip
+    assert metric_value(m, "table", "table_score") == pytest.approx((0.9 + 0.8 + 0.5) / 3)
+    c = EarlyStoppingConfig.from_mapping({"data_source": "table", "metrics": {"table_score": 1.0}})
+    assert phase_score(c, m) == pytest.approx(0.7333333)

@@ -96,9 +96,9 @@ def test_grpo_configs(env: None, phase: str, profile: str) -> None:
 
 def test_early_stopping_metrics_per_phase(env: None) -> None:
     assert dict(composed("b1_grpo").early_stopping.metrics) == {"f1": 1.0, "valid_json": 0.25}
-    assert dict(composed("b2_grpo").early_stopping.metrics) == {"cell_accuracy": 1.0}
+    assert dict(composed("b2_grpo").early_stopping.metrics) == {"table_score": 1.0}
     assert dict(composed("c1_grpo").early_stopping.metrics) == {"reward": 1.0}
-    assert dict(composed("c2_grpo").early_stopping.metrics) == {"cell_accuracy": 1.0}
+    assert dict(composed("c2_grpo").early_stopping.metrics) == {"table_score": 1.0}
 
 
 @pytest.mark.parametrize("phase", ["a1", "a2"])
@@ -172,3 +172,15 @@ def test_export_helpers(tmp_path: Path) -> None:
     for f in ("config.json", "model.safetensors", "tokenizer.json"):
         (hf / f).write_text("{}")
     check_hf_dir(hf)
+
+
+@pytest.mark.parametrize(
+    ("name", "path"),
+    [("b2_grpo", ("table_config",)), ("c2_grpo", ("table_config",)), ("c1_grpo", ("pipeline_config", "table_reward"))],
+)
+def test_table_phases_spell_out_the_default_table_metric(env: None, name: str, path: tuple[str, ...]) -> None:
+    """Issue 22: B2, C2 and C1's table part train on the aligned metric (docs/rewards.md)."""
+    node = composed(name).reward.custom_reward_function.reward_kwargs
+    for key in path:
+        node = node[key]
+    assert node["table_metric"] == "aligned"
