@@ -3,7 +3,7 @@
     python -m bench.learning_gpu --collected DIR --run-info FILE [--partial "base and sft only"]
         [--extra-settings OLD_REPORT.json]
 
-``DIR`` is the unpacked archive of ``bench/gpu/learning.sh collect`` or ``bench/gpu/pi1_ab.sh collect``
+``DIR`` is the unpacked archive of ``bench/gpu/learning.sh collect`` or ``bench/gpu/ab.sh collect``
 (``phase_d/metrics.json``, ``stages.tsv``, ``a1_phase_result.json`` or ``<phase>/phase_result.json``,
 ``<phase>/metrics.jsonl`` and ``<phase>/early_stopping.json`` of each RL phase …); ``FILE`` a JSON object
 with ``card``, ``gpus``, ``versions`` and ``commands`` (what ran, written down by whoever ran it).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Shared by the node scripts (loop_node.sh, pi1_ab.sh, startup_probe.sh): what small files of a phase
+# Shared by the node scripts (loop_node.sh, ab.sh, startup_probe.sh): what small files of a phase
 # and of the node come back from a device run, and whether a local service answers. Source it; it
 # defines functions only.
 

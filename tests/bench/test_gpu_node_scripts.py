@@ -47,7 +47,7 @@ def _collect(script: str, var: str, work: Path, out: Path) -> set[str]:
     return names
 
 
-def test_pi1_ab_collect(tmp_path: Path) -> None:
+def test_ab_collect(tmp_path: Path) -> None:
     ab = tmp_path / "ab"
     _phase(ab / "b1")
     (ab / "phase_d").mkdir()
@@ -55,7 +55,7 @@ def test_pi1_ab_collect(tmp_path: Path) -> None:
     (ab / "stages.tsv").write_text("sft\t1\t2\t1\n")
     (ab / "preflight").mkdir()
     (ab / "preflight" / "c1_t1.3.json").write_text(json.dumps(PREFLIGHT))
-    names = _collect("pi1_ab.sh", "AB", ab, tmp_path)
+    names = _collect("ab.sh", "AB", ab, tmp_path)
     want = {"b1/phase_result.json", "b1/metrics.jsonl", "b1/early_stopping.json", "b1/tensorboard.tar.gz"}
     assert want | {"phase_d/metrics.json", "stages.tsv", "card.txt", "preflight/c1_t1.3.json"} <= names
 
@@ -65,7 +65,7 @@ PREFLIGHT = {"stage": "pipeline", "prompts": 64, "n": 8, "temperature": 1.3, "in
              "min_informative": 0.0, "ok": True}  # fmt: skip
 
 
-def test_pi1_ab_wait_summarises_the_preflight_sweep(tmp_path: Path) -> None:
+def test_ab_wait_summarises_the_preflight_sweep(tmp_path: Path) -> None:
     """`wait preflight` prints one line per temperature and phase: what rl's temperature is chosen from."""
     ab = tmp_path / "ab"
     (ab / "preflight").mkdir(parents=True)
@@ -73,7 +73,7 @@ def test_pi1_ab_wait_summarises_the_preflight_sweep(tmp_path: Path) -> None:
     (ab / "preflight.rc").write_text("0\n")
     (ab / "preflight.log").write_text("")
     env = {**os.environ, "PYTHONPATH": str(REPO), "MODEL_DIR": str(ab), "GOLDEN_DIR": str(ab), "AB": str(ab)}
-    proc = subprocess.run(["bash", str(REPO / "bench" / "gpu" / "pi1_ab.sh"), "wait", "preflight", "1"],
+    proc = subprocess.run(["bash", str(REPO / "bench" / "gpu" / "ab.sh"), "wait", "preflight", "1"],
                           env=env, capture_output=True, text=True, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "preflight exit 0" in proc.stdout
@@ -88,3 +88,18 @@ def test_loop_node_collect(tmp_path: Path) -> None:
     (loop / "loop_manifest.json").write_text("{}")
     names = _collect("loop_node.sh", "LOOP", loop, tmp_path)
     assert {"b1/early_stopping.json", "b1/tensorboard.tar.gz", "eval_loop1/metrics.json", "loop_manifest.json"} <= names
+
+
+def test_ab_eval_serves_the_model_the_phase_result_names(tmp_path: Path) -> None:
+    """When early stopping keeps step 0 there is no <phase>/hf: eval must serve the phase result's hf_dir
+    (the run of issue 23 asked vLLM for $AB/b1/hf, which did not exist)."""
+    ab = tmp_path / "ab"
+    (ab / "b1").mkdir(parents=True)
+    (ab / "b1" / "phase_result.json").write_text(json.dumps({"status": "ok", "best_step": 0, "hf_dir": "/m/a1/hf"}))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MODEL_DIR": str(ab), "GOLDEN_DIR": str(ab), "AB": str(ab)}
+    proc = subprocess.run(["bash", str(REPO / "bench" / "gpu" / "ab.sh"), "_hf", "b1"],
+                          env=env, capture_output=True, text=True, check=False)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.strip() == "/m/a1/hf", proc.stderr
+    bad = subprocess.run(["bash", str(REPO / "bench" / "gpu" / "ab.sh"), "x"],
+                         env={**env, "EXP": "pi3"}, capture_output=True, text=True, check=False)  # fmt: skip
+    assert bad.returncode == 2 and "EXP must be pi1 or pi2" in bad.stderr

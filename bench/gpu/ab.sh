@@ -1,0 +1,217 @@
+#!/usr/bin/env bash
+# The A/B experiments of the RL issue on ONE GPU, each in one 30-minute lease. EXP picks the policy:
+#   EXP=pi1 (default): from the same π1ˢ, B1 (local schema reward) and C1 (pipeline reward: π2ˢ frozen in a
+#     vLLM executor) train side by side for the same steps; Phase D then scores sft, local (π1ʳ-local + π2ˢ)
+#     and pipe (π1ʳ-pipe + π2ˢ) end to end on the whole test split. Not the loop's order (there C1 starts
+#     from π1ʳ-local and the executor serves π2ʳ-local): it holds the start policy and π2 fixed, so the only
+#     difference between local and pipe is the reward.
+#   EXP=pi2: from the same π2ˢ, B2 (Stage-2 prompts on GOLD schemas) and C2 (prompts on schemas π1ˢ wrote,
+#     `trainer data precompute-schemas`) train side by side on the table reward; then π2 on gold schemas
+#     (`trainer infer stage2` + `evaluate score`: sft, local = B2, pipe = C2) and Phase D end to end with π1ˢ.
+# Source node_setup.sh first (or let this do it).
+#   bash bench/gpu/ab.sh sft        # data build, then A1 beside A2 (background)
+#   bash bench/gpu/ab.sh preflight  # after sft: GRPO headroom of the RL phases at temperatures $TEMPS
+#                                   # (training prompts only), to choose rl's temperature
+#   bash bench/gpu/ab.sh c2data     # EXP=pi2, after sft: π1ˢ writes the schemas of C2's prompts
+#   bash bench/gpu/ab.sh rl         # after sft (and c2data): the two RL arms side by side (background)
+#   bash bench/gpu/ab.sh eval       # after rl: executors of the models the phase results name, then Phase D
+#   bash bench/gpu/ab.sh all        # every stage in one background chain, rl at the temperature the sweep chose
+#   bash bench/gpu/ab.sh wait NAME SECONDS   # NAME: sft, preflight, c2data, rl, eval or all
+#   bash bench/gpu/ab.sh collect    # $OUT/ab.tar.gz
+#   SFT_PHASES="a1" (default "a1 a2") trains only π1ˢ; PREFLIGHT_PHASES (default "b1 c1" for pi1, "b2" for pi2).
+# Every stage's wall time goes to $AB/stages.tsv (name, start, end, seconds).
+# RL_TEMPERATURE sets both arms' rollout temperature (default: the gpu profile's); `all` sets it from the sweep
+# (`python -m trainer preflight-choose`; the choice goes to $AB/preflight/choice.json). RL_EXTRA: more
+# Hydra overrides for both arms.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+[[ -n "${PYTHONPATH:-}" && -d "${MODEL_DIR:-/nonexistent}" ]] || source bench/gpu/node_setup.sh >/dev/null
+source bench/gpu/collect_lib.sh
+AB=${AB:-/tmp/ab}
+EXP=${EXP:-pi1}
+case $EXP in
+  pi1) ARMS="b1 c1"; RL_PHASES="b1,c1"; DEFAULT_PREFLIGHT="b1 c1" ;;
+  pi2) ARMS="b2 c2"; RL_PHASES="b2"; DEFAULT_PREFLIGHT="b2" ;;
+  *) echo "EXP must be pi1 or pi2, got $EXP" >&2; exit 2 ;;
+esac
+RL_STEPS=${RL_STEPS:-10}
+TEST=$GOLDEN_DIR/common_test_schemas.jsonl
+mkdir -p "$AB"
+bg() {  # NAME CMD: run CMD in its own session (outlives this command); NAME.rc when done, stage time recorded
+  local name=$1; shift
+  rm -f "$AB/$name.rc"
+  setsid bash -c "s=\$(date +%s); ( $* ) >> $AB/$name.log 2>&1; rc=\$?; echo \$rc > $AB/$name.rc; \
+    printf '%s\t%s\t%s\t%s\n' $name \$s \$(date +%s) \$(( \$(date +%s) - s )) >> $AB/stages.tsv" < /dev/null > /dev/null 2>&1 &
+}
+# RL settings of both arms: the gpu profile's hyper-parameters, RL_STEPS steps, validation every 5, a random
+# 2,048-prompt subset of the train split (VERL's seed) so the dataset is not tokenised whole at start,
+# eager vLLM rollout (no compile at start), a fifth of the GPU each (two trainers + executors share it),
+# Ray on loopback (the node has no network).
+RL_ARGS="--profile gpu --data $AB/data --nproc 1 trainer.n_gpus_per_node=1 trainer.total_training_steps=$RL_STEPS \
+  trainer.test_freq=5 trainer.save_freq=5 data.train_max_samples=2048 actor_rollout_ref.rollout.enforce_eager=true \
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.2 +ray_kwargs.ray_init._node_ip_address=127.0.0.1 \
+  ${RL_TEMPERATURE:+actor_rollout_ref.rollout.temperature=$RL_TEMPERATURE} ${RL_EXTRA:-}"
+
+hf_of() {  # PHASE_DIR: the model a phase produced (its phase_result's hf_dir: the input model when early
+           # stopping kept step 0, so eval never asks for an export that does not exist)
+  python3 -c "import json,sys; print(json.load(open(sys.argv[1] + '/phase_result.json'))['hf_dir'])" "$1"
+}
+
+services_up() {  # reward_api local (18310); with PIPE=1 (default) also the π2ˢ executor (the pipeline reward's
+                 # frozen π2) and reward_api pipeline (18311)
+  local pipe=${PIPE:-1} ports=18310
+  if ! up 18310; then
+    REWARD_API_LOG_LEVEL=WARNING setsid python3 -m services.reward_api --host 127.0.0.1 --port 18310 --workers 4 \
+      > "$AB/reward_api_local.log" 2>&1 < /dev/null &
+  fi
+  if [[ $pipe == 1 ]] && ! up 18311; then
+    ports="18310 18311"
+    python3 -m bench.gpu.serve start --model "$AB/a2/hf" --name pi2-sft --gpus 0 --port 18301 --mem 0.08 --eager
+    python3 -m bench.gpu.serve wait --ports 18301
+    REWARD_API_EXECUTOR_URLS=http://127.0.0.1:18301 REWARD_API_EXECUTOR_MODEL=pi2-sft REWARD_API_LOG_LEVEL=WARNING \
+      setsid python3 -m services.reward_api --host 127.0.0.1 --port 18311 --workers 8 \
+      > "$AB/reward_api_pipe.log" 2>&1 < /dev/null &
+  fi
+  # shellcheck disable=SC2086
+  wait_up 90 $ports
+}
+
+case "${1:-}" in
+sft)
+  sft_args="--profile gpu --data $AB/data --model $MODEL_DIR --nproc 1 trainer.n_gpus_per_node=1"
+  runs=""
+  for ph in ${SFT_PHASES:-a1 a2}; do
+    runs+="python3 -m trainer run $ph $sft_args --out $AB/$ph > $AB/$ph.log 2>&1 & pids+=(\$!); "
+  done
+  bg sft "python3 -m trainer data build --golden $GOLDEN_DIR --out $AB/data --phases a1,a2,$RL_PHASES || exit 1; \
+    pids=(); $runs failed=0; for p in \${pids[@]}; do wait \$p || failed=1; done; \
+    echo sft phases ${SFT_PHASES:-a1 a2} failed=\$failed; exit \$failed"
+  echo "sft started: ${SFT_PHASES:-a1 a2}"
+  ;;
+preflight)
+  # The RL phases' start policy sampled on training prompts per temperature; each group's rewards through
+  # the reward API its phase uses. Chooses rl's temperature without the test split.
+  phases=${PREFLIGHT_PHASES:-$DEFAULT_PREFLIGHT}
+  PIPE=0; [[ " $phases " == *" c1 "* ]] && PIPE=1
+  PIPE=$PIPE services_up
+  # eager (no CUDA graphs / compile): the sweep is short, the start is what costs (on a fresh H200 node the
+  # compiled start ran past 90 s, and a preflight that had 100 s left never sampled)
+  if [[ $EXP == pi1 ]]; then policy=pi1-sft; pport=18320; pmodel=$AB/a1/hf; else policy=pi2-sft-pf; pport=18325; pmodel=$AB/a2/hf; fi
+  python3 -m bench.gpu.serve start --model "$pmodel" --name $policy --gpus 0 --port $pport --mem 0.08 --eager --wait
+  mkdir -p "$AB/preflight"
+  sweeps=""
+  for ph in $phases; do
+    case $ph in b1|b2|c2) url=http://127.0.0.1:18310 ;; c1) url=http://127.0.0.1:18311 ;; *) echo "no preflight for $ph" >&2; exit 2 ;; esac
+    sweeps+="python3 -m trainer preflight --golden $GOLDEN_DIR --phase $ph --policy-url http://127.0.0.1:$pport \
+      --policy-model $policy --reward-url $url --prompts ${PREFLIGHT_PROMPTS:-64} --temperature \$t --max-tokens 384 \
+      --min-informative 0 --out $AB/preflight/${ph}_t\$t.json ${PREFLIGHT_EXTRA:-} > /dev/null; "
+  done
+  bg preflight "for t in ${TEMPS:-1.0 1.3 1.6}; do $sweeps done; \
+    python3 -m bench.gpu.serve stop --ports $pport"  # eval starts its own executors
+  echo "preflight started: $phases at temperatures ${TEMPS:-1.0 1.3 1.6}"
+  ;;
+c2data)
+  # C2's prompts: π1ˢ writes the schema of every train/validation document (greedy); invalid ones are skipped.
+  bg c2data "python3 -m bench.gpu.serve start --model $AB/a1/hf --name pi1-sft --gpus 0 --port 18320 --mem 0.08 --eager --wait && \
+    python3 -m trainer data precompute-schemas --golden $GOLDEN_DIR --out $AB/data --executor-url http://127.0.0.1:18320 \
+      --model pi1-sft --on-invalid skip --max-tokens 256 --concurrency 256 --timeout 600; \
+    rc=\$?; python3 -m bench.gpu.serve stop --ports 18320; exit \$rc"  # eval starts its own π1ˢ executor
+  echo "c2data started: π1ˢ schemas for C2"
+  ;;
+rl)
+  if [[ $EXP == pi1 ]]; then
+    services_up
+    bg rl "python3 -m trainer run b1 $RL_ARGS --out $AB/b1 --model $AB/a1/hf --reward-url http://127.0.0.1:18310 > $AB/b1.log 2>&1 & p1=\$!; \
+      python3 -m trainer run c1 $RL_ARGS --out $AB/c1 --model $AB/a1/hf --reward-url http://127.0.0.1:18311 > $AB/c1.log 2>&1 & p2=\$!; \
+      wait \$p1; a=\$?; wait \$p2; b=\$?; echo b1 \$a c1 \$b; [[ \$a == 0 && \$b == 0 ]]"
+    echo "rl started: B1 and C1 from $AB/a1/hf, $RL_STEPS steps each"
+  else
+    PIPE=0 services_up  # both arms use the table reward: no executor inside the reward
+    bg rl "python3 -m trainer run b2 $RL_ARGS --out $AB/b2 --model $AB/a2/hf --reward-url http://127.0.0.1:18310 > $AB/b2.log 2>&1 & p1=\$!; \
+      python3 -m trainer run c2 $RL_ARGS --out $AB/c2 --model $AB/a2/hf --reward-url http://127.0.0.1:18310 > $AB/c2.log 2>&1 & p2=\$!; \
+      wait \$p1; a=\$?; wait \$p2; b=\$?; echo b2 \$a c2 \$b; [[ \$a == 0 && \$b == 0 ]]"
+    echo "rl started: B2 and C2 from $AB/a2/hf, $RL_STEPS steps each"
+  fi
+  ;;
+eval)
+  if [[ $EXP == pi2 ]]; then
+    # π2ˢ, π2ʳ-B2 and π2ʳ-C2 on GOLD schemas (the B2 target), then end to end with π1ˢ writing the schemas.
+    bg eval "python3 -m bench.gpu.serve start --model $AB/a1/hf --name pi1-sft --gpus 0 --port 18320 --mem 0.08 --wait && \
+      python3 -m bench.gpu.serve start --model $AB/a2/hf --name pi2-sft --gpus 0 --port 18301 --mem 0.08 --wait && \
+      python3 -m bench.gpu.serve start --model \$(bash bench/gpu/ab.sh _hf b2) --name pi2-local --gpus 0 --port 18331 --mem 0.08 --wait && \
+      python3 -m bench.gpu.serve start --model \$(bash bench/gpu/ab.sh _hf c2) --name pi2-pipe --gpus 0 --port 18332 --mem 0.08 --wait && \
+      mkdir -p $AB/gold_schema && \
+      for s in sft:18301:pi2-sft local:18331:pi2-local pipe:18332:pi2-pipe; do IFS=: read n p m <<< \$s; \
+        python3 -m trainer infer stage2 --executor-url http://127.0.0.1:\$p --model \$m --golden $TEST \
+          --out $AB/gold_schema/\$n.jsonl --max-tokens 384 --concurrency 256 --timeout 600 || exit 1; done && \
+      python3 -m trainer evaluate score --golden $TEST --out $AB/gold_schema_eval --predictions sft=$AB/gold_schema/sft.jsonl \
+        --predictions local=$AB/gold_schema/local.jsonl --predictions pipe=$AB/gold_schema/pipe.jsonl && \
+      python3 -m trainer evaluate pipeline --golden $TEST --out $AB/phase_d --max-tokens 384 --concurrency 256 --timeout 600 \
+        --setting sft=http://127.0.0.1:18320,pi1-sft,http://127.0.0.1:18301,pi2-sft \
+        --setting local=http://127.0.0.1:18320,pi1-sft,http://127.0.0.1:18331,pi2-local \
+        --setting pipe=http://127.0.0.1:18320,pi1-sft,http://127.0.0.1:18332,pi2-pipe"
+    echo "eval started"
+    exit 0
+  fi
+  # One at a time: three vLLM engines that started at the same moment on one GPU lost one of them
+  # (engine core initialisation failed on the H200 run); the executors' own wait is in `serve wait`.
+  bg eval "python3 -m bench.gpu.serve start --model $AB/a1/hf --name pi1-sft --gpus 0 --port 18320 --mem 0.08 --wait && \
+    python3 -m bench.gpu.serve start --model \$(bash bench/gpu/ab.sh _hf b1) --name pi1-local --gpus 0 --port 18321 --mem 0.08 --wait && \
+    python3 -m bench.gpu.serve start --model \$(bash bench/gpu/ab.sh _hf c1) --name pi1-pipe --gpus 0 --port 18322 --mem 0.08 --wait && \
+    python3 -m bench.gpu.serve wait --ports 18301,18320,18321,18322 && \
+    python3 -m trainer evaluate pipeline --golden $TEST --out $AB/phase_d --max-tokens 384 --concurrency 256 --timeout 600 \
+      --setting sft=http://127.0.0.1:18320,pi1-sft,http://127.0.0.1:18301,pi2-sft \
+      --setting local=http://127.0.0.1:18321,pi1-local,http://127.0.0.1:18301,pi2-sft \
+      --setting pipe=http://127.0.0.1:18322,pi1-pipe,http://127.0.0.1:18301,pi2-sft"
+  echo "eval started"
+  ;;
+all)
+  bg all "bash bench/gpu/ab.sh _chain"
+  echo "all started ($EXP): sft, preflight (${TEMPS:-1.0 1.3 1.6}), rl ($RL_STEPS steps), eval"
+  ;;
+_hf) hf_of "$AB/$2" ;;
+_chain)  # what `all` runs in the background: each stage in turn, stopping at the first that fails
+  stage() {
+    bash bench/gpu/ab.sh "$1" || return 1
+    while [[ ! -f $AB/$1.rc ]]; do sleep 5; done
+    [[ $(cat "$AB/$1.rc") == 0 ]] || { echo "stage $1 failed: $(tail -n 3 "$AB/$1.log")"; return 1; }
+  }
+  stage sft && stage preflight || exit 1
+  [[ $EXP == pi2 ]] && { stage c2data || exit 1; }
+  phases=${PREFLIGHT_PHASES:-$DEFAULT_PREFLIGHT}
+  t=$(python3 -m trainer preflight-choose --dir "$AB/preflight" --phases "${phases// /,}" --min-share "${MIN_SHARE:-0.5}" \
+    --out "$AB/preflight/choice.json") || exit 1
+  echo "rl temperature: $t"
+  RL_TEMPERATURE=$t stage rl && stage eval
+  ;;
+wait)
+  name=$2; deadline=$(( $(date +%s) + ${3:-540} ))
+  while [[ ! -f $AB/$name.rc ]] && (( $(date +%s) < deadline )); do sleep 5; done
+  for ph in a1 a2 $ARMS; do
+    [[ -f $AB/$ph.log ]] && echo "$ph: $(tail -c 400 "$AB/$ph.log" | tr '\r' '\n' | grep -v '^\s*$' | tail -n 1 | cut -c1-200)"
+  done
+  if [[ -f $AB/$name.rc ]]; then echo "$name exit $(cat "$AB/$name.rc")"; tail -n 5 "$AB/$name.log"; else echo "$name still running"; fi
+  for f in "$AB"/preflight/*_t*.json; do
+    if [[ -f $f ]]; then python3 -c "import json,sys; r=json.load(open(sys.argv[1])); \
+print(sys.argv[1].rsplit('/', 1)[-1], 'informative', r['informative_share'], 'mean', round(r['mean_reward'], 3), \
+'group std', round(r['mean_group_std'], 4))" "$f"; fi
+  done
+  [[ -f $AB/preflight/choice.json ]] && python3 -c "import json,sys; c=json.load(open(sys.argv[1])); \
+print('chosen temperature', c['temperature'], '(reached)' if c['reached'] else '(NOT reached)', '-', c['reason'])" \
+    "$AB/preflight/choice.json"
+  cat "$AB/stages.tsv" 2>/dev/null || true
+  ;;
+collect)
+  o=$AB.collected; rm -rf "$o"; mkdir -p "$o"
+  cp "$AB/stages.tsv" "$AB/data/manifest.json" "$o/" 2>/dev/null || true
+  for ph in a1 a2 b1 c1 b2 c2; do collect_phase "$AB/$ph" "$o"; done
+  for d in phase_d gold_schema_eval; do [[ -d $AB/$d ]] && cp -r "$AB/$d" "$o/"; done
+  rm -f "$o"/phase_d/predictions_*.jsonl "$o"/gold_schema_eval/predictions_*.jsonl  # large; metrics.json has the numbers
+  [[ -d $AB/preflight ]] && cp -r "$AB/preflight" "$o/"
+  for f in "$AB"/*.log; do if [[ -f $f ]]; then tail -c 20000 "$f" > "$o/${f##*/}"; fi; done
+  collect_node_info "$o"
+  tar -czf "${OUT:-$AB}/ab.tar.gz" -C "$o" .
+  ls -la "${OUT:-$AB}/ab.tar.gz"
+  ;;
+*) echo "usage: [EXP=pi1|pi2] ab.sh sft|preflight|c2data|rl|eval|all|wait NAME SECONDS|collect" >&2; exit 2 ;;
+esac
