@@ -149,7 +149,25 @@ def build(
             es = collected / ph / "early_stopping.json"
             curves[ph] = rl_curves(rows, json.loads(es.read_text()) if es.is_file() else None)
             split[ph] = step_split(rows)
-    phase_d = {name: {"overall": s["overall"], "per_source": s["per_source"]} for name, s in settings.items()}
+    phase_d = {
+        name: {
+            "overall": s["overall"],
+            "per_source": s["per_source"],
+            **({"macro": s["macro"]} if "macro" in s else {}),
+        }
+        for name, s in settings.items()
+    }
+    gold_schema = None
+    gs_file = collected / "gold_schema_eval" / "metrics.json"
+    if gs_file.is_file():  # EXP=pi2: π2 on GOLD schemas (the B2 target), beside Phase D end to end
+        gs = json.loads(gs_file.read_text())
+        gold_schema = {
+            "settings": {
+                name: {k: v for k, v in s.items() if k in ("overall", "per_source", "macro", "ci95")}
+                for name, s in gs["settings"].items()
+            },
+            "paired_tests": gs.get("paired_tests", []),
+        }
     for name, s in (extra or {}).get("phase_d", {}).items():
         if name not in phase_d:
             phase_d[name] = {**s, "from": extra.get("source") if extra else None}
@@ -175,6 +193,8 @@ def build(
         "hf_baseline": {"metrics": HF_BASELINE, "seconds": HF_BASELINE_SECONDS},
         "sft_vs_hf_baseline": compare_with_baseline(settings["sft"]["overall"]) if "sft" in settings else [],
         "loop2": metrics.get("loop2"),
+        "gold_schema": gold_schema,
+        "monitors": {ph: v.get("monitors") for ph, v in phases.items() if ph in RL_PHASES and v.get("monitors")},
     }
     return payload
 
@@ -186,7 +206,11 @@ def render_md(p: dict[str, Any]) -> str:
     md += "- versions: " + ", ".join(f"{k} {v}" for k, v in p["versions"].items()) + "\n"
     md += f"- test documents: {p['test_documents']}\n\n"
     names = list(p["phase_d"])
-    md += "## Phase D, end to end (greedy)\n\n" + md_table(
+    if all("macro" in p["phase_d"][n] for n in names):
+        md += "## Phase D, end to end (greedy): macro mean over sources (the headline)\n\n" + md_table(
+            ["metric", *names], [[k, *[p["phase_d"][n]["macro"].get(k, "–") for n in names]] for k in KEYS]
+        )
+    md += "\n## Phase D, end to end (greedy): pooled over documents\n\n" + md_table(
         ["metric", *names], [[k, *[p["phase_d"][n]["overall"].get(k, "–") for n in names]] for k in KEYS]
     )
     sources = sorted({s for n in names for s in p["phase_d"][n]["per_source"]})
@@ -218,19 +242,32 @@ def render_md(p: dict[str, Any]) -> str:
             [[k, *[_interval(p["ci95"][n].get("overall", {}).get(k)) for n in p["ci95"]]] for k in KEYS],
         )
     if p.get("paired_tests"):
-        md += "\n## Paired bootstrap tests (same documents, treatment − baseline)\n\n" + md_table(
-            ["metric", "baseline → treatment", "n", "diff (points)", "95% interval (points)", "p"],
+        md += "\n## Paired bootstrap tests, end to end (same documents, treatment − baseline)\n\n"
+        md += _paired_table(p["paired_tests"])
+    gs = p.get("gold_schema")
+    if gs:
+        gnames = list(gs["settings"])
+        md += "\n## π2 on gold schemas (B2's target: local ≥ sft + 1 point aligned cell F1)\n\n"
+        for scope in ("macro", "overall"):
+            if all(scope in gs["settings"][n] for n in gnames):
+                label = "macro mean over sources" if scope == "macro" else "pooled"
+                md += f"\n{label}:\n\n" + md_table(
+                    ["metric", *gnames],
+                    [[k, *[gs["settings"][n][scope].get(k, "–") for n in gnames]] for k in KEYS if k != "schema_valid"],
+                )
+        srcs = sorted({x for n in gnames for x in gs["settings"][n]["per_source"]})
+        md += "\naligned cell F1 per source:\n\n" + md_table(
+            ["source", *gnames],
             [
-                [
-                    t["metric"],
-                    f"{t['baseline']} → {t['treatment']}",
-                    t["n"],
-                    f"{100 * t['diff']:+.2f}",
-                    f"[{100 * t['ci_low']:+.2f}, {100 * t['ci_high']:+.2f}]",
-                    t["p_value"],
-                ]
-                for t in p["paired_tests"]
+                [x, *[gs["settings"][n]["per_source"].get(x, {}).get("aligned_cell_f1", "–") for n in gnames]]
+                for x in srcs
             ],
+        )
+        if gs.get("paired_tests"):
+            md += "\nPaired tests on gold schemas:\n\n" + _paired_table(gs["paired_tests"])
+    if p.get("monitors"):
+        md += "\n## Monitors (did the policy move?)\n\n" + "".join(
+            f"- {ph}: {json.dumps({k: v for k, v in m.items() if k != 'steps'})}\n" for ph, m in p["monitors"].items()
         )
     for ph, c in p.get("curves", {}).items():
         es = c.get("early_stopping") or {}
@@ -278,6 +315,28 @@ def render_md(p: dict[str, Any]) -> str:
     if p["notes"]:
         md += "\n## Notes\n\n" + "\n".join(f"- {n}" for n in p["notes"]) + "\n"
     return md
+
+
+def _per_source(setting: dict[str, Any], source: str, key: str) -> Any:
+    return setting["per_source"].get(source, {}).get(key, "–")
+
+
+def _paired_table(tests: list[dict[str, Any]]) -> str:
+    return md_table(
+        ["metric", "baseline → treatment", "scope", "n", "diff (points)", "95% interval (points)", "p"],
+        [
+            [
+                t["metric"],
+                f"{t['baseline']} → {t['treatment']}",
+                t.get("scope", "pooled"),
+                t["n"],
+                f"{100 * t['diff']:+.2f}",
+                f"[{100 * t['ci_low']:+.2f}, {100 * t['ci_high']:+.2f}]",
+                t["p_value"],
+            ]
+            for t in tests
+        ],
+    )
 
 
 def _num(v: Any) -> str:
@@ -333,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-info", type=Path, required=True)
     ap.add_argument("--partial", default=None, help="Say what the run left out (marks the report partial).")
     ap.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    ap.add_argument("--name", default=NAME, help="Result file stem (e.g. learning_gpu_pi2 for the π2 A/B).")
     ap.add_argument(
         "--extra-settings", type=Path, default=None, help="An earlier learning_gpu.json: its settings this run lacks."
     )
@@ -343,10 +403,10 @@ def main(argv: list[str] | None = None) -> int:
         extra["source"] = f"{a.extra_settings.name} ({extra.get('card')}, {', '.join(extra.get('commands', [])[:1])})"
     payload = build(a.collected, json.loads(a.run_info.read_text()), a.partial, extra)
     a.out_dir.mkdir(parents=True, exist_ok=True)
-    (a.out_dir / f"{NAME}.json").write_text(json.dumps(payload, indent=2) + "\n")
-    (a.out_dir / f"{NAME}.md").write_text(render_md(payload))
-    plot(payload, a.out_dir / f"{NAME}.png")
-    print(f"wrote {a.out_dir / NAME}.json and .md")
+    (a.out_dir / f"{a.name}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (a.out_dir / f"{a.name}.md").write_text(render_md(payload))
+    plot(payload, a.out_dir / f"{a.name}.png")
+    print(f"wrote {a.out_dir / a.name}.json and .md")
     return 0
 
 

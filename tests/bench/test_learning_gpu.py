@@ -123,3 +123,28 @@ def test_plot_is_written_when_there_are_curves(collected_rl: Path, tmp_path: Pat
     p = lg.build(collected_rl, {}, None)
     assert lg.plot(p, tmp_path / "x.png") == tmp_path / "x.png" and (tmp_path / "x.png").stat().st_size > 1000
     assert lg.plot(lg.build(collected_rl.parent / "collected", {}, None) | {"curves": {}}, tmp_path / "y.png") is None
+
+
+def test_the_pi2_ab_report_has_macro_phase_d_and_pi2_on_gold_schemas(collected: Path, tmp_path: Path) -> None:
+    metrics = json.loads((collected / "phase_d" / "metrics.json").read_text())
+    for name, s in metrics["settings"].items():
+        s["macro"] = {**s["overall"], "n": 2, "aligned_cell_f1": 0.5 if name == "base" else 0.7}
+    (collected / "phase_d" / "metrics.json").write_text(json.dumps(metrics))
+    (collected / "gold_schema_eval").mkdir()
+    gold = {"sft": _setting(0.0, 0.80), "local": _setting(0.0, 0.83)}
+    for s in gold.values():
+        s["macro"] = dict(s["overall"])
+    test = {"metric": "aligned_cell_f1", "baseline": "sft", "treatment": "local", "scope": "macro", "n": 3011,
+            "diff": 0.03, "ci_low": 0.01, "ci_high": 0.05, "p_value": 0.002}  # fmt: skip
+    (collected / "gold_schema_eval" / "metrics.json").write_text(json.dumps({"settings": gold, "paired_tests": [test]}))
+    p = lg.build(collected, {}, None)
+    assert p["phase_d"]["sft"]["macro"]["aligned_cell_f1"] == 0.7
+    assert p["gold_schema"]["settings"]["local"]["overall"]["aligned_cell_f1"] == pytest.approx(0.84)
+    md = lg.render_md(p)
+    assert "macro mean over sources (the headline)" in md and "## π2 on gold schemas" in md
+    assert "| aligned_cell_f1 | sft → local | macro | 3011 | +3.00 | [+1.00, +5.00] |" in md
+    info = tmp_path / "info.json"
+    info.write_text("{}")
+    out = tmp_path / "r"
+    assert lg.main(["--collected", str(collected), "--run-info", str(info), "--out-dir", str(out), "--name", "x2"]) == 0
+    assert (out / "x2.json").is_file() and (out / "x2.md").is_file()
