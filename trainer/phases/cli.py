@@ -77,6 +77,8 @@ def run_cmd(
         return
     res = run_phase(run, export=export)
     console.print_json(json.dumps(res.__dict__, default=str))
+    if res.monitors:
+        console.print(f"{ph.name}: {res.monitors['verdict']}")
     if res.status != "ok":
         raise typer.Exit(res.exit_code or 1)
 
