@@ -1,4 +1,5 @@
-"""``python -m trainer run|loop|rft|export``: phase launchers, the loop, the RFT baseline.
+"""``python -m trainer run|loop|preflight*|positive-control|rft|export``: phase launchers, the loop, the checks
+before RL, the RFT baseline.
 
 Mounted on the main app by :func:`register` (``trainer/cli.py``: ``from trainer.phases.cli import
 register`` + ``register(app)``), or run alone as ``python -m trainer.phases.cli``.
@@ -258,6 +259,58 @@ def preflight_filter_cmd(
     except ValueError as exc:
         raise _bad("--train", exc) from None
     typer.echo(f"{kept} improvable prompts -> {out}" + (f" ({len(missing)} ids not in {train})" if missing else ""))
+
+
+@app.command(
+    "positive-control",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    help="A few GRPO steps trained and validated on the same improvable prompts must raise their greedy reward.",
+)
+def positive_control_cmd(
+    ctx: typer.Context,
+    phase: str = typer.Argument(..., help="GRPO phase whose recipe is checked: b1, b2, c1 or c2."),
+    prompts: Path = typer.Option(
+        ..., exists=True, dir_okay=False, help="Improvable prompt set (trainer preflight-filter)."
+    ),
+    profile: str = ProfileOpt,
+    out: Path | None = typer.Option(None, help="Output folder (default runs/<phase>_control)."),
+    model: str | None = typer.Option(None, help="Start policy (HF dir). cpu-smoke default: SmolLM2-135M-Instruct."),
+    reward_url: str | None = typer.Option(None, help="Reward API URL (default: $REWARD_API_URL)."),
+    size: int = typer.Option(16, min=4, help="Prompts trained and validated on (a multiple of 4)."),
+    steps: int = typer.Option(8, min=1, help="GRPO steps."),
+    margin: float = typer.Option(0.05, help="Required rise of the greedy reward (macro over data sources)."),
+    dry_run: bool = typer.Option(False, help="Print the command and exit."),
+) -> None:
+    from trainer.phases.positive_control import ControlConfig, control_run, run_control
+
+    try:
+        ph = get_phase(phase)
+        if ph.kind != "grpo":
+            raise ValueError(f"must be a GRPO phase (b1, b2, c1, c2), got {phase!r}")
+    except ValueError as exc:
+        raise _bad("PHASE", exc) from None
+    try:
+        cfg = ControlConfig(size=size, steps=steps, margin=margin)
+        prof = check_profile(profile)
+    except ValueError as exc:
+        raise _bad("--size/--steps/--margin/--profile", exc) from None
+    run = control_run(
+        ph, prof, prompts, out or Path("runs") / f"{ph.name}_control", model or _default_model(prof), reward_url,
+        cfg, tuple(ctx.args),
+    )  # fmt: skip
+    try:
+        run.env()
+    except ValueError as exc:
+        raise _bad("--reward-url", exc) from None
+    console.print(" ".join(run.command()))
+    if dry_run:
+        return
+    res, verdict = run_control(run, prompts, cfg)
+    console.print(verdict.reason)
+    if res.monitors:
+        console.print(f"{ph.name} control: {res.monitors['verdict']}")
+    if not verdict.passed:
+        raise typer.Exit(1)
 
 
 @app.command("rft", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
