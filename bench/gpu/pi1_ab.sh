@@ -7,19 +7,24 @@
 # local and pipe is the reward. Source node_setup.sh first (or let this do it).
 #   bash bench/gpu/pi1_ab.sh sft        # data build, then A1 beside A2 (background)
 #   bash bench/gpu/pi1_ab.sh rl         # after sft: π2ˢ executor + two reward_apis, B1 beside C1 (background)
-#   bash bench/gpu/pi1_ab.sh preflight  # after sft, before rl: the share of informative groups of 8 for B1 and C1
-#                                       # at temperatures $TEMPS (training prompts only), to choose rl's temperature
+#   bash bench/gpu/pi1_ab.sh preflight  # after sft, before rl: per source, the informative and improvable shares
+#                                       # (best of $PREFLIGHT_N=16 beats greedy), best-of-n - greedy and the invalid
+#                                       # share for B1 and C1 at temperatures $TEMPS (training prompts only)
+#   bash bench/gpu/pi1_ab.sh control    # after preflight + filter: B1's positive control on its improvable prompts
 #   SFT_PHASES="a1" (default "a1 a2") trains only π1ˢ; PREFLIGHT_PHASES="b1" (default "b1 c1") sweeps only B1,
 #   which needs no π2ˢ executor: the short lease for the preflight alone.
 #   bash bench/gpu/pi1_ab.sh eval       # after rl: executors of π1ˢ/π1ʳ-local/π1ʳ-pipe, Phase D (background)
-#   bash bench/gpu/pi1_ab.sh all        # sft, preflight, rl at the temperature the sweep chose, eval: one background
+#   bash bench/gpu/pi1_ab.sh all        # sft, preflight, choice + filter, control, rl at the chosen temperature, eval: one background
 #                                       # chain (a lease then needs only `all`, `wait all 580` calls and `collect`)
-#   bash bench/gpu/pi1_ab.sh wait NAME SECONDS   # NAME: sft, preflight, rl, eval or all
+#   bash bench/gpu/pi1_ab.sh wait NAME SECONDS   # NAME: sft, preflight, control, rl, eval or all
 #   bash bench/gpu/pi1_ab.sh collect    # $OUT/ab.tar.gz
 # Every stage's wall time goes to $AB/stages.tsv (name, start, end, seconds).
 # RL_TEMPERATURE sets both arms' rollout temperature (default: the gpu profile's); `all` sets it to the
-# lowest temperature of TEMPS at which B1 and C1 each have >= MIN_SHARE (default 0.5) informative groups
-# on training prompts (`python -m trainer preflight-choose`; the choice goes to $AB/preflight/choice.json).
+# lowest temperature of TEMPS at which B1 and C1 each have a macro improvable share >= MIN_SHARE (default
+# 0.10) on training prompts (`python -m trainer preflight-choose`; the choice goes to $AB/preflight/choice.json),
+# writes each phase's improvable prompts at that temperature ($AB/preflight/<phase>_improvable.parquet,
+# `trainer preflight-filter`) and runs B1's positive control on them before rl. RL_IMPROVABLE=1 trains
+# rl on those prompt sets instead of the whole train split.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [[ -n "${PYTHONPATH:-}" && -d "${MODEL_DIR:-/nonexistent}" ]] || source bench/gpu/node_setup.sh >/dev/null
@@ -42,6 +47,14 @@ RL_ARGS="--profile gpu --data $AB/data --nproc 1 trainer.n_gpus_per_node=1 train
   trainer.test_freq=5 trainer.save_freq=5 data.train_max_samples=2048 actor_rollout_ref.rollout.enforce_eager=true \
   actor_rollout_ref.rollout.gpu_memory_utilization=0.2 +ray_kwargs.ray_init._node_ip_address=127.0.0.1 \
   ${RL_TEMPERATURE:+actor_rollout_ref.rollout.temperature=$RL_TEMPERATURE}"
+# The positive control's own settings (trainer/phases/positive_control.py) with this node's placement and the
+# chosen temperature: not RL_ARGS, whose steps and validation schedule would override the control's.
+CONTROL_ARGS="--profile gpu trainer.n_gpus_per_node=1 actor_rollout_ref.rollout.enforce_eager=true \
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.2 +ray_kwargs.ray_init._node_ip_address=127.0.0.1 \
+  ${RL_TEMPERATURE:+actor_rollout_ref.rollout.temperature=$RL_TEMPERATURE}"
+rl_data() {  # PHASE: RL_IMPROVABLE=1 trains on the phase's improvable prompts (`trainer preflight-filter`)
+  [[ ${RL_IMPROVABLE:-0} == 1 ]] && echo "data.train_files=$AB/preflight/$1_improvable.parquet" || true
+}
 
 services_up() {  # reward_api local (18310); with PIPE=1 (default) also the π2ˢ executor (the pipeline reward's
                  # frozen π2) and reward_api pipeline (18311)
@@ -88,17 +101,26 @@ preflight)
   for ph in $phases; do
     case $ph in b1) url=http://127.0.0.1:18310 ;; c1) url=http://127.0.0.1:18311 ;; *) echo "no preflight for $ph" >&2; exit 2 ;; esac
     sweeps+="python3 -m trainer preflight --golden $GOLDEN_DIR --phase $ph --policy-url http://127.0.0.1:18320 \
-      --policy-model pi1-sft --reward-url $url --prompts 64 --temperature \$t --max-tokens 256 --min-informative 0 \
+      --policy-model pi1-sft --reward-url $url --prompts ${PREFLIGHT_PROMPTS:-64} --n ${PREFLIGHT_N:-16} \
+      --temperature \$t --max-tokens 256 --min-informative 0 --min-improvable 0 \
       --out $AB/preflight/${ph}_t\$t.json > /dev/null; "
   done
   bg preflight "for t in ${TEMPS:-1.0 1.3 1.6}; do $sweeps done; \
     python3 -m bench.gpu.serve stop --ports 18320"  # eval starts its own π1ˢ executor on that port
   echo "preflight started: $phases at temperatures ${TEMPS:-1.0 1.3 1.6}"
   ;;
+control)
+  # B1's positive control: the rl arm's own recipe on 16 of its improvable prompts, trained and validated on
+  # them; its greedy reward must rise by 0.05 (trainer/phases/positive_control.py), else the wiring is at fault
+  PIPE=0 services_up
+  bg control "python3 -m trainer positive-control b1 --prompts $AB/preflight/b1_improvable.parquet \
+    --out $AB/b1_control --model $AB/a1/hf --reward-url http://127.0.0.1:18310 $CONTROL_ARGS"
+  echo "control started: B1 on $AB/preflight/b1_improvable.parquet"
+  ;;
 rl)
   services_up
-  bg rl "python3 -m trainer run b1 $RL_ARGS --out $AB/b1 --model $AB/a1/hf --reward-url http://127.0.0.1:18310 > $AB/b1.log 2>&1 & p1=\$!; \
-    python3 -m trainer run c1 $RL_ARGS --out $AB/c1 --model $AB/a1/hf --reward-url http://127.0.0.1:18311 > $AB/c1.log 2>&1 & p2=\$!; \
+  bg rl "python3 -m trainer run b1 $RL_ARGS $(rl_data b1) --out $AB/b1 --model $AB/a1/hf --reward-url http://127.0.0.1:18310 > $AB/b1.log 2>&1 & p1=\$!; \
+    python3 -m trainer run c1 $RL_ARGS $(rl_data c1) --out $AB/c1 --model $AB/a1/hf --reward-url http://127.0.0.1:18311 > $AB/c1.log 2>&1 & p2=\$!; \
     wait \$p1; a=\$?; wait \$p2; b=\$?; echo b1 \$a c1 \$b; [[ \$a == 0 && \$b == 0 ]]"
   echo "rl started: B1 and C1 from $AB/a1/hf, $RL_STEPS steps each"
   ;;
@@ -126,10 +148,15 @@ _chain)  # what `all` runs in the background: each stage in turn, stopping at th
     [[ $(cat "$AB/$1.rc") == 0 ]] || { echo "stage $1 failed: $(tail -n 3 "$AB/$1.log")"; return 1; }
   }
   stage sft && stage preflight || exit 1
-  t=$(python3 -m trainer preflight-choose --dir "$AB/preflight" --phases b1,c1 --min-share "${MIN_SHARE:-0.5}" \
+  phases=${PREFLIGHT_PHASES:-b1 c1}
+  t=$(python3 -m trainer preflight-choose --dir "$AB/preflight" --phases "${phases// /,}" --min-share "${MIN_SHARE:-0.10}" \
     --out "$AB/preflight/choice.json") || exit 1
   echo "rl temperature: $t"
-  RL_TEMPERATURE=$t stage rl && stage eval
+  for ph in $phases; do
+    python3 -m trainer preflight-filter --report "$AB/preflight/${ph}_t$t.json" --train "$AB/data/$ph/train.parquet" \
+      --out "$AB/preflight/${ph}_improvable.parquet" || exit 1
+  done
+  RL_TEMPERATURE=$t stage control && RL_TEMPERATURE=$t stage rl && stage eval
   ;;
 wait)
   name=$2; deadline=$(( $(date +%s) + ${3:-540} ))
@@ -140,9 +167,12 @@ wait)
   if [[ -f $AB/$name.rc ]]; then echo "$name exit $(cat "$AB/$name.rc")"; tail -n 5 "$AB/$name.log"; else echo "$name still running"; fi
   for f in "$AB"/preflight/*_t*.json; do
     if [[ -f $f ]]; then python3 -c "import json,sys; r=json.load(open(sys.argv[1])); \
-print(sys.argv[1].rsplit('/', 1)[-1], 'informative', r['informative_share'], 'mean', round(r['mean_reward'], 3), \
-'group std', round(r['mean_group_std'], 4))" "$f"; fi
+print(sys.argv[1].rsplit('/', 1)[-1], 'informative', r['informative_share'], 'improvable', r.get('improvable_share'), \
+'best-greedy', r.get('best_minus_greedy'), 'invalid', r.get('invalid_share'), 'mean', round(r['mean_reward'], 3), \
+{s: v['improvable_share'] for s, v in r.get('per_source', {}).items()})" "$f"; fi
   done
+  [[ -f $AB/b1_control/positive_control.json ]] && python3 -c "import json,sys; \
+print(json.load(open(sys.argv[1]))['verdict']['reason'])" "$AB/b1_control/positive_control.json"
   [[ -f $AB/preflight/choice.json ]] && python3 -c "import json,sys; c=json.load(open(sys.argv[1])); \
 print('chosen temperature', c['temperature'], '(reached)' if c['reached'] else '(NOT reached)', '-', c['reason'])" \
     "$AB/preflight/choice.json"
@@ -152,6 +182,7 @@ collect)
   o=$AB.collected; rm -rf "$o"; mkdir -p "$o"
   cp "$AB/stages.tsv" "$AB/data/manifest.json" "$o/" 2>/dev/null || true
   for ph in a1 a2 b1 c1; do collect_phase "$AB/$ph" "$o"; done
+  [[ -d $AB/b1_control ]] && mkdir -p "$o/b1_control" && { cp "$AB"/b1_control/{positive_control.json,phase_result.json,metrics.jsonl} "$o/b1_control/" 2>/dev/null || true; }
   [[ -d $AB/phase_d ]] && cp -r "$AB/phase_d" "$o/"
   [[ -d $AB/preflight ]] && cp -r "$AB/preflight" "$o/"
   for f in "$AB"/*.log; do if [[ -f $f ]]; then tail -c 20000 "$f" > "$o/${f##*/}"; fi; done
@@ -159,5 +190,5 @@ collect)
   tar -czf "${OUT:-$AB}/ab.tar.gz" -C "$o" .
   ls -la "${OUT:-$AB}/ab.tar.gz"
   ;;
-*) echo "usage: pi1_ab.sh sft|preflight|rl|eval|all|wait NAME SECONDS|collect" >&2; exit 2 ;;
+*) echo "usage: pi1_ab.sh sft|preflight|control|rl|eval|all|wait NAME SECONDS|collect" >&2; exit 2 ;;
 esac
