@@ -105,3 +105,26 @@ def test_valid_output_share_skips_padding_and_samples_without_the_key() -> None:
     m = valid_output_metrics(fields, [False, False, False, True, False])
     assert m == {"training/valid_output/share": pytest.approx(2 / 3), "training/valid_output/samples": 3.0}
     assert valid_output_metrics([{}, {"reward_extra_info": {}}]) == {}
+
+
+def test_run_phase_puts_the_monitors_into_the_phase_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from trainer.phases import launch
+    from trainer.phases.launch import PhaseRun, get_phase, read_result, run_phase
+
+    def fake_launch(run: PhaseRun, log_path: Path | None = None, timeout_s: float | None = None) -> int:
+        shutil.copy(RECORDED, run.out_dir / "metrics.jsonl")  # what VERL's file logger wrote
+        write_monitor_config(run.out_dir / "checkpoints", 0.002)  # what the trainer hook wrote from the config
+        return 0
+
+    monkeypatch.setattr(launch, "launch", fake_launch)
+    (tmp_path / "o").mkdir()
+    run = PhaseRun(get_phase("b1"), "gpu", tmp_path / "d", tmp_path / "o", "/m", "http://127.0.0.1:1")
+    res = run_phase(run, export=False)
+    assert res.monitors is not None and res.monitors["kl_floor"] == 0.002 and res.monitors["policy_moved"] is True
+    back = read_result(tmp_path / "o")
+    assert back is not None and back.monitors is not None
+    assert back.monitors["max_kl_to_ref"] == pytest.approx(0.00224136)
+    sft = run_phase(PhaseRun(get_phase("a1"), "gpu", tmp_path / "d", tmp_path / "o", "/m"), export=False)
+    assert sft.monitors is None  # SFT has no policy-gradient monitors
