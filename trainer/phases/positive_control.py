@@ -10,8 +10,10 @@ run would only burn GPU hours.
 
 The run is the phase's own recipe (same profile, same GRPO settings, dynamic sampling included) with
 only the data, the batch, the step count and the validation schedule changed: validation before
-training and after the last step, early stopping off (no step may end it early), ``size`` prompts a
-step in mini batches of ``size / 4`` (4 updates a step).
+training and along the way, early stopping off (no step may end it early), ``size`` prompts a
+step in mini batches of ``size / 4`` (4 updates a step), validation every ``steps / 4`` steps (the verdict
+reads the last one). If dynamic sampling finds no informative group left (every prompt's samples score
+the same, e.g. all solved), the run stops early and is judged on its last validation.
 
     python -m trainer positive-control b2 --prompts runs/preflight/b2_improvable.parquet --model M \\
         --reward-url URL [--size 16] [--steps 8] [--margin 0.05] [--profile gpu] [overrides...]
@@ -48,6 +50,10 @@ class ControlConfig:
     margin: float = 0.05  # required rise of the greedy reward (macro over data sources), reward units
     seed: int = 0
 
+    @property
+    def val_every(self) -> int:
+        return max(1, self.steps // 4)
+
     def __post_init__(self) -> None:
         if self.size < 4 or self.size % 4:
             raise ValueError(f"size must be a multiple of 4 (4 mini batches a step), got {self.size}")
@@ -70,8 +76,10 @@ def control_overrides(prompts: Path, cfg: ControlConfig) -> tuple[str, ...]:
         f"trainer.total_training_steps={cfg.steps}",
         # one epoch is one step here (the set is one batch): enough epochs for every step
         f"trainer.total_epochs={cfg.steps}",
-        f"trainer.test_freq={cfg.steps}",
-        f"trainer.save_freq={cfg.steps}",
+        # validations along the way too: if dynamic sampling runs out of informative groups (every prompt
+        # solved) before the last step, the last validation still shows what was learnt
+        f"trainer.test_freq={cfg.val_every}",
+        f"trainer.save_freq={cfg.val_every}",
         "trainer.val_before_train=true",
         "early_stopping.enabled=false",
         f"trainer.experiment_name=positive_control_{cfg.steps}x{cfg.size}",
@@ -172,8 +180,13 @@ def run_control(run: PhaseRun, prompts: Path, cfg: ControlConfig) -> tuple[Phase
     pick_prompts(prompts, run.out_dir / "control_prompts.parquet", cfg)
     res = run_phase(run, export=False)
     verdict = judge(read_metrics(run.out_dir / "metrics.jsonl"), cfg.margin)
-    if res.status != "ok":
+    exhausted = (res.failure or {}).get("cause") == "dynamic_sampling_exhausted"
+    if res.status != "ok" and not exhausted:
         verdict = ControlVerdict(False, cfg.margin, f"positive control FAILED: the run failed ({res.error})")
+    elif exhausted:
+        # every group of the control's prompts scored the same: judged on the last validation before that
+        verdict = ControlVerdict(**{**verdict.as_dict(), "reason": verdict.reason + " (dynamic sampling ran out of "
+                                    "informative groups before the last step)"})  # fmt: skip
     record = {"verdict": verdict.as_dict(), "config": asdict(cfg), "prompts": str(prompts), "monitors": res.monitors}
     (run.out_dir / RESULT_FILE).write_text(json.dumps(record, indent=2) + "\n")
     return res, verdict

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ def test_the_control_is_the_phase_recipe_on_its_own_prompts(env: None, profile: 
     assert c.data.train_max_samples == c.data.val_max_samples == -1
     assert c.data.train_batch_size == 16 and c.actor_rollout_ref.actor.ppo_mini_batch_size == 4  # 4 updates a step
     assert c.trainer.total_training_steps == 8 and c.trainer.total_epochs == 8
-    assert c.trainer.test_freq == c.trainer.save_freq == 8 and c.trainer.val_before_train is True
+    assert c.trainer.test_freq == c.trainer.save_freq == 2 and c.trainer.val_before_train is True
     assert c.early_stopping.enabled is False
     assert c.actor_rollout_ref.rollout.val_kwargs.do_sample is False  # validation = the greedy answer
     assert c.actor_rollout_ref.rollout.n == 4  # the user's override comes last and wins
@@ -96,3 +97,32 @@ def test_positive_control_dry_run_prints_the_command(tmp_path: Path) -> None:
     assert "early_stopping.enabled=false" in out and out.endswith("trainer.n_gpus_per_node=1")
     bad = CliRunner().invoke(app, ["positive-control", "a1", "--prompts", str(tmp_path / "imp.parquet"), "--dry-run"])
     assert bad.exit_code == 2 and "GRPO phase" in " ".join(bad.output.replace("│", " ").split())
+
+
+def test_run_control_judges_an_exhausted_run_on_its_last_validation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.trainer.phases.test_preflight import _rl_parquet
+    from trainer.phases import positive_control
+    from trainer.phases.launch import PhaseResult
+
+    _rl_parquet(tmp_path / "imp.parquet")
+    cfg = ControlConfig(size=4, steps=8)
+    run = control_run(get_phase("b2"), "gpu", tmp_path / "imp.parquet", tmp_path / "o", "/m", "http://r", cfg)
+
+    def fake_run_phase(run: Any, export: bool = True) -> PhaseResult:
+        rows = [_val(0, table=0.1), _val(2, table=0.2), _val(4, table=0.3)]
+        (run.out_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        failure = {"cause": cause, "message": "dynamic sampling ..."}
+        return PhaseResult("b2", "gpu", "failed", 1, [], "/m", "/d", str(run.out_dir), "t", 1.0,
+                           error="boom", failure=failure)  # fmt: skip
+
+    monkeypatch.setattr(positive_control, "run_phase", fake_run_phase)
+    cause = "dynamic_sampling_exhausted"
+    _, v = positive_control.run_control(run, tmp_path / "imp.parquet", cfg)
+    assert v.passed and v.step_after == 4 and "ran out of informative groups" in v.reason
+    saved = json.loads((tmp_path / "o" / "positive_control.json").read_text())
+    assert saved["verdict"]["passed"] is True and saved["config"]["size"] == 4
+    cause = "reward_api_down"
+    _, v = positive_control.run_control(run, tmp_path / "imp.parquet", cfg)
+    assert not v.passed and "the run failed (boom)" in v.reason
