@@ -398,10 +398,8 @@ class Loop:
         self.manifest.set(f"preflight:{key}", rep.as_dict())
         if not rep.ok:
             raise RuntimeError(
-                f"phase {key}: only {rep.informative_groups}/{rep.prompts} groups of {rep.n} samples have rewards "
-                f"that differ ({rep.informative_share:.0%} < {rep.min_informative:.0%}): GRPO would learn little. "
-                "Raise the rollout temperature or n, or start from another policy (report: "
-                f"{out_dir / 'preflight.json'})"
+                f"phase {key}: {rep.verdict()} Raise the rollout temperature or n, filter the prompts "
+                f"(trainer preflight-filter), or start from another policy (report: {out_dir / 'preflight.json'})"
             )
 
     @contextlib.contextmanager

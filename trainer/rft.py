@@ -73,15 +73,22 @@ def reward_item(stage: Stage, ex: GoldenExample, item_id: str, prediction: str) 
     }
 
 
-def score(reward_url: str, stage: Stage, items: list[dict[str, Any]], timeout_s: float = 600.0) -> list[float]:
-    """Rewards of ``items`` in order, from ``POST /reward/<stage>`` (errors raise, never 0)."""
+def score_results(
+    reward_url: str, stage: Stage, items: list[dict[str, Any]], timeout_s: float = 600.0
+) -> list[dict[str, Any]]:
+    """The results of ``items`` in order (reward, valid_json, ...), from ``POST /reward/<stage>`` (errors raise)."""
     r = httpx.post(f"{reward_url.rstrip('/')}/reward/{stage}", json={"items": items}, timeout=timeout_s)
     if r.status_code != 200:
         raise RuntimeError(f"reward_api /reward/{stage} answered {r.status_code}: {r.text[:500]}")
-    results = r.json()["results"]
+    results: list[dict[str, Any]] = r.json()["results"]
     if [x["id"] for x in results] != [x["id"] for x in items]:
         raise RuntimeError("reward_api returned results in a different order or count")
-    return [float(x["reward"]) for x in results]
+    return results
+
+
+def score(reward_url: str, stage: Stage, items: list[dict[str, Any]], timeout_s: float = 600.0) -> list[float]:
+    """Rewards of ``items`` in order, from ``POST /reward/<stage>`` (errors raise, never 0)."""
+    return [float(x["reward"]) for x in score_results(reward_url, stage, items, timeout_s)]
 
 
 @dataclass

@@ -10,19 +10,26 @@
 #     (`trainer infer stage2` + `evaluate score`: sft, local = B2, pipe = C2) and Phase D end to end with π1ˢ.
 # Source node_setup.sh first (or let this do it).
 #   bash bench/gpu/ab.sh sft        # data build, then A1 beside A2 (background)
-#   bash bench/gpu/ab.sh preflight  # after sft: GRPO headroom of the RL phases at temperatures $TEMPS
-#                                   # (training prompts only), to choose rl's temperature
+#   bash bench/gpu/ab.sh preflight  # after sft: per source, the informative and improvable shares (best of
+#                                   # $PREFLIGHT_N=16 beats greedy), best-of-n - greedy and the invalid share of
+#                                   # the RL phases at temperatures $TEMPS (training prompts only)
+#   bash bench/gpu/ab.sh control    # after preflight + filter: the first arm's positive control on its
+#                                   # improvable prompts (its greedy reward must rise by 0.05)
 #   bash bench/gpu/ab.sh c2data     # EXP=pi2, after sft: π1ˢ writes the schemas of C2's prompts
 #   bash bench/gpu/ab.sh rl         # after sft (and c2data): the two RL arms side by side (background)
 #   bash bench/gpu/ab.sh eval       # after rl: executors of the models the phase results name, then Phase D
 #   bash bench/gpu/ab.sh all        # every stage in one background chain, rl at the temperature the sweep chose
-#   bash bench/gpu/ab.sh wait NAME SECONDS   # NAME: sft, preflight, c2data, rl, eval or all
+#   bash bench/gpu/ab.sh wait NAME SECONDS   # NAME: sft, preflight, c2data, control, rl, eval or all
 #   bash bench/gpu/ab.sh collect    # $OUT/ab.tar.gz
 #   SFT_PHASES="a1" (default "a1 a2") trains only π1ˢ; PREFLIGHT_PHASES (default "b1 c1" for pi1, "b2" for pi2).
 # Every stage's wall time goes to $AB/stages.tsv (name, start, end, seconds).
-# RL_TEMPERATURE sets both arms' rollout temperature (default: the gpu profile's); `all` sets it from the sweep
-# (`python -m trainer preflight-choose`; the choice goes to $AB/preflight/choice.json). RL_EXTRA: more
-# Hydra overrides for both arms.
+# RL_TEMPERATURE sets both arms' rollout temperature (default: the gpu profile's); `all` sets it to the lowest
+# temperature of TEMPS at which every swept phase has a macro improvable share >= MIN_SHARE (default 0.10)
+# (`python -m trainer preflight-choose`; the choice goes to $AB/preflight/choice.json), writes each swept
+# phase's improvable prompts at that temperature ($AB/preflight/<phase>_improvable.parquet, `trainer
+# preflight-filter`) and runs the positive control: before rl (CONTROL=serial, default), beside it
+# (CONTROL=parallel: one lease's time) or not at all (CONTROL=off). RL_IMPROVABLE=1 trains each arm on its
+# phase's improvable prompts where the sweep wrote them. RL_EXTRA: more Hydra overrides for both arms.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [[ -n "${PYTHONPATH:-}" && -d "${MODEL_DIR:-/nonexistent}" ]] || source bench/gpu/node_setup.sh >/dev/null
@@ -51,6 +58,18 @@ RL_ARGS="--profile gpu --data $AB/data --nproc 1 trainer.n_gpus_per_node=1 train
   trainer.test_freq=5 trainer.save_freq=5 data.train_max_samples=2048 actor_rollout_ref.rollout.enforce_eager=true \
   actor_rollout_ref.rollout.gpu_memory_utilization=0.2 +ray_kwargs.ray_init._node_ip_address=127.0.0.1 \
   ${RL_TEMPERATURE:+actor_rollout_ref.rollout.temperature=$RL_TEMPERATURE} ${RL_EXTRA:-}"
+
+# The positive control's own settings (trainer/phases/positive_control.py) with this node's placement and the
+# chosen temperature: not RL_ARGS, whose steps and validation schedule would override the control's.
+CONTROL_ARGS="--profile gpu trainer.n_gpus_per_node=1 actor_rollout_ref.rollout.enforce_eager=true \
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.2 +ray_kwargs.ray_init._node_ip_address=127.0.0.1 \
+  ${RL_TEMPERATURE:+actor_rollout_ref.rollout.temperature=$RL_TEMPERATURE}"
+CONTROL_PHASE=${ARMS%% *}
+rl_data() {  # PHASE: RL_IMPROVABLE=1 trains on the phase's improvable prompts (`trainer preflight-filter`)
+  if [[ ${RL_IMPROVABLE:-0} == 1 && -f $AB/preflight/$1_improvable.parquet ]]; then
+    echo "data.train_files=$AB/preflight/$1_improvable.parquet"
+  fi
+}
 
 hf_of() {  # PHASE_DIR: the model a phase produced (its phase_result's hf_dir: the input model when early
            # stopping kept step 0, so eval never asks for an export that does not exist)
@@ -103,8 +122,9 @@ preflight)
   for ph in $phases; do
     case $ph in b1|b2|c2) url=http://127.0.0.1:18310 ;; c1) url=http://127.0.0.1:18311 ;; *) echo "no preflight for $ph" >&2; exit 2 ;; esac
     sweeps+="python3 -m trainer preflight --golden $GOLDEN_DIR --phase $ph --policy-url http://127.0.0.1:$pport \
-      --policy-model $policy --reward-url $url --prompts ${PREFLIGHT_PROMPTS:-64} --temperature \$t --max-tokens 384 \
-      --min-informative 0 --out $AB/preflight/${ph}_t\$t.json ${PREFLIGHT_EXTRA:-} > /dev/null; "
+      --policy-model $policy --reward-url $url --prompts ${PREFLIGHT_PROMPTS:-64} --n ${PREFLIGHT_N:-16} \
+      --temperature \$t --max-tokens 384 --min-informative 0 --min-improvable 0 \
+      --out $AB/preflight/${ph}_t\$t.json ${PREFLIGHT_EXTRA:-} > /dev/null; "
   done
   bg preflight "for t in ${TEMPS:-1.0 1.3 1.6}; do $sweeps done; \
     python3 -m bench.gpu.serve stop --ports $pport"  # eval starts its own executors
@@ -118,17 +138,26 @@ c2data)
     rc=\$?; python3 -m bench.gpu.serve stop --ports 18320; exit \$rc"  # eval starts its own π1ˢ executor
   echo "c2data started: π1ˢ schemas for C2"
   ;;
+control)
+  # The first arm's positive control: its own recipe on 16 of its improvable prompts, trained and validated on
+  # them; its greedy reward must rise by 0.05 (trainer/phases/positive_control.py), else the wiring is at fault
+  PIPE=0 services_up
+  model=$AB/a1/hf; [[ $EXP == pi2 ]] && model=$AB/a2/hf
+  bg control "python3 -m trainer positive-control $CONTROL_PHASE --prompts $AB/preflight/${CONTROL_PHASE}_improvable.parquet \
+    --out $AB/${CONTROL_PHASE}_control --model $model --reward-url http://127.0.0.1:18310 $CONTROL_ARGS"
+  echo "control started: $CONTROL_PHASE on $AB/preflight/${CONTROL_PHASE}_improvable.parquet"
+  ;;
 rl)
   if [[ $EXP == pi1 ]]; then
     services_up
-    bg rl "python3 -m trainer run b1 $RL_ARGS --out $AB/b1 --model $AB/a1/hf --reward-url http://127.0.0.1:18310 > $AB/b1.log 2>&1 & p1=\$!; \
-      python3 -m trainer run c1 $RL_ARGS --out $AB/c1 --model $AB/a1/hf --reward-url http://127.0.0.1:18311 > $AB/c1.log 2>&1 & p2=\$!; \
+    bg rl "python3 -m trainer run b1 $RL_ARGS $(rl_data b1) --out $AB/b1 --model $AB/a1/hf --reward-url http://127.0.0.1:18310 > $AB/b1.log 2>&1 & p1=\$!; \
+      python3 -m trainer run c1 $RL_ARGS $(rl_data c1) --out $AB/c1 --model $AB/a1/hf --reward-url http://127.0.0.1:18311 > $AB/c1.log 2>&1 & p2=\$!; \
       wait \$p1; a=\$?; wait \$p2; b=\$?; echo b1 \$a c1 \$b; [[ \$a == 0 && \$b == 0 ]]"
     echo "rl started: B1 and C1 from $AB/a1/hf, $RL_STEPS steps each"
   else
     PIPE=0 services_up  # both arms use the table reward: no executor inside the reward
-    bg rl "python3 -m trainer run b2 $RL_ARGS --out $AB/b2 --model $AB/a2/hf --reward-url http://127.0.0.1:18310 > $AB/b2.log 2>&1 & p1=\$!; \
-      python3 -m trainer run c2 $RL_ARGS --out $AB/c2 --model $AB/a2/hf --reward-url http://127.0.0.1:18310 > $AB/c2.log 2>&1 & p2=\$!; \
+    bg rl "python3 -m trainer run b2 $RL_ARGS $(rl_data b2) --out $AB/b2 --model $AB/a2/hf --reward-url http://127.0.0.1:18310 > $AB/b2.log 2>&1 & p1=\$!; \
+      python3 -m trainer run c2 $RL_ARGS $(rl_data c2) --out $AB/c2 --model $AB/a2/hf --reward-url http://127.0.0.1:18310 > $AB/c2.log 2>&1 & p2=\$!; \
       wait \$p1; a=\$?; wait \$p2; b=\$?; echo b2 \$a c2 \$b; [[ \$a == 0 && \$b == 0 ]]"
     echo "rl started: B2 and C2 from $AB/a2/hf, $RL_STEPS steps each"
   fi
@@ -179,9 +208,19 @@ _chain)  # what `all` runs in the background: each stage in turn, stopping at th
   stage sft && stage preflight || exit 1
   [[ $EXP == pi2 ]] && { stage c2data || exit 1; }
   phases=${PREFLIGHT_PHASES:-$DEFAULT_PREFLIGHT}
-  t=$(python3 -m trainer preflight-choose --dir "$AB/preflight" --phases "${phases// /,}" --min-share "${MIN_SHARE:-0.5}" \
+  t=$(python3 -m trainer preflight-choose --dir "$AB/preflight" --phases "${phases// /,}" --min-share "${MIN_SHARE:-0.10}" \
     --out "$AB/preflight/choice.json") || exit 1
   echo "rl temperature: $t"
+  for ph in $phases; do
+    python3 -m trainer preflight-filter --report "$AB/preflight/${ph}_t$t.json" --train "$AB/data/$ph/train.parquet" \
+      --out "$AB/preflight/${ph}_improvable.parquet" || exit 1
+  done
+  case ${CONTROL:-serial} in
+    serial) RL_TEMPERATURE=$t stage control || exit 1 ;;
+    parallel) RL_TEMPERATURE=$t bash bench/gpu/ab.sh control ;;  # judged from its file; rl does not wait for it
+    off) ;;
+    *) echo "CONTROL must be serial, parallel or off" >&2; exit 2 ;;
+  esac
   RL_TEMPERATURE=$t stage rl && stage eval
   ;;
 wait)
@@ -193,8 +232,12 @@ wait)
   if [[ -f $AB/$name.rc ]]; then echo "$name exit $(cat "$AB/$name.rc")"; tail -n 5 "$AB/$name.log"; else echo "$name still running"; fi
   for f in "$AB"/preflight/*_t*.json; do
     if [[ -f $f ]]; then python3 -c "import json,sys; r=json.load(open(sys.argv[1])); \
-print(sys.argv[1].rsplit('/', 1)[-1], 'informative', r['informative_share'], 'mean', round(r['mean_reward'], 3), \
-'group std', round(r['mean_group_std'], 4))" "$f"; fi
+print(sys.argv[1].rsplit('/', 1)[-1], 'informative', r['informative_share'], 'improvable', r.get('improvable_share'), \
+'best-greedy', r.get('best_minus_greedy'), 'invalid', r.get('invalid_share'), 'mean', round(r['mean_reward'], 3), \
+{s: v['improvable_share'] for s, v in r.get('per_source', {}).items()})" "$f"; fi
+  done
+  for f in "$AB"/*_control/positive_control.json; do
+    [[ -f $f ]] && python3 -c "import json,sys; print('control:', json.load(open(sys.argv[1]))['verdict']['reason'])" "$f"
   done
   [[ -f $AB/preflight/choice.json ]] && python3 -c "import json,sys; c=json.load(open(sys.argv[1])); \
 print('chosen temperature', c['temperature'], '(reached)' if c['reached'] else '(NOT reached)', '-', c['reason'])" \
@@ -205,6 +248,9 @@ collect)
   o=$AB.collected; rm -rf "$o"; mkdir -p "$o"
   cp "$AB/stages.tsv" "$AB/data/manifest.json" "$o/" 2>/dev/null || true
   for ph in a1 a2 b1 c1 b2 c2; do collect_phase "$AB/$ph" "$o"; done
+  for d in "$AB"/*_control; do
+    [[ -d $d ]] && mkdir -p "$o/${d##*/}" && { cp "$d"/{positive_control.json,phase_result.json,metrics.jsonl} "$o/${d##*/}/" 2>/dev/null || true; }
+  done
   for d in phase_d gold_schema_eval; do [[ -d $AB/$d ]] && cp -r "$AB/$d" "$o/"; done
   rm -f "$o"/phase_d/predictions_*.jsonl "$o"/gold_schema_eval/predictions_*.jsonl  # large; metrics.json has the numbers
   [[ -d $AB/preflight ]] && cp -r "$AB/preflight" "$o/"
@@ -213,5 +259,5 @@ collect)
   tar -czf "${OUT:-$AB}/ab.tar.gz" -C "$o" .
   ls -la "${OUT:-$AB}/ab.tar.gz"
   ;;
-*) echo "usage: [EXP=pi1|pi2] ab.sh sft|preflight|c2data|rl|eval|all|wait NAME SECONDS|collect" >&2; exit 2 ;;
+*) echo "usage: [EXP=pi1|pi2] ab.sh sft|preflight|c2data|control|rl|eval|all|wait NAME SECONDS|collect" >&2; exit 2 ;;
 esac

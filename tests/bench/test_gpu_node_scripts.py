@@ -62,7 +62,9 @@ def test_ab_collect(tmp_path: Path) -> None:
 
 PREFLIGHT = {"stage": "pipeline", "prompts": 64, "n": 8, "temperature": 1.3, "informative_groups": 20,
              "informative_share": 0.3125, "mean_reward": 0.91234, "mean_group_std": 0.04321,
-             "min_informative": 0.0, "ok": True}  # fmt: skip
+             "min_informative": 0.0, "ok": True, "improvable_share": 0.2, "best_minus_greedy": 0.0812,
+             "invalid_share": 0.01, "per_source": {"e2e": {"improvable_share": 0.0},
+                                                   "wikitabletext": {"improvable_share": 0.4}}}  # fmt: skip
 
 
 def test_ab_wait_summarises_the_preflight_sweep(tmp_path: Path) -> None:
@@ -77,7 +79,10 @@ def test_ab_wait_summarises_the_preflight_sweep(tmp_path: Path) -> None:
                           env=env, capture_output=True, text=True, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "preflight exit 0" in proc.stdout
-    assert "c1_t1.3.json informative 0.3125 mean 0.912 group std 0.0432" in proc.stdout
+    assert (
+        "c1_t1.3.json informative 0.3125 improvable 0.2 best-greedy 0.0812 invalid 0.01 mean 0.912 "
+        "{'e2e': 0.0, 'wikitabletext': 0.4}"
+    ) in proc.stdout
 
 
 def test_loop_node_collect(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""``python -m trainer run|loop|rft|export``: phase launchers, the loop, the RFT baseline.
+"""``python -m trainer run|loop|preflight*|positive-control|rft|export``: phase launchers, the loop, the checks
+before RL, the RFT baseline.
 
 Mounted on the main app by :func:`register` (``trainer/cli.py``: ``from trainer.phases.cli import
 register`` + ``register(app)``), or run alone as ``python -m trainer.phases.cli``.
@@ -77,6 +78,8 @@ def run_cmd(
         return
     res = run_phase(run, export=export)
     console.print_json(json.dumps(res.__dict__, default=str))
+    if res.monitors:
+        console.print(f"{ph.name}: {res.monitors['verdict']}")
     if res.status != "ok":
         raise typer.Exit(res.exit_code or 1)
 
@@ -182,27 +185,32 @@ def preflight_cmd(
     policy_model: str = typer.Option(..., help="Served model name of the policy."),
     reward_url: str = typer.Option(..., help="Reward API the phase will use (C1: its executor serves π2)."),
     n: int = typer.Option(8, min=2, help="Samples per prompt (the phase's rollout.n)."),
-    prompts: int = typer.Option(32, min=1, help="Training prompts to sample."),
+    prompts: int = typer.Option(32, min=1, help="Training prompts to sample per source."),
+    sources: str | None = typer.Option(None, help="Comma-separated sources to check (default: every source)."),
     temperature: float = typer.Option(1.0, min=0.0, help="Sampling temperature (the phase's rollout temperature)."),
     max_tokens: int = typer.Option(512, min=1, help="max_tokens per sample (the phase's response length)."),
     min_informative: float = typer.Option(0.25, min=0.0, max=1.0, help="Fail below this share of informative groups."),
+    min_improvable: float = typer.Option(
+        0.10, min=0.0, max=1.0, help="No headroom (fail) below this macro share of prompts whose best beats greedy."
+    ),
     out: Path | None = typer.Option(None, help="Write the report JSON here."),
 ) -> None:
-    """Before a long GRPO run: the share of groups whose rewards differ (all-equal groups teach nothing)."""
+    """Before a long GRPO run: per source, the informative and improvable shares, best-of-n − greedy, invalid share."""
     from trainer.phases.preflight import PHASE_STAGE, advantage_check, write_report
 
+    sources = sources or ""
     if phase not in PHASE_STAGE:
         raise _bad("--phase", ValueError(f"must be one of {list(PHASE_STAGE)}, got {phase!r}"))
     rep = advantage_check(
         golden, PHASE_STAGE[phase], policy_url, policy_model, reward_url,
         n=n, prompts=prompts, temperature=temperature, max_tokens=max_tokens, min_informative=min_informative,
+        min_improvable=min_improvable, sources=[x.strip() for x in sources.split(",") if x.strip()] or None,
     )  # fmt: skip
     if out:
         write_report(rep, out)
-    console.print_json(json.dumps(rep.as_dict()))
+    console.print_json(json.dumps({k: v for k, v in rep.as_dict().items() if k != "improvable_ids"}))
+    typer.echo(f"{phase}: {rep.verdict()}", err=True)
     if not rep.ok:
-        share = f"{rep.informative_share:.0%} < {min_informative:.0%}"
-        console.print(f"[red]too few groups whose rewards differ ({share}): GRPO would learn little[/red]")
         raise typer.Exit(1)
 
 
@@ -210,21 +218,99 @@ def preflight_cmd(
 def preflight_choose_cmd(
     folder: Path = typer.Option(..., "--dir", exists=True, file_okay=False, help="Folder of <phase>_t<T>.json."),
     phases: str = typer.Option("b1,c1", help="Comma-separated phases that must all have enough signal."),
-    min_share: float = typer.Option(0.5, min=0.0, max=1.0, help="Share of informative groups wanted in every phase."),
+    criterion: str = typer.Option(
+        "improvable", help="improvable (best sample beats greedy, macro over sources) or informative (issue 12)."
+    ),
+    min_share: float = typer.Option(0.10, min=0.0, max=1.0, help="Share of the criterion wanted in every phase."),
     out: Path | None = typer.Option(None, help="Write the choice (and the sweep it came from) here as JSON."),
 ) -> None:
     """Choose the rollout temperature from a preflight sweep: prints only the temperature (for shells)."""
     from trainer.phases.preflight import choose_temperature, read_sweep, write_report
 
+    if criterion not in ("improvable", "informative"):
+        raise _bad("--criterion", ValueError(f"must be improvable or informative, got {criterion!r}"))
     names = [p.strip() for p in phases.split(",") if p.strip()]
     try:
-        choice = choose_temperature(read_sweep(folder, names), min_share)
+        choice = choose_temperature(read_sweep(folder, names), min_share, criterion)  # type: ignore[arg-type]
     except ValueError as exc:
         raise _bad("--dir", exc) from None
     if out:
         write_report(choice, out)
     typer.echo(f"{choice.reason}: {choice.temperature}", err=True)
+    for ph in choice.no_headroom:
+        typer.echo(f"NO HEADROOM: {ph} at temperature {choice.temperature} (< {min_share:.0%} {criterion})", err=True)
     typer.echo(f"{choice.temperature}")
+
+
+@app.command("preflight-filter")
+def preflight_filter_cmd(
+    report: Path = typer.Option(..., exists=True, dir_okay=False, help="A preflight report (--out of preflight)."),
+    train: Path = typer.Option(..., exists=True, dir_okay=False, help="The phase's RL train.parquet (data build)."),
+    out: Path = typer.Option(..., help="Parquet of the improvable prompts (point data.train_files at it)."),
+) -> None:
+    """Offline difficulty filter: keep the training prompts whose best sample beat the greedy answer."""
+    from trainer.phases.preflight import improvable_prompt_set
+
+    rep = json.loads(report.read_text())
+    if "improvable_ids" not in rep:
+        raise _bad("--report", ValueError(f"{report}: no improvable_ids (a report of before issue 23: rerun it)"))
+    try:
+        kept, missing = improvable_prompt_set(train, rep["improvable_ids"], out)
+    except ValueError as exc:
+        raise _bad("--train", exc) from None
+    typer.echo(f"{kept} improvable prompts -> {out}" + (f" ({len(missing)} ids not in {train})" if missing else ""))
+
+
+@app.command(
+    "positive-control",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    help="A few GRPO steps trained and validated on the same improvable prompts must raise their greedy reward.",
+)
+def positive_control_cmd(
+    ctx: typer.Context,
+    phase: str = typer.Argument(..., help="GRPO phase whose recipe is checked: b1, b2, c1 or c2."),
+    prompts: Path = typer.Option(
+        ..., exists=True, dir_okay=False, help="Improvable prompt set (trainer preflight-filter)."
+    ),
+    profile: str = ProfileOpt,
+    out: Path | None = typer.Option(None, help="Output folder (default runs/<phase>_control)."),
+    model: str | None = typer.Option(None, help="Start policy (HF dir). cpu-smoke default: SmolLM2-135M-Instruct."),
+    reward_url: str | None = typer.Option(None, help="Reward API URL (default: $REWARD_API_URL)."),
+    size: int = typer.Option(16, min=4, help="Prompts trained and validated on (a multiple of 4)."),
+    steps: int = typer.Option(8, min=1, help="GRPO steps."),
+    margin: float = typer.Option(0.05, help="Required rise of the greedy reward (macro over data sources)."),
+    dry_run: bool = typer.Option(False, help="Print the command and exit."),
+) -> None:
+    from trainer.phases.positive_control import ControlConfig, control_run, run_control
+
+    try:
+        ph = get_phase(phase)
+        if ph.kind != "grpo":
+            raise ValueError(f"must be a GRPO phase (b1, b2, c1, c2), got {phase!r}")
+    except ValueError as exc:
+        raise _bad("PHASE", exc) from None
+    try:
+        cfg = ControlConfig(size=size, steps=steps, margin=margin)
+        prof = check_profile(profile)
+    except ValueError as exc:
+        raise _bad("--size/--steps/--margin/--profile", exc) from None
+    run = control_run(
+        ph, prof, prompts, out or Path("runs") / f"{ph.name}_control", model or _default_model(prof), reward_url,
+        cfg, tuple(ctx.args),
+    )  # fmt: skip
+    try:
+        run.env()
+    except ValueError as exc:
+        raise _bad("--reward-url", exc) from None
+    console.print(" ".join(run.command()))
+    if dry_run:
+        return
+    res, verdict = run_control(run, prompts, cfg)
+    console.print(verdict.reason)
+    if res.monitors:
+        console.print(f"{ph.name} control: {res.monitors['verdict']}")
+    if not verdict.passed:
+        raise typer.Exit(1)
 
 
 @app.command("rft", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

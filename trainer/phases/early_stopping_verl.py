@@ -24,6 +24,12 @@ has a checkpoint; the others are pruned (the latest is kept for resume). On resu
 after ``_load_checkpoint`` set ``global_steps``) a step the state file already scored is not
 validated again, and a step it never scored (its validation failed) is.
 
+Dynamic sampling and monitors (:mod:`trainer.phases.monitors`): ``prepare_step`` and
+``_add_prompts_to_generate`` (the replay buffer's refill) count the prompts a step generates, and
+stop the phase past ``algorithm.filter_groups.max_num_gen_batches`` batches (VERL's V1 buffer ignores
+that key and would refill for ever); ``_balance_batch`` (first call after sampling) logs the share of
+the step's samples whose reward reported ``valid_json``.
+
 Failures: ``on_sample_end`` (right after ``ReplayBuffer.sample``, before the update and the
 checkpoint) counts the failed samples of the step; ``_val_metrics_update`` (which ``_validate``
 calls with every scored sample and ``expected_acc_counts``) compares the scored samples with the
@@ -32,6 +38,7 @@ validation set. Both stop the phase beyond ``failures.max_share``.
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -51,6 +58,13 @@ from trainer.phases.failures import (
     judge,
     training_failures,
     validation_failures,
+)
+from trainer.phases.monitors import (
+    DEFAULT_KL_FLOOR,
+    DynamicSamplingBudget,
+    DynamicSamplingExhaustedError,
+    valid_output_metrics,
+    write_monitor_config,
 )
 
 TRAINER_MODE = "sync"
@@ -114,6 +128,10 @@ class EarlyStoppingPPOTrainer(PPOTrainerSync):
         self.failure_file = ckpt_dir / FAILURE_FILE
         self.reward_failures = RewardFailureLog(reward_failure_log_path(config))
         self._failure_metrics: dict[str, float] = {}
+        self.dynamic_sampling = DynamicSamplingBudget.from_config(config)
+        self._step_prompts = 0
+        monitors = config.get("monitors") or {}
+        write_monitor_config(ckpt_dir, float(monitors.get("kl_floor", DEFAULT_KL_FLOOR)))
 
     # -- resume -------------------------------------------------------------------------------------
     def on_init_end(self) -> None:
@@ -128,15 +146,57 @@ class EarlyStoppingPPOTrainer(PPOTrainerSync):
             self.config.trainer.val_before_train = not scored
         log.info("resume at step %s: validation before training %s", step, "skipped" if scored else "forced")
 
+    # -- dynamic sampling and monitors ---------------------------------------------------------------
+    def prepare_step(self) -> dict[Any, Any]:
+        self._step_prompts = int(self.config.data.train_batch_size)  # the batch VERL submits first
+        out: dict[Any, Any] = super().prepare_step()
+        return out
+
+    def _add_prompts_to_generate(self, num_prompts: int) -> int:
+        """The replay buffer's refill of evicted (all-equal) groups, within the step's budget."""
+        try:
+            self.dynamic_sampling.check(int(self.global_steps), self._step_prompts, num_prompts)
+        except DynamicSamplingExhaustedError as exc:
+            self._write_stop(str(exc), "dynamic_sampling_exhausted")
+            raise
+        self._step_prompts += num_prompts
+        added: int = super()._add_prompts_to_generate(num_prompts)
+        return added
+
+    def _balance_batch(self, batch: Any, metrics: Any, *args: Any, **kwargs: Any) -> Any:
+        if metrics is not None:
+            metrics.update(self._valid_output_metrics(batch))
+        return super()._balance_batch(batch, metrics, *args, **kwargs)
+
+    def _valid_output_metrics(self, batch: Any) -> dict[str, float]:
+        from verl.trainer.ppo.v1 import replay_buffer
+
+        try:
+            data = replay_buffer.tq.kv_batch_get(  # type: ignore[attr-defined]
+                keys=list(batch.keys), partition_id=batch.partition_id, select_fields=["extra_fields"]
+            )
+            padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
+            return valid_output_metrics(list(data["extra_fields"]), padding)
+        except Exception as exc:  # a monitor never stops training; its absence shows in the phase result
+            log.warning("valid-output monitor: could not read the step's extra_fields: %s", exc)
+            return {}
+
+    def _write_stop(self, message: str, cause: str) -> None:
+        self.failure_file.parent.mkdir(parents=True, exist_ok=True)
+        record = {"where": "training", "step": int(self.global_steps), "cause": cause, "message": message}
+        self.failure_file.write_text(json.dumps(record, indent=2) + "\n")
+
     # -- training failures --------------------------------------------------------------------------
     def on_sample_end(self) -> None:
         super().on_sample_end()  # type: ignore[no-untyped-call]
+        if self.dynamic_sampling.enabled:
+            self._failure_metrics["training/dynamic_sampling/generated_prompts"] = float(self._step_prompts)
         self._check_training_failures()
 
     def _step_once(self, metrics: dict[str, Any], timing_raw: dict[str, Any], sample_batch_size: int) -> Any:
         try:
             return super()._step_once(metrics, timing_raw, sample_batch_size)
-        except RolloutFailureError:
+        except (RolloutFailureError, DynamicSamplingExhaustedError):
             raise
         except Exception as exc:
             # e.g. VERL's own "selected terminal groups with no materializable trajectories" when

@@ -15,7 +15,9 @@ YAML stays the single description of a phase. Only the ``cpu-smoke`` profile loa
 Outputs under ``--out``: ``checkpoints/global_step_N/…``, ``checkpoints/early_stopping.json``
 (RL), ``metrics.jsonl`` (VERL's file logger), ``train.log``, ``hf/`` (the exported best
 checkpoint) and ``phase_result.json`` (command, inputs, best step, final metrics, export dir; for a
-failed phase its ``error``, from ``checkpoints/phase_failure.json`` when the failure policy stopped it).
+failed phase its ``error``, from ``checkpoints/phase_failure.json`` when the failure policy stopped it;
+for GRPO its ``monitors``: per-step KL, clip fraction, entropy, evicted groups, valid-output share and
+``policy_moved``).
 A failed phase exports nothing.
 """
 
@@ -269,6 +271,9 @@ class PhaseResult:
     # why a failed phase stopped (trainer/phases/failures.py's record, else the exit code and log)
     error: str | None = None
     failure: dict[str, Any] | None = None
+    # GRPO: per-step ppo_kl, clip fraction, entropy, evicted groups, valid-output share, and whether the
+    # policy moved (trainer/phases/monitors.py)
+    monitors: dict[str, Any] | None = None
 
     def write(self, out_dir: Path) -> Path:
         path = out_dir / RESULT_FILE
@@ -312,6 +317,10 @@ def run_phase(
         seconds=round(time.monotonic() - t0, 1),
         final_metrics=metrics[-1]["data"] if metrics else None,
     )
+    if run.phase.kind == "grpo":
+        from trainer.phases.monitors import read_kl_floor, summarise
+
+        res.monitors = summarise(metrics, read_kl_floor(ckpts))
     state_path = ckpts / STATE_FILE
     if run.phase.kind == "grpo" and state_path.is_file():
         st = read_state(state_path)

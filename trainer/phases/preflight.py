@@ -1,15 +1,25 @@
-"""Before a long GRPO run: will its groups teach anything? (the advantage check of issue 12)
+"""Before a long GRPO run: what can GRPO use from the start policy? (issue 12's advantage check, issue 23)
 
-GRPO's advantage of a sample is its reward minus its group's mean, over the group's spread. A group
-whose ``n`` samples all score the same has advantage 0 for every sample: it adds nothing to the
-gradient. Once SFT is good (or the temperature is low, or the reward saturates) most groups can be
-like that, and a run of many GPU-minutes then moves nothing. This check samples ``n`` outputs for a
-few training prompts from the start policy, scores them through reward_api exactly as the phase
-will, and reports the share of *informative* groups (rewards not all equal). It fails when that
-share is below ``min_informative``.
+GRPO's advantage of a sample is its reward minus its group's mean (over the group's spread, unless
+Dr.GRPO). A group whose ``n`` samples all score the same adds nothing to the gradient. But a group
+that merely differs is not enough either: a group of 8 where one sample is worse than the other 7
+only sharpens the mode the policy already greedily emits. What moves the greedy answer is a sample
+that **beats** it. So, per source (``shared.golden.source_of``) and on training prompts only, for
+``n`` samples per prompt at one temperature plus one greedy (temperature 0) answer, all scored
+through reward_api exactly as the phase will:
 
-    python -m trainer preflight --golden DIR --stage schema --policy-url URL --policy-model NAME \\
-        --reward-url URL [--n 8] [--prompts 32] [--temperature 1.0] [--min-informative 0.25]
+- informative share: prompts whose ``n`` rewards are not all equal;
+- **improvable share**: prompts whose best sample beats the greedy answer by more than ``EQUAL``;
+- best-of-n − greedy: the mean over prompts of ``max(samples) − greedy``;
+- invalid share: samples the reward API could not parse (``valid_json`` false).
+
+The headline is the macro mean over sources (each source counts once, whatever its size). A phase
+whose macro improvable share is below ``min_improvable`` has **no headroom**: it is reported as such
+and not run blind. The improvable prompts' ids go into the report, and ``improvable_prompt_set``
+writes them as a prompt set in the phase's RLHFDataset format (offline difficulty filtering).
+
+    python -m trainer preflight --golden DIR --phase b1 --policy-url URL --policy-model NAME \\
+        --reward-url URL [--n 16] [--prompts 64] [--temperature 1.0] [--min-improvable 0.10]
 """
 
 from __future__ import annotations
@@ -18,35 +28,118 @@ import asyncio
 import json
 import random
 import statistics
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
-from shared import read_golden
+import pyarrow.parquet as pq
+
+from shared import GoldenExample, read_golden
+from shared.golden import source_of
 from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
-from trainer.rft import Stage, prompt_for, reward_item, score
+from trainer.rft import Stage, prompt_for, reward_item, score_results
 
 # Which reward each GRPO phase trains on (its data_source), hence which stage to sample.
 PHASE_STAGE: dict[str, Stage] = {"b1": "schema", "b2": "table", "c1": "pipeline", "c2": "table"}
 EQUAL = 1e-9  # rewards closer than this count as equal (GRPO's std would be ~0)
+# Default headroom threshold: below 10% of prompts whose best sample beats greedy (macro over sources),
+# GRPO mostly sharpens the mode it already has (issue 23: E2E/RotoWire sit near 0, WikiTableText well above).
+MIN_IMPROVABLE = 0.10
+Criterion = Literal["improvable", "informative"]
 
 
 @dataclass(frozen=True)
-class PreflightReport:
-    stage: str
+class PromptOutcome:
+    """One training prompt of the preflight: the greedy answer's reward and the ``n`` samples' rewards."""
+
+    id: str
+    greedy: float
+    samples: tuple[float, ...]
+    samples_valid: tuple[bool, ...]
+    greedy_valid: bool = True
+
+    def __post_init__(self) -> None:
+        if len(self.samples) < 2:
+            raise ValueError(f"{self.id}: a group needs at least 2 samples, got {len(self.samples)}")
+        if len(self.samples_valid) != len(self.samples):
+            raise ValueError(f"{self.id}: {len(self.samples_valid)} validity flags for {len(self.samples)} samples")
+
+    @property
+    def source(self) -> str:
+        return source_of(self.id)
+
+    @property
+    def informative(self) -> bool:
+        return max(self.samples) - min(self.samples) > EQUAL
+
+    @property
+    def improvable(self) -> bool:
+        return max(self.samples) > self.greedy + EQUAL
+
+    @property
+    def best_minus_greedy(self) -> float:
+        return max(self.samples) - self.greedy
+
+
+@dataclass(frozen=True)
+class HeadroomStats:
+    """What GRPO can use, over a set of prompts (one source, or the macro mean over sources)."""
+
     prompts: int
-    n: int
-    temperature: float
-    informative_groups: int
     informative_share: float
-    mean_reward: float
+    improvable_share: float
+    best_minus_greedy: float
+    invalid_share: float  # of the n samples per prompt
+    greedy_invalid_share: float
+    mean_reward: float  # of the samples
+    greedy_reward: float
     mean_group_std: float
-    min_informative: float
-    ok: bool
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+
+def headroom_stats(outcomes: Sequence[PromptOutcome]) -> HeadroomStats:
+    """The statistics of ``outcomes`` pooled (use :func:`per_source` / :func:`macro` for sources)."""
+    if not outcomes:
+        raise ValueError("headroom_stats: no prompts")
+    k = len(outcomes)
+    samples = [r for o in outcomes for r in o.samples]
+    valid = [v for o in outcomes for v in o.samples_valid]
+    return HeadroomStats(
+        prompts=k,
+        informative_share=sum(o.informative for o in outcomes) / k,
+        improvable_share=sum(o.improvable for o in outcomes) / k,
+        best_minus_greedy=statistics.fmean(o.best_minus_greedy for o in outcomes),
+        invalid_share=1.0 - sum(valid) / len(valid),
+        greedy_invalid_share=1.0 - sum(o.greedy_valid for o in outcomes) / k,
+        mean_reward=statistics.fmean(samples),
+        greedy_reward=statistics.fmean(o.greedy for o in outcomes),
+        mean_group_std=statistics.fmean(statistics.pstdev(o.samples) for o in outcomes),
+    )
+
+
+def per_source(outcomes: Iterable[PromptOutcome]) -> dict[str, HeadroomStats]:
+    by: dict[str, list[PromptOutcome]] = {}
+    for o in outcomes:
+        by.setdefault(o.source, []).append(o)
+    return {src: headroom_stats(group) for src, group in sorted(by.items())}
+
+
+def macro(stats: Mapping[str, HeadroomStats]) -> HeadroomStats:
+    """Each source counts once (RotoWire's 23k training documents do not drown WikiTableText's 10k)."""
+    if not stats:
+        raise ValueError("macro: no sources")
+    vals = list(stats.values())
+
+    def mean(name: str) -> float:
+        return statistics.fmean(float(getattr(s, name)) for s in vals)
+
+    return HeadroomStats(
+        prompts=sum(s.prompts for s in vals),
+        **{f: mean(f) for f in HeadroomStats.__dataclass_fields__ if f != "prompts"},
+    )
 
 
 def group_stats(rewards: Sequence[Sequence[float]]) -> tuple[int, float, float]:
@@ -57,6 +150,109 @@ def group_stats(rewards: Sequence[Sequence[float]]) -> tuple[int, float, float]:
     mean = statistics.fmean(r for g in rewards for r in g)
     spread = statistics.fmean(statistics.pstdev(g) for g in rewards)
     return informative, mean, spread
+
+
+@dataclass(frozen=True)
+class PreflightReport:
+    """One phase at one temperature. The shares, the gain and the rewards are macro means over sources
+    (``per_source`` holds each); ``prompts`` and ``informative_groups`` are counts over all of them."""
+
+    stage: str
+    prompts: int
+    n: int
+    temperature: float
+    informative_groups: int
+    informative_share: float
+    mean_reward: float
+    mean_group_std: float
+    min_informative: float
+    ok: bool
+    improvable_share: float = 0.0
+    best_minus_greedy: float = 0.0
+    invalid_share: float = 0.0
+    greedy_reward: float = 0.0
+    min_improvable: float = 0.0
+    headroom: bool = True
+    no_headroom_sources: list[str] = field(default_factory=list)
+    per_source: dict[str, dict[str, Any]] = field(default_factory=dict)
+    improvable_ids: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def verdict(self) -> str:
+        """One plain line: what GRPO can use here, and whether the phase should run."""
+        where = f"{self.stage} at temperature {self.temperature}"
+        if not self.headroom:
+            return (
+                f"NO HEADROOM: {where}: the best of {self.n} samples beats the greedy answer on "
+                f"{self.improvable_share:.0%} of prompts (macro over sources) < {self.min_improvable:.0%}; "
+                "GRPO would only sharpen the greedy answer. Do not run this phase blind."
+            )
+        if self.informative_share < self.min_informative:
+            return (
+                f"TOO LITTLE SIGNAL: {where}: {self.informative_share:.0%} informative groups "
+                f"< {self.min_informative:.0%}"
+            )
+        weak = f"; no headroom in {', '.join(self.no_headroom_sources)}" if self.no_headroom_sources else ""
+        return (
+            f"headroom: {where}: {self.improvable_share:.0%} improvable prompts, best-of-{self.n} − greedy "
+            f"{self.best_minus_greedy:+.3f}, {self.invalid_share:.0%} invalid samples{weak}"
+        )
+
+
+def build_report(
+    stage: str,
+    outcomes: Sequence[PromptOutcome],
+    temperature: float,
+    *,
+    min_informative: float = 0.0,
+    min_improvable: float = MIN_IMPROVABLE,
+) -> PreflightReport:
+    """The report of ``outcomes`` (pure: every number of the preflight comes from here)."""
+    if not outcomes:
+        raise ValueError("build_report: no prompts")
+    n = len(outcomes[0].samples)
+    sources = per_source(outcomes)
+    head = macro(sources)
+    headroom = head.improvable_share >= min_improvable
+    return PreflightReport(
+        stage=stage,
+        prompts=len(outcomes),
+        n=n,
+        temperature=temperature,
+        informative_groups=sum(o.informative for o in outcomes),
+        informative_share=round(head.informative_share, 4),
+        mean_reward=round(head.mean_reward, 4),
+        mean_group_std=round(head.mean_group_std, 4),
+        min_informative=min_informative,
+        ok=headroom and head.informative_share >= min_informative,
+        improvable_share=round(head.improvable_share, 4),
+        best_minus_greedy=round(head.best_minus_greedy, 4),
+        invalid_share=round(head.invalid_share, 4),
+        greedy_reward=round(head.greedy_reward, 4),
+        min_improvable=min_improvable,
+        headroom=headroom,
+        no_headroom_sources=[src for src, st in sources.items() if st.improvable_share < min_improvable],
+        per_source={src: st.as_dict() for src, st in sources.items()},
+        improvable_ids=[o.id for o in outcomes if o.improvable],
+    )
+
+
+def sample_per_source(
+    examples: Sequence[GoldenExample], per_source: int, seed: int = 0, sources: Sequence[str] | None = None
+) -> list[GoldenExample]:
+    """A seeded random ``per_source`` examples of each source (all of a smaller one), sources sorted."""
+    by: dict[str, list[GoldenExample]] = {}
+    for ex in examples:
+        by.setdefault(source_of(ex.id), []).append(ex)
+    if sources is not None:
+        unknown = sorted(set(sources) - set(by))
+        if unknown:
+            raise ValueError(f"sources {unknown} have no training example (found {sorted(by)})")
+        by = {s: by[s] for s in sources}
+    rng = random.Random(seed)
+    return [ex for src in sorted(by) for ex in rng.sample(by[src], min(per_source, len(by[src])))]
 
 
 def advantage_check(
@@ -71,33 +267,67 @@ def advantage_check(
     temperature: float = 1.0,
     max_tokens: int = 512,
     min_informative: float = 0.25,
+    min_improvable: float = MIN_IMPROVABLE,
+    sources: Sequence[str] | None = None,
     seed: int = 0,
 ) -> PreflightReport:
-    """Sample ``n`` outputs for ``prompts`` random training prompts; score; count informative groups."""
+    """Sample ``n`` outputs and one greedy answer for ``prompts`` random training prompts of each source;
+    score them all through reward_api; report what GRPO can use (:func:`build_report`)."""
     if n < 2:
         raise ValueError(f"n must be >= 2 (a group of one has no spread), got {n}")
-    examples = read_golden(golden / "common_train_schemas.jsonl")
-    picked = random.Random(seed).sample(examples, min(prompts, len(examples)))
-    gen = GenerationConfig(max_tokens=max_tokens, temperature=temperature, seed=seed)
-    samples = asyncio.run(ExecutorClient(policy_url, model, gen).sample([prompt_for(stage, ex) for ex in picked], n))
+    picked = sample_per_source(read_golden(golden / "common_train_schemas.jsonl"), prompts, seed, sources)
+    messages = [prompt_for(stage, ex) for ex in picked]
+    hot = GenerationConfig(max_tokens=max_tokens, temperature=temperature, seed=seed)
+    samples = asyncio.run(ExecutorClient(policy_url, model, hot).sample(messages, n))
+    greedy_cfg = GenerationConfig(max_tokens=max_tokens, temperature=0.0, seed=seed)
+    greedy = asyncio.run(ExecutorClient(policy_url, model, greedy_cfg).generate(messages))
     items = [reward_item(stage, ex, f"{ex.id}#{j}", s) for ex, outs in zip(picked, samples, strict=True)
              for j, s in enumerate(outs)]  # fmt: skip
-    flat = score(reward_url, stage, items)
-    groups = [flat[i * n : (i + 1) * n] for i in range(len(picked))]
-    informative, mean, spread = group_stats(groups)
-    share = informative / len(groups)
-    return PreflightReport(
-        stage=stage,
-        prompts=len(groups),
-        n=n,
-        temperature=temperature,
-        informative_groups=informative,
-        informative_share=round(share, 4),
-        mean_reward=round(mean, 4),
-        mean_group_std=round(spread, 4),
-        min_informative=min_informative,
-        ok=share >= min_informative,
-    )
+    items += [reward_item(stage, ex, f"{ex.id}#greedy", g) for ex, g in zip(picked, greedy, strict=True)]
+    results = score_results(reward_url, stage, items)
+    outcomes = outcomes_from_results(picked, n, results)
+    return build_report(stage, outcomes, temperature, min_informative=min_informative, min_improvable=min_improvable)
+
+
+def outcomes_from_results(
+    picked: Sequence[GoldenExample], n: int, results: Sequence[Mapping[str, Any]]
+) -> list[PromptOutcome]:
+    """reward_api results laid out as ``n`` samples per prompt, then one greedy answer per prompt."""
+    if len(results) != len(picked) * (n + 1):
+        raise ValueError(f"expected {len(picked) * (n + 1)} results ({len(picked)} prompts x (n={n} + greedy)), "
+                         f"got {len(results)}")  # fmt: skip
+    k = len(picked) * n
+    out = []
+    for i, ex in enumerate(picked):
+        group = results[i * n : (i + 1) * n]
+        g = results[k + i]
+        out.append(
+            PromptOutcome(
+                id=ex.id,
+                greedy=float(g["reward"]),
+                samples=tuple(float(r["reward"]) for r in group),
+                samples_valid=tuple(bool(r.get("valid_json", True)) for r in group),
+                greedy_valid=bool(g.get("valid_json", True)),
+            )
+        )
+    return out
+
+
+def improvable_prompt_set(train_parquet: Path, ids: Iterable[str], out: Path) -> tuple[int, list[str]]:
+    """Rows of the phase's RLHFDataset ``train_parquet`` whose ``extra_info.id`` is in ``ids``, written to
+    ``out`` with the same Arrow schema (so ``data.train_files`` can point at it). Returns (rows kept,
+    ids not found in the file). Raises when nothing is kept."""
+    wanted = set(ids)
+    table = pq.read_table(train_parquet)
+    if "extra_info" not in table.column_names:
+        raise ValueError(f"{train_parquet}: no extra_info column (not an RL parquet of `trainer data build`)")
+    row_ids = [(info or {}).get("id") for info in table.column("extra_info").to_pylist()]
+    keep = [i for i, rid in enumerate(row_ids) if rid in wanted]
+    if not keep:
+        raise ValueError(f"{train_parquet}: none of the {len(wanted)} improvable ids is in this file")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table.take(keep), out)
+    return len(keep), sorted(wanted - set(row_ids))
 
 
 def write_report(report: PreflightReport | TemperatureChoice, path: Path) -> None:
@@ -106,41 +336,67 @@ def write_report(report: PreflightReport | TemperatureChoice, path: Path) -> Non
     path.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
 
 
+class SweepPoint(NamedTuple):
+    """One phase at one temperature, as read from its report (``None``: a report of before issue 23)."""
+
+    informative_share: float
+    mean_reward: float
+    improvable_share: float | None = None
+    best_minus_greedy: float | None = None
+    invalid_share: float | None = None
+
+    def share(self, criterion: Criterion) -> float:
+        value = self.improvable_share if criterion == "improvable" else self.informative_share
+        if value is None:
+            raise ValueError(f"criterion {criterion!r}: a report has no {criterion}_share (rerun the preflight)")
+        return value
+
+
+Sweep = dict[float, dict[str, SweepPoint]]
+
+
 @dataclass(frozen=True)
 class TemperatureChoice:
     """The rollout temperature chosen from a preflight sweep, and why."""
 
     temperature: float
-    reached: bool  # every phase has at least ``min_share`` informative groups at ``temperature``
+    reached: bool  # every phase has at least ``min_share`` (of ``criterion``) at ``temperature``
     min_share: float
     reason: str
-    # temperature -> phase -> (informative share, mean reward), as read from the sweep
-    sweep: dict[float, dict[str, tuple[float, float]]]
+    sweep: Sweep  # temperature -> phase -> its point
+    criterion: Criterion = "improvable"
+    # phases below ``min_share`` at the chosen temperature: report them as "no headroom", do not run them blind
+    no_headroom: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "temperature": self.temperature,
             "reached": self.reached,
+            "criterion": self.criterion,
             "min_share": self.min_share,
+            "no_headroom": list(self.no_headroom),
             "reason": self.reason,
-            "sweep": {
-                str(t): {ph: {"informative_share": s, "mean_reward": m} for ph, (s, m) in row.items()}
-                for t, row in self.sweep.items()
-            },
+            "sweep": {str(t): {ph: pt._asdict() for ph, pt in row.items()} for t, row in self.sweep.items()},
         }
 
 
-def read_sweep(folder: Path, phases: Sequence[str]) -> dict[float, dict[str, tuple[float, float]]]:
+def read_sweep(folder: Path, phases: Sequence[str]) -> Sweep:
     """``<phase>_t<temperature>.json`` reports (``write_report``'s format) of ``phases`` in ``folder``:
-    temperature -> phase -> (informative share, mean reward). Only temperatures that every phase was
-    checked at are kept."""
-    by_t: dict[float, dict[str, tuple[float, float]]] = {}
+    temperature -> phase -> :class:`SweepPoint`. Only temperatures that every phase was checked at are kept."""
+    by_t: Sweep = {}
     for phase in phases:
         for path in sorted(folder.glob(f"{phase}_t*.json")):
             try:
                 rep = json.loads(path.read_text())
                 t = float(rep["temperature"])
-                by_t.setdefault(t, {})[phase] = (float(rep["informative_share"]), float(rep["mean_reward"]))
+
+                def opt(key: str, rep: dict[str, Any] = rep) -> float | None:
+                    return None if rep.get(key) is None else float(rep[key])
+
+                by_t.setdefault(t, {})[phase] = SweepPoint(
+                    float(rep["informative_share"]), float(rep["mean_reward"]),
+                    opt("improvable_share"), opt("best_minus_greedy"), opt("invalid_share"),
+                )  # fmt: skip
             except (ValueError, KeyError, TypeError) as exc:
                 raise ValueError(f"{path}: not a preflight report ({exc})") from None
     complete = {t: row for t, row in by_t.items() if set(row) == set(phases)}
@@ -150,24 +406,35 @@ def read_sweep(folder: Path, phases: Sequence[str]) -> dict[float, dict[str, tup
     return dict(sorted(complete.items()))
 
 
-def choose_temperature(sweep: dict[float, dict[str, tuple[float, float]]], min_share: float) -> TemperatureChoice:
-    """The lowest temperature at which every phase has at least ``min_share`` informative groups: the
-    samples closest to the policy's own that still give GRPO a gradient. If none reaches it, the
-    temperature with the highest worst-phase share (ties: the lower temperature), marked not reached.
-    Training prompts only: nothing here looks at the validation or test split."""
+def choose_temperature(sweep: Sweep, min_share: float, criterion: Criterion = "improvable") -> TemperatureChoice:
+    """The lowest temperature at which every phase has at least ``min_share`` of ``criterion``: the
+    samples closest to the policy's own (fewest invalid outputs) that still give GRPO something to use.
+    If none reaches it, the temperature with the highest worst-phase share (ties: the lower
+    temperature), marked not reached. Training prompts only: nothing here looks at validation or test.
+
+    ``improvable`` (default) reads each phase's **macro** improvable share over sources, not its
+    worst source: on this data E2E and RotoWire have none at any temperature (issue 23), so a
+    worst-source rule would never choose; the macro still rises with the headroom of the source that
+    has it, and the prompt filter then keeps only prompts that are improvable. ``informative`` is the
+    issue-12 rule (rewards not all equal), which overstates the signal."""
     if not sweep:
         raise ValueError("choose_temperature: empty sweep")
     if not 0.0 <= min_share <= 1.0:
         raise ValueError(f"min_share: must be in [0, 1], got {min_share}")
-    worst = {t: min(share for share, _ in row.values()) for t, row in sweep.items()}
+    what = "improvable prompts" if criterion == "improvable" else "informative groups"
+    worst = {t: min(pt.share(criterion) for pt in row.values()) for t, row in sweep.items()}
+
+    def below(t: float) -> tuple[str, ...]:
+        return tuple(ph for ph, pt in sweep[t].items() if pt.share(criterion) < min_share)
+
     for t in sorted(sweep):
         if worst[t] >= min_share:
             return TemperatureChoice(
-                t, True, min_share, f"lowest temperature with every phase >= {min_share:.0%} informative groups "
-                f"(worst phase {worst[t]:.0%})", sweep,
+                t, True, min_share, f"lowest temperature with every phase >= {min_share:.0%} {what} "
+                f"(worst phase {worst[t]:.0%})", sweep, criterion,
             )  # fmt: skip
     best = max(sorted(sweep), key=lambda t: worst[t])
     return TemperatureChoice(
-        best, False, min_share, f"no temperature reaches {min_share:.0%} informative groups in every phase; "
-        f"the best worst-phase share is {worst[best]:.0%}", sweep,
+        best, False, min_share, f"no temperature reaches {min_share:.0%} {what} in every phase; "
+        f"the best worst-phase share is {worst[best]:.0%}", sweep, criterion, below(best),
     )  # fmt: skip

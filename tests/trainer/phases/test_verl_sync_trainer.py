@@ -278,3 +278,131 @@ def test_validation_that_scored_fewer_samples_than_the_set_stops(phase_cfg: Any)
     metrics = t._val_metrics_update(ds, uids, extra, turns, expected_acc_counts=expected)
     assert metrics["val-core/pipeline/reward/mean@1"] == 0.5
     assert metrics["validation/rollout_failure/failed_samples"] == 0.0
+
+
+# ---- dynamic sampling (algorithm.filter_groups) with the failure policy ----------------------------
+
+
+class DapoTransferQueue(FailedGroupTransferQueue):
+    """The tag store with rewards: VERL's DAPO filter reads each trajectory's ``rm_scores`` (metric
+    ``reward``), and our valid-output monitor its ``extra_fields``. ``groups``: uid -> rewards of its
+    sessions (a failed group: tagged ``failure``, one session missing). ``generate`` is what the
+    rollout would add for a refill of k prompts."""
+
+    def __init__(self, groups: dict[str, list[float]], failed: tuple[str, ...] = ()) -> None:
+        super().__init__(failed_sessions=0)
+        self.tags.clear()
+        self.rewards: dict[str, float] = {}
+        self.refills: list[int] = []
+        self.next_groups: list[list[float]] = []
+        for uid, rewards in groups.items():
+            self.add(uid, rewards, failed=uid in failed)
+
+    def add(self, uid: str, rewards: list[float], failed: bool = False) -> None:
+        traj = {"status": "success", "global_steps": 1, "prompt_len": 3, "response_len": 2, "seq_len": 5}
+        self.tags[uid] = {"is_prompt": True, "status": "failure" if failed else "finished", "global_steps": 1}
+        for s, r in enumerate(rewards[:-1] if failed else rewards):
+            self.tags[f"{uid}_{s}_0"] = dict(traj)
+            self.rewards[f"{uid}_{s}_0"] = r
+
+    def kv_batch_get(self, keys: list[str], partition_id: str, select_fields: list[str]) -> dict[str, list[Any]]:
+        import torch
+
+        out: dict[str, list[Any]] = {}
+        if "rm_scores" in select_fields:
+            out["rm_scores"] = [torch.tensor([0.0, self.rewards[k]]) for k in keys]
+        if "extra_fields" in select_fields:
+            out["extra_fields"] = [{"reward_extra_info": {"valid_json": self.rewards[k] > -1}} for k in keys]
+        return out
+
+    def refill(self, k: int) -> int:
+        self.refills.append(k)
+        for i in range(k):
+            self.add(f"r{len(self.refills)}x{i}", self.next_groups.pop(0) if self.next_groups else [1.0, 1.0])
+        return k
+
+
+DAPO = ("algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=reward")
+
+
+def dapo_trainer(
+    tmp_path: Path, tq: DapoTransferQueue, monkeypatch: pytest.MonkeyPatch, *overrides: str
+) -> tuple[Any, list[Any]]:
+    from verl.trainer.ppo.v1 import trainer_base
+
+    cfg = compose_phase("c1_grpo", tmp_path, "/nonexistent", (*DAPO, *overrides))
+    cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n = 2, 2
+    # VERL's own refill would fetch prompts and start the rollout; here the tag store "generates" them
+    monkeypatch.setattr(trainer_base.PPOTrainer, "_add_prompts_to_generate", tq.refill)
+    t = trainer_for_step(cfg, tq, monkeypatch)
+    t._step_prompts = 2  # what prepare_step records: the first batch of the step
+    batches: list[Any] = []
+
+    def reached(batch: Any, *_a: Any, **_k: Any) -> Any:
+        batches.append(batch)
+        raise ReachedUpdate
+
+    t._balance_batch = reached
+    return t, batches
+
+
+def test_dynamic_sampling_is_on_in_verls_sync_buffer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    t, _ = dapo_trainer(tmp_path, DapoTransferQueue({"a": [0.2, 0.8]}), monkeypatch)
+    assert t.replay_buffer.filter_groups_metric == "reward" and t.replay_buffer.gen_batch_size == 1
+    assert t.dynamic_sampling.enabled and t.dynamic_sampling.max_prompts is None  # VERL's default 0: no bound
+
+
+def test_with_dynamic_sampling_a_failed_sample_still_stops_the_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainer.phases.failures import RolloutFailureError
+
+    # a differs, c is all-equal (evicted), b's reward call failed: the failed group is not evicted
+    tq = DapoTransferQueue({"a": [0.2, 0.8], "b": [0.5, 0.5], "c": [1.0, 1.0]}, failed=("b",))
+    t, _ = dapo_trainer(tmp_path, tq, monkeypatch)
+    reward_failure(t.config)
+    metrics: dict[str, Any] = {}
+    with pytest.raises(RolloutFailureError, match=r"training step 1: 1 of 4 samples failed.*HTTP 503"):
+        t._step_once(metrics, {}, sample_batch_size=2)
+    assert metrics["training/filter_groups/evicted_samples"] == 1  # c, evicted by VERL's DAPO filter
+    assert tq.refills == []  # a and b were enough
+
+
+def test_with_dynamic_sampling_a_bounded_share_trains_on_counts_and_refills(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tq = DapoTransferQueue({"a": [0.2, 0.8], "b": [0.5, 0.5], "c": [1.0, 1.0]}, failed=("b",))
+    tq.next_groups = [[-1.0, 0.4], [1.0, 1.0]]
+    t, batches = dapo_trainer(tmp_path, tq, monkeypatch, "failures.max_share=0.25", "data.train_batch_size=3")
+    t.config.data.train_batch_size = 3
+    t._step_prompts = 3
+    metrics: dict[str, Any] = {}
+    with pytest.raises(ReachedUpdate):
+        t._step_once(metrics, {}, sample_batch_size=3)
+    # c evicted -> 2 refills (VERL's 2k); of those one is all-equal and evicted too
+    assert tq.refills == [2] and metrics["training/filter_groups/evicted_samples"] == 2
+    counted = t._consume_sync_metrics()
+    assert counted["training/rollout_failure/failed_samples"] == 1.0
+    assert counted["training/rollout_failure/share"] == pytest.approx(1 / 6)
+    assert counted["training/dynamic_sampling/generated_prompts"] == 5.0
+    assert sorted({k.split("_")[0] for k in batches[0].keys}) == ["a", "b", "r1x0"]
+    # the valid-output monitor reads the sampled trajectories: 1 of 5 (b lost one session) is invalid
+    from trainer.phases.early_stopping_verl import EarlyStoppingPPOTrainer
+
+    assert EarlyStoppingPPOTrainer._valid_output_metrics(t, batches[0]) == {
+        "training/valid_output/share": pytest.approx(4 / 5), "training/valid_output/samples": 5.0,
+    }  # fmt: skip
+
+
+def test_dynamic_sampling_past_its_budget_stops_the_phase(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer.phases.failures import FAILURE_FILE
+    from trainer.phases.monitors import DynamicSamplingExhaustedError
+
+    tq = DapoTransferQueue({"a": [1.0, 1.0], "c": [0.0, 0.0]})  # nothing differs, and nothing will
+    t, _ = dapo_trainer(tmp_path, tq, monkeypatch, "algorithm.filter_groups.max_num_gen_batches=3")
+    assert t.dynamic_sampling.max_prompts == 6
+    with pytest.raises(DynamicSamplingExhaustedError, match=r"generated 6 prompts and needs \d+ more.*no headroom"):
+        t._step_once({}, {}, sample_batch_size=2)
+    assert sum(tq.refills) == 4  # 2 + 4 = 6 prompts, then the budget ends the step instead of sampling for ever
+    record = json.loads((Path(t.config.trainer.default_local_dir) / FAILURE_FILE).read_text())
+    assert record["cause"] == "dynamic_sampling_exhausted" and "max_num_gen_batches=3" in record["message"]
