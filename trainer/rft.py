@@ -73,16 +73,32 @@ def reward_item(stage: Stage, ex: GoldenExample, item_id: str, prediction: str) 
     }
 
 
+# Items per POST: well under reward_api's per-request item limit (REWARD_API_MAX_ITEMS, 4,096 by default).
+# A preflight of 200 prompts x 3 sources x 17 samples is 10,200 items: sent whole, it was a 413 on the GPU
+# node (issue 23's first A/B lease) and the sweep wrote no report.
+SCORE_BATCH = 1024
+
+
 def score_results(
-    reward_url: str, stage: Stage, items: list[dict[str, Any]], timeout_s: float = 600.0
+    reward_url: str,
+    stage: Stage,
+    items: list[dict[str, Any]],
+    timeout_s: float = 600.0,
+    batch: int = SCORE_BATCH,
 ) -> list[dict[str, Any]]:
-    """The results of ``items`` in order (reward, valid_json, ...), from ``POST /reward/<stage>`` (errors raise)."""
-    r = httpx.post(f"{reward_url.rstrip('/')}/reward/{stage}", json={"items": items}, timeout=timeout_s)
-    if r.status_code != 200:
-        raise RuntimeError(f"reward_api /reward/{stage} answered {r.status_code}: {r.text[:500]}")
-    results: list[dict[str, Any]] = r.json()["results"]
-    if [x["id"] for x in results] != [x["id"] for x in items]:
-        raise RuntimeError("reward_api returned results in a different order or count")
+    """The results of ``items`` in order (reward, valid_json, ...), from ``POST /reward/<stage>`` in batches of
+    at most ``batch`` items (errors raise)."""
+    results: list[dict[str, Any]] = []
+    with httpx.Client(timeout=timeout_s) as client:
+        for start in range(0, len(items), batch):
+            chunk = items[start : start + batch]
+            r = client.post(f"{reward_url.rstrip('/')}/reward/{stage}", json={"items": chunk})
+            if r.status_code != 200:
+                raise RuntimeError(f"reward_api /reward/{stage} answered {r.status_code}: {r.text[:500]}")
+            got: list[dict[str, Any]] = r.json()["results"]
+            if [x["id"] for x in got] != [x["id"] for x in chunk]:
+                raise RuntimeError("reward_api returned results in a different order or count")
+            results += got
     return results
 
 

@@ -82,3 +82,22 @@ def test_build_rft_data_with_real_policy(reward_api: Any, cpu_executor: Any, tmp
             RftConfig(k=1, threshold=1.0, max_tokens=8),
             limit=1,
         )
+
+
+def test_score_results_batches_under_the_services_item_limit() -> None:
+    """A preflight sweep scores prompts x sources x (n + 1) items: more than reward_api takes in one request
+    (REWARD_API_MAX_ITEMS). score_results sends them in batches, results in order (issue 23's GPU lease
+    lost its sweep to a 413 for 10,200 items in one POST)."""
+    from services.reward_api.app import create_app
+    from services.reward_api.settings import Settings
+    from tests.helpers.servers import ThreadServer
+    from trainer.rft import score_results
+
+    items = [{"id": f"i{k}", "prediction": '["a"]' if k % 2 else "nope", "gold_schema": {"columns": [{"name": "a"}]}}
+             for k in range(25)]  # fmt: skip
+    with ThreadServer(create_app(Settings(max_items=10))) as srv:
+        with pytest.raises(RuntimeError, match="413"):
+            score_results(srv.url, "schema", items, batch=25)
+        results = score_results(srv.url, "schema", items, batch=10)
+    assert [r["id"] for r in results] == [it["id"] for it in items]
+    assert [r["reward"] for r in results] == [1.0 if k % 2 else -1.0 for k in range(25)]
