@@ -24,7 +24,8 @@
 # 0.10) on training prompts (`python -m trainer preflight-choose`; the choice goes to $AB/preflight/choice.json),
 # writes each phase's improvable prompts at that temperature ($AB/preflight/<phase>_improvable.parquet,
 # `trainer preflight-filter`) and runs B1's positive control on them before rl. RL_IMPROVABLE=1 trains
-# rl on those prompt sets instead of the whole train split.
+# rl on those prompt sets instead of the whole train split. A phase below MIN_SHARE has no headroom: the
+# chain stops before the control (FORCE_RL=1 goes on).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [[ -n "${PYTHONPATH:-}" && -d "${MODEL_DIR:-/nonexistent}" ]] || source bench/gpu/node_setup.sh >/dev/null
@@ -152,6 +153,9 @@ _chain)  # what `all` runs in the background: each stage in turn, stopping at th
   t=$(python3 -m trainer preflight-choose --dir "$AB/preflight" --phases "${phases// /,}" --min-share "${MIN_SHARE:-0.10}" \
     --out "$AB/preflight/choice.json") || exit 1
   echo "rl temperature: $t"
+  # a phase below MIN_SHARE improvable prompts has no headroom: stop here rather than run it blind (FORCE_RL=1 runs it)
+  none=$(python3 -c "import json,sys; print(' '.join(json.load(open(sys.argv[1]))['no_headroom']))" "$AB/preflight/choice.json")
+  if [[ -n $none && ${FORCE_RL:-0} != 1 ]]; then echo "no headroom: $none (MIN_SHARE ${MIN_SHARE:-0.10}); not running rl"; exit 1; fi
   for ph in $phases; do
     python3 -m trainer preflight-filter --report "$AB/preflight/${ph}_t$t.json" --train "$AB/data/$ph/train.parquet" \
       --out "$AB/preflight/${ph}_improvable.parquet" || exit 1
