@@ -140,8 +140,11 @@ def build(
         for f in (collected / f"{ph}_phase_result.json", collected / ph / "phase_result.json"):
             if f.is_file():
                 phases[ph] = json.loads(f.read_text())
+    from trainer.phases.monitors import DEFAULT_KL_FLOOR, summarise
+
     curves: dict[str, Any] = {}
     split: dict[str, dict[str, float]] = {}
+    monitors: dict[str, Any] = {}
     for ph in RL_PHASES:
         f = collected / ph / "metrics.jsonl"
         if f.is_file():
@@ -149,6 +152,9 @@ def build(
             es = collected / ph / "early_stopping.json"
             curves[ph] = rl_curves(rows, json.loads(es.read_text()) if es.is_file() else None)
             split[ph] = step_split(rows)
+            # issue 23: did the policy move? (the phase result's floor when it recorded one)
+            floor = ((phases.get(ph) or {}).get("monitors") or {}).get("kl_floor", DEFAULT_KL_FLOOR)
+            monitors[ph] = {k: v for k, v in summarise(rows, floor).items() if k != "steps"}
     phase_d = {
         name: {
             "overall": s["overall"],
@@ -188,13 +194,13 @@ def build(
         "sft_phases": {k: v for k, v in phases.items() if k in ("a1", "a2")},
         "rl_phases": {k: v for k, v in phases.items() if k in RL_PHASES},
         "curves": curves,
+        "monitors": monitors,
         "step_time_split_s": split,
         "reward_share_c1": reward_share(split),
         "hf_baseline": {"metrics": HF_BASELINE, "seconds": HF_BASELINE_SECONDS},
         "sft_vs_hf_baseline": compare_with_baseline(settings["sft"]["overall"]) if "sft" in settings else [],
         "loop2": metrics.get("loop2"),
         "gold_schema": gold_schema,
-        "monitors": {ph: v.get("monitors") for ph, v in phases.items() if ph in RL_PHASES and v.get("monitors")},
     }
     return payload
 
@@ -265,10 +271,6 @@ def render_md(p: dict[str, Any]) -> str:
         )
         if gs.get("paired_tests"):
             md += "\nPaired tests on gold schemas:\n\n" + _paired_table(gs["paired_tests"])
-    if p.get("monitors"):
-        md += "\n## Monitors (did the policy move?)\n\n" + "".join(
-            f"- {ph}: {json.dumps({k: v for k, v in m.items() if k != 'steps'})}\n" for ph, m in p["monitors"].items()
-        )
     for ph, c in p.get("curves", {}).items():
         es = c.get("early_stopping") or {}
         md += f"\n## Learning curve: {ph}\n\n" + md_table(
@@ -289,6 +291,16 @@ def render_md(p: dict[str, Any]) -> str:
                 f"\nEarly stopping kept step {es.get('best_step')} (validation score {_num(es.get('best_score'))});"
                 f" stopped early: {'yes at step ' + str(es.get('stop_step')) if es.get('stopped') else 'no'}.\n"
             )
+    if p.get("monitors"):
+        cols = ("policy_moved", "max_kl_to_ref", "max_abs_ppo_kl", "max_clipfrac", "mean_entropy", "max_grad_norm",
+                "evicted_groups", "mean_valid_share")  # fmt: skip
+        rows = [
+            # 3 significant digits: a KL of 5e-5 must not print as 0.0000
+            [ph, *[str(m.get(k)) if k == "policy_moved" or m.get(k) is None else f"{m[k]:.3g}" for k in cols]]
+            for ph, m in p["monitors"].items()
+        ]
+        md += "\n## Did the policy move? (issue 23 monitors)\n\n" + md_table(["phase", *cols], rows)
+        md += "".join(f"\n- {ph}: {m['verdict']}" for ph, m in p["monitors"].items()) + "\n"
     if p.get("step_time_split_s"):
         parts = [*STEP_PARTS, "step"]
         md += "\n## Step time split (mean seconds per training step)\n\n" + md_table(

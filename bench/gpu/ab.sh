@@ -29,7 +29,8 @@
 # phase's improvable prompts at that temperature ($AB/preflight/<phase>_improvable.parquet, `trainer
 # preflight-filter`) and runs the positive control: before rl (CONTROL=serial, default), beside it
 # (CONTROL=parallel: one lease's time) or not at all (CONTROL=off). RL_IMPROVABLE=1 trains each arm on its
-# phase's improvable prompts where the sweep wrote them. RL_EXTRA: more Hydra overrides for both arms.
+# phase's improvable prompts where the sweep wrote them. A swept phase below MIN_SHARE has no headroom: the
+# chain stops before the control (FORCE_RL=1 goes on). RL_EXTRA: more Hydra overrides for both arms.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [[ -n "${PYTHONPATH:-}" && -d "${MODEL_DIR:-/nonexistent}" ]] || source bench/gpu/node_setup.sh >/dev/null
@@ -211,6 +212,9 @@ _chain)  # what `all` runs in the background: each stage in turn, stopping at th
   t=$(python3 -m trainer preflight-choose --dir "$AB/preflight" --phases "${phases// /,}" --min-share "${MIN_SHARE:-0.10}" \
     --out "$AB/preflight/choice.json") || exit 1
   echo "rl temperature: $t"
+  # a phase below MIN_SHARE improvable prompts has no headroom: stop here rather than run it blind (FORCE_RL=1 runs it)
+  none=$(python3 -c "import json,sys; print(' '.join(json.load(open(sys.argv[1]))['no_headroom']))" "$AB/preflight/choice.json")
+  if [[ -n $none && ${FORCE_RL:-0} != 1 ]]; then echo "no headroom: $none (MIN_SHARE ${MIN_SHARE:-0.10}); not running rl"; exit 1; fi
   for ph in $phases; do
     python3 -m trainer preflight-filter --report "$AB/preflight/${ph}_t$t.json" --train "$AB/data/$ph/train.parquet" \
       --out "$AB/preflight/${ph}_improvable.parquet" || exit 1

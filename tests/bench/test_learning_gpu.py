@@ -109,6 +109,22 @@ def test_curves_step_split_and_the_reward_share(collected_rl: Path) -> None:
     assert p["rl_phases"]["c1"]["status"] == "ok" and "c1" not in p["sft_phases"]
     md = lg.render_md(p)
     assert "## Learning curve: c1" in md and "Early stopping kept step 2" in md and "= 6.7% (goal ≤ 10%)" in md
+    # no actor/kl_loss logged: the monitors cannot tell whether the policy moved, and say so
+    assert p["monitors"]["c1"]["policy_moved"] is None and "## Did the policy move?" in md and "cannot tell" in md
+
+
+def test_the_report_says_when_the_policy_did_not_move(collected_rl: Path) -> None:
+    import shutil
+
+    recorded = Path(__file__).resolve().parents[1] / "trainer" / "phases" / "fixtures" / "b1_issue12_metrics.jsonl"
+    shutil.copy(recorded, collected_rl / "b1" / "metrics.jsonl")  # issue 12's B1 run
+    p = lg.build(collected_rl, {}, None)
+    m = p["monitors"]["b1"]
+    assert m["policy_moved"] is False and m["kl_floor"] == 0.01 and m["trained_steps"] == 10
+    assert "steps" not in m  # per-step values stay in the phase result, not the report
+    md = lg.render_md(p)
+    assert "- b1: POLICY DID NOT MOVE: the KL to the start policy stayed below 0.01" in md
+    assert "| b1 | False | 0.00224 | 0.000108 | 0.000671 |" in md
 
 
 def test_extra_settings_are_added_with_their_origin(collected: Path) -> None:

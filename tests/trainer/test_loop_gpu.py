@@ -153,10 +153,22 @@ def test_preflight_stops_the_loop_before_a_phase_whose_groups_teach_nothing(
     cfg = config(out, ("0",))
     cfg = LoopConfig(**{**cfg.__dict__, "preflight_min": 0.25})
     runner = RecordingRunnerForTests(0.01)
-    with pytest.raises(RuntimeError, match=r"phase b1: only 2/32 groups .* GRPO would learn little"):
+    with pytest.raises(RuntimeError, match=r"phase b1: TOO LITTLE SIGNAL: .*only 2/32 groups .* GRPO would learn"):
         Loop(cfg, runner=runner).run()
     assert "b1" not in runner.runs and seen == [("schema", "http://127.0.0.1:9", 0.25)]
     assert json.loads((out / "b1" / "preflight.json").read_text())["ok"] is False
+
+    # issue 23: groups that differ are not enough; no sample beating the greedy answer is no headroom
+    def no_headroom(golden: Path, stage: str, url: str, model: str, reward_url: str, **kw: object):  # type: ignore[no-untyped-def]
+        outcomes = [preflight.PromptOutcome(f"e2e-{i}", 1.0, (1.0, 0.5), (True, True)) for i in range(8)]
+        return preflight.build_report(stage, outcomes, 1.0, min_informative=0.25)
+
+    monkeypatch.setattr(preflight, "advantage_check", no_headroom)
+    with pytest.raises(RuntimeError, match=r"phase b1: NO HEADROOM: .* 0% of prompts .* < 10%"):
+        Loop(cfg, runner=runner).run()
+    assert "b1" not in runner.runs
+    saved = json.loads((out / "b1" / "preflight.json").read_text())
+    assert saved["informative_share"] == 1.0 and saved["headroom"] is False and saved["ok"] is False
 
 
 def test_reward_api_keeps_the_callers_pythonpath() -> None:

@@ -118,7 +118,9 @@ def loop_cmd(
     ),
     reward_workers: int = typer.Option(1, min=1, help="uvicorn workers of the reward_api the loop starts."),
     preflight_min: float | None = typer.Option(
-        None, min=0.0, max=1.0, help="Before each GRPO phase: stop unless this share of groups has rewards that differ."
+        None, min=0.0, max=1.0,
+        help="Before each GRPO phase: stop unless this share of groups has rewards that differ and at least 10% of "
+        "prompts (macro over sources) have a sample that beats the greedy answer (no headroom otherwise).",
     ),
     c2_train_prompts: int | None = typer.Option(
         None,

@@ -191,8 +191,9 @@ class PreflightReport:
             )
         if self.informative_share < self.min_informative:
             return (
-                f"TOO LITTLE SIGNAL: {where}: {self.informative_share:.0%} informative groups "
-                f"< {self.min_informative:.0%}"
+                f"TOO LITTLE SIGNAL: {where}: only {self.informative_groups}/{self.prompts} groups of {self.n} "
+                f"samples have rewards that differ ({self.informative_share:.0%} < {self.min_informative:.0%}): "
+                "GRPO would learn little."
             )
         weak = f"; no headroom in {', '.join(self.no_headroom_sources)}" if self.no_headroom_sources else ""
         return (
