@@ -72,6 +72,20 @@ rl_data() {  # PHASE: RL_IMPROVABLE=1 trains on the phase's improvable prompts (
   fi
 }
 
+phase_d_in_parallel() {  # "NAME:π1PORT:π1MODEL:π2PORT:π2MODEL ...": the shell text of one `evaluate pipeline` per
+  # setting, all at once (one 135M model does not fill the GPU: three settings one after the other took
+  # ~160 s each on an H200), then `evaluate score` over their predictions: the same report, paired tests
+  # included, as one `evaluate pipeline` with every setting
+  local spec out="pids=(); " preds=""
+  for spec in $1; do
+    IFS=: read -r n p1 m1 p2 m2 <<< "$spec"
+    out+="python3 -m trainer evaluate pipeline --golden $TEST --out $AB/phase_d_$n --max-tokens 384 --concurrency 256 \
+      --timeout 600 --setting $n=http://127.0.0.1:$p1,$m1,http://127.0.0.1:$p2,$m2 > $AB/eval_$n.log 2>&1 & pids+=(\$!); "
+    preds+=" --predictions $n=$AB/phase_d_$n/predictions_$n.jsonl"
+  done
+  echo "$out for q in \${pids[@]}; do wait \$q || exit 1; done; python3 -m trainer evaluate score --golden $TEST --out $AB/phase_d$preds"
+}
+
 hf_of() {  # PHASE_DIR: the model a phase produced (its phase_result's hf_dir: the input model when early
            # stopping kept step 0, so eval never asks for an export that does not exist)
   python3 -c "import json,sys; print(json.load(open(sys.argv[1] + '/phase_result.json'))['hf_dir'])" "$1"
@@ -176,10 +190,7 @@ eval)
           --out $AB/gold_schema/\$n.jsonl --max-tokens 384 --concurrency 256 --timeout 600 || exit 1; done && \
       python3 -m trainer evaluate score --golden $TEST --out $AB/gold_schema_eval --predictions sft=$AB/gold_schema/sft.jsonl \
         --predictions local=$AB/gold_schema/local.jsonl --predictions pipe=$AB/gold_schema/pipe.jsonl && \
-      python3 -m trainer evaluate pipeline --golden $TEST --out $AB/phase_d --max-tokens 384 --concurrency 256 --timeout 600 \
-        --setting sft=http://127.0.0.1:18320,pi1-sft,http://127.0.0.1:18301,pi2-sft \
-        --setting local=http://127.0.0.1:18320,pi1-sft,http://127.0.0.1:18331,pi2-local \
-        --setting pipe=http://127.0.0.1:18320,pi1-sft,http://127.0.0.1:18332,pi2-pipe"
+      $(phase_d_in_parallel "sft:18320:pi1-sft:18301:pi2-sft local:18320:pi1-sft:18331:pi2-local pipe:18320:pi1-sft:18332:pi2-pipe")"
     echo "eval started"
     exit 0
   fi
@@ -189,10 +200,7 @@ eval)
     python3 -m bench.gpu.serve start --model \$(bash bench/gpu/ab.sh _hf b1) --name pi1-local --gpus 0 --port 18321 --mem 0.08 --wait && \
     python3 -m bench.gpu.serve start --model \$(bash bench/gpu/ab.sh _hf c1) --name pi1-pipe --gpus 0 --port 18322 --mem 0.08 --wait && \
     python3 -m bench.gpu.serve wait --ports 18301,18320,18321,18322 && \
-    python3 -m trainer evaluate pipeline --golden $TEST --out $AB/phase_d --max-tokens 384 --concurrency 256 --timeout 600 \
-      --setting sft=http://127.0.0.1:18320,pi1-sft,http://127.0.0.1:18301,pi2-sft \
-      --setting local=http://127.0.0.1:18321,pi1-local,http://127.0.0.1:18301,pi2-sft \
-      --setting pipe=http://127.0.0.1:18322,pi1-pipe,http://127.0.0.1:18301,pi2-sft"
+    $(phase_d_in_parallel "sft:18320:pi1-sft:18301:pi2-sft local:18321:pi1-local:18301:pi2-sft pipe:18322:pi1-pipe:18301:pi2-sft")"
   echo "eval started"
   ;;
 all)
