@@ -34,6 +34,7 @@ from shared.prompts import (
 )
 from shared.rewards import (
     EXECUTOR_FAILED,
+    EXECUTOR_TRUNCATED,
     INVALID_JSON,
     INVALID_NDJSON,
     PROMPT_TOO_LONG,
@@ -47,6 +48,7 @@ from shared.rewards import (
     compute_schema_reward_single,
     compute_table_reward_single,
     pipeline_reward_for_executor_failure,
+    pipeline_reward_for_executor_truncated,
     pipeline_reward_for_invalid_schema,
     pipeline_reward_for_prompt_too_long,
 )
@@ -58,6 +60,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "EXECUTOR_FAILED",
+    "EXECUTOR_TRUNCATED",
     "INVALID_JSON",
     "INVALID_NDJSON",
     "PROMPT_TOO_LONG",
@@ -95,6 +98,7 @@ __all__ = [
     "parse_ndjson_detailed",
     "parse_schema_text",
     "pipeline_reward_for_executor_failure",
+    "pipeline_reward_for_executor_truncated",
     "pipeline_reward_for_invalid_schema",
     "pipeline_reward_for_prompt_too_long",
     "prompt_version",

@@ -64,7 +64,7 @@ def _expected(item: dict[str, Any], output: str | None, cfg: PipelineSchemaRewar
 
 
 def test_ready_and_info(pipeline_server: RewardApiServer, cpu_executor: Any) -> None:
-    r = httpx.get(f"{pipeline_server.url}/readyz", timeout=30)
+    r = httpx.get(f"{pipeline_server.url}/readyz/pipeline", timeout=30)
     assert r.status_code == 200, r.text
     assert r.json()["replicas"] == [{"replica": 0, "ready": True, "reason": None}]
     info = httpx.get(f"{pipeline_server.url}/info").json()
