@@ -10,7 +10,9 @@ Failure policy (applied by :class:`RewardBatcher`, stated here once):
   passes it raises :class:`RewardTimeoutError`; nothing waits forever.
 - Retries are safe because scoring is idempotent. Only connection errors, timeouts of one attempt,
   HTTP 5xx and 429 are retried (exponential backoff, ``max_attempts`` in all). A 4xx other than 429
-  is a bug in our request and raises at once with the service's message.
+  is a bug in our request and raises at once with the service's message. A 503 whose ``error`` is
+  ``executor_*`` is not retried here: the service retried its executor calls already (retries live in one
+  layer; retrying both multiplied the attempts, 3 × 4 = 12 per sample against a failing executor).
 - After the last attempt the error RAISES (:class:`RewardServiceError`). A made-up score would be
   silently trained on, so there is none. The only penalised failure is opt-in:
   ``on_executor_error="penalize"`` lets the service return the penalty with ``executor_failed``.
@@ -137,8 +139,20 @@ def client_config_from_kwargs(kwargs: Mapping[str, Any]) -> RewardClientConfig:
 def _retryable(exc: BaseException) -> bool:
     if isinstance(exc, httpx.HTTPStatusError):
         code = exc.response.status_code
+        if code == 503 and _service_error(exc.response).startswith("executor_"):
+            return False  # the service already retried its executor calls (one retrying layer, not two)
         return code == 429 or code >= 500
     return isinstance(exc, httpx.TransportError)
+
+
+def _service_error(resp: httpx.Response) -> str:
+    """The ``error`` of the service's ``ErrorBody``, or "" if the answer is not one (a proxy's page)."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return ""
+    error = body.get("error") if isinstance(body, dict) else None
+    return error if isinstance(error, str) else ""
 
 
 @dataclass
@@ -246,9 +260,11 @@ class RewardBatcher:
             retry=retry_if_exception(_retryable),
             reraise=True,
         )
+        tries = 0
         try:
             async for attempt in retrying:
                 with attempt:
+                    tries += 1
                     self.stats.attempts += 1
                     resp = await self._client.post(self.url, json=body)
                     if resp.status_code >= 400:
@@ -259,7 +275,7 @@ class RewardBatcher:
                     return results
         except httpx.HTTPStatusError as exc:
             raise RewardServiceError(
-                f"{self.url}: HTTP {exc.response.status_code} after {self.cfg.max_attempts} attempts: "
+                f"{self.url}: HTTP {exc.response.status_code} after {tries} attempt(s): "
                 f"{exc.response.text[:500]}"
             ) from exc
         except httpx.TransportError as exc:

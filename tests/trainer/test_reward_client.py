@@ -70,11 +70,24 @@ async def test_503_is_retried_then_succeeds() -> None:
 async def test_503_raises_after_all_attempts_never_a_score() -> None:
     with FaultyRewardApi(Faults(fail_first=1000, status=503)) as api:
         try:
-            with pytest.raises(RewardServiceError, match="HTTP 503 after 3 attempts"):
+            with pytest.raises(RewardServiceError, match=r"HTTP 503 after 3 attempt\(s\)"):
                 await score_one("schema", PREDS[0], GOLD, _cfg(api.url, max_attempts=3))
         finally:
             await _close()
     assert api.faults.requests == 3
+
+
+async def test_executor_503_is_not_retried_by_the_client() -> None:
+    """Issue 26: the service retries its executor calls; retrying its executor 503 again multiplied the
+    executor attempts (3 service tries × 4 client tries = 12 per sample). One layer retries."""
+    faults = Faults(fail_first=1000, status=503, error="executor_unavailable")
+    with FaultyRewardApi(faults) as api:
+        try:
+            with pytest.raises(RewardServiceError, match=r"HTTP 503 after 1 attempt\(s\).*executor_unavailable"):
+                await score_one("schema", PREDS[0], GOLD, _cfg(api.url, max_attempts=4))
+        finally:
+            await _close()
+    assert api.faults.requests == 1
 
 
 async def test_429_is_retried_but_400_is_not() -> None:
