@@ -136,11 +136,13 @@ def test_non_json_bodies_are_415(bounded: RewardApiServer, content_type: str | N
 
 def test_truncated_answer_is_executor_truncated_not_a_wrong_answer(golden_sample: list[GoldenExample]) -> None:
     ex = golden_sample[0]
-    with FaultyExecutor("ok", content=gold_ndjson(ex.table_dict())[:20], finish_reason="length") as fx:
-        with service(fx.url) as api:
-            before = metric(api.url, "reward_api_failures_total", {"cls": "executor_truncated"})
-            r = post(api.url, "/reward/pipeline", {"items": [_pipe_item(ex)]})
-            after = metric(api.url, "reward_api_failures_total", {"cls": "executor_truncated"})
+    with (
+        FaultyExecutor("ok", content=gold_ndjson(ex.table_dict())[:20], finish_reason="length") as fx,
+        service(fx.url) as api,
+    ):
+        before = metric(api.url, "reward_api_failures_total", {"cls": "executor_truncated"})
+        r = post(api.url, "/reward/pipeline", {"items": [_pipe_item(ex)]})
+        after = metric(api.url, "reward_api_failures_total", {"cls": "executor_truncated"})
     assert r.status_code == 200, r.text
     body = r.json()
     res = body["results"][0]
@@ -156,13 +158,15 @@ def test_truncated_answer_is_executor_truncated_not_a_wrong_answer(golden_sample
 
 def test_model_swap_is_never_served_from_the_cache(golden_sample: list[GoldenExample]) -> None:
     ex = golden_sample[1]
-    with FaultyExecutor("ok", content='{"a": "old model"}', root="/models/pi2-v1") as fx:
-        with service(fx.url, REWARD_API_MODEL_CHECK_S="0") as api:
-            body = {"items": [_pipe_item(ex)], "debug": True}
-            first = post(api.url, "/reward/pipeline", body).json()["results"][0]["debug"]
-            fx.root, fx.content = "/models/pi2-v2", '{"a": "new model"}'
-            second = post(api.url, "/reward/pipeline", body).json()["results"][0]["debug"]
-            third = post(api.url, "/reward/pipeline", body).json()["results"][0]["debug"]
+    with (
+        FaultyExecutor("ok", content='{"a": "old model"}', root="/models/pi2-v1") as fx,
+        service(fx.url, REWARD_API_MODEL_CHECK_S="0") as api,
+    ):
+        body = {"items": [_pipe_item(ex)], "debug": True}
+        first = post(api.url, "/reward/pipeline", body).json()["results"][0]["debug"]
+        fx.root, fx.content = "/models/pi2-v2", '{"a": "new model"}'
+        second = post(api.url, "/reward/pipeline", body).json()["results"][0]["debug"]
+        third = post(api.url, "/reward/pipeline", body).json()["results"][0]["debug"]
     assert first["executor_output"] == '{"a": "old model"}'
     assert second["executor_output"] == '{"a": "new model"}' and second["cached"] is False
     assert third["executor_output"] == '{"a": "new model"}' and third["cached"] is True
@@ -183,15 +187,17 @@ def test_one_models_read_for_many_prompts(golden_sample: list[GoldenExample]) ->
 
 def test_malformed_models_answer_is_no_500(golden_sample: list[GoldenExample]) -> None:
     ex = golden_sample[3]
-    with FaultyExecutor("ok", content=gold_ndjson(ex.table_dict()), models_body={"data": None}) as fx:
-        with service(fx.url) as api:
-            for mode in ("fail", "penalize"):
-                r = post(api.url, "/reward/pipeline", {"items": [_pipe_item(ex)], "on_executor_error": mode})
-                assert r.status_code == 200, (mode, r.text)
-                assert r.json()["results"][0]["error"] is None  # limit unknown: the call is made and scored
-            ready = httpx.get(f"{api.url}/readyz/pipeline", timeout=10)
-            assert ready.status_code == 503 and "malformed" in ready.json()["replicas"][0]["reason"]
-            assert httpx.get(f"{api.url}/readyz", timeout=10).status_code == 200
+    with (
+        FaultyExecutor("ok", content=gold_ndjson(ex.table_dict()), models_body={"data": None}) as fx,
+        service(fx.url) as api,
+    ):
+        for mode in ("fail", "penalize"):
+            r = post(api.url, "/reward/pipeline", {"items": [_pipe_item(ex)], "on_executor_error": mode})
+            assert r.status_code == 200, (mode, r.text)
+            assert r.json()["results"][0]["error"] is None  # limit unknown: the call is made and scored
+        ready = httpx.get(f"{api.url}/readyz/pipeline", timeout=10)
+        assert ready.status_code == 503 and "malformed" in ready.json()["replicas"][0]["reason"]
+        assert httpx.get(f"{api.url}/readyz", timeout=10).status_code == 200
 
 
 # ---- 6: orphaned work, early stop, one retrying layer ------------------------------------------------
@@ -200,17 +206,16 @@ def test_malformed_models_answer_is_no_500(golden_sample: list[GoldenExample]) -
 def test_calls_of_a_client_that_left_are_cancelled(golden_sample: list[GoldenExample]) -> None:
     ex = golden_sample[4]
     items = [_pipe_item(ex, str(i), text=f"{ex.text} ({i})") for i in range(40)]
-    with FaultyExecutor("ok", content="{}", delay_s=0.5) as fx:
-        with service(fx.url, REWARD_API_MAX_IN_FLIGHT="2") as api:
-            with pytest.raises(httpx.ReadTimeout):
-                post(api.url, "/reward/pipeline", {"items": items}, timeout=1.0)
-            time.sleep(1.0)
-            settled = fx.calls
-            time.sleep(2.0)
-            assert fx.calls == settled, "executor calls went on after the client left"
-            assert settled <= 8  # before: all 40, 2 at a time, for 10 s after the client left
-            assert metric(api.url, "reward_api_client_aborts_total", {"endpoint": "/reward/pipeline"}) == 1
-            assert metric(api.url, "reward_api_requests_total", {"status": "500"}) == 0
+    with FaultyExecutor("ok", content="{}", delay_s=0.5) as fx, service(fx.url, REWARD_API_MAX_IN_FLIGHT="2") as api:
+        with pytest.raises(httpx.ReadTimeout):
+            post(api.url, "/reward/pipeline", {"items": items}, timeout=1.0)
+        time.sleep(1.0)
+        settled = fx.calls
+        time.sleep(2.0)
+        assert fx.calls == settled, "executor calls went on after the client left"
+        assert settled <= 8  # before: all 40, 2 at a time, for 10 s after the client left
+        assert metric(api.url, "reward_api_client_aborts_total", {"endpoint": "/reward/pipeline"}) == 1
+        assert metric(api.url, "reward_api_requests_total", {"status": "500"}) == 0
 
 
 def test_fail_mode_stops_at_the_first_failure(golden_sample: list[GoldenExample]) -> None:
@@ -229,12 +234,11 @@ def test_fail_mode_stops_at_the_first_failure(golden_sample: list[GoldenExample]
 def test_redirect_is_not_followed_and_nothing_leaks(golden_sample: list[GoldenExample]) -> None:
     ex = golden_sample[6]
     with FaultyExecutor("ok", content="SECRET-INTERNAL-BODY") as other:
-        with FaultyExecutor("redirect", redirect_to=f"{other.url}/v1/chat/completions") as fx:
-            with service(fx.url) as api:
-                r = post(api.url, "/reward/pipeline", {"items": [_pipe_item(ex)]})
-                assert r.status_code == 503 and r.json()["error"] == "executor_bad_response", r.text
-                assert other.calls == 0
-                assert "SECRET" not in r.text and str(fx.port) not in r.text and str(other.port) not in r.text
+        with FaultyExecutor("redirect", redirect_to=f"{other.url}/v1/chat/completions") as fx, service(fx.url) as api:
+            r = post(api.url, "/reward/pipeline", {"items": [_pipe_item(ex)]})
+            assert r.status_code == 503 and r.json()["error"] == "executor_bad_response", r.text
+            assert other.calls == 0
+            assert "SECRET" not in r.text and str(fx.port) not in r.text and str(other.port) not in r.text
         with FaultyExecutor("http_500") as fx, service(fx.url) as api:
             r = post(api.url, "/reward/pipeline", {"items": [_pipe_item(ex)]})
             assert r.status_code == 503 and "injected 500" not in r.text and str(fx.port) not in r.text
@@ -267,7 +271,7 @@ def test_idle_and_partial_headers_are_closed_and_slow_bodies_get_408() -> None:
         slow = socket.create_connection(("127.0.0.1", api.port))
         slow.sendall(
             b"POST /reward/table HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 1000\r\n\r\n{\"items\": ["
+            b'Content-Length: 1000\r\n\r\n{"items": ['
         )
         slow.settimeout(5)
         answer = slow.recv(4096)
@@ -295,7 +299,7 @@ def test_abort_mid_body_is_an_abort_not_a_500() -> None:
         sock = socket.create_connection(("127.0.0.1", api.port))
         sock.sendall(
             b"POST /reward/table HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 1000\r\n\r\n{\"items\": ["
+            b'Content-Length: 1000\r\n\r\n{"items": ['
         )
         time.sleep(0.3)
         sock.close()
