@@ -41,7 +41,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from shared import EXECUTOR_FAILED, PROMPT_TOO_LONG
+from shared import EXECUTOR_FAILED, EXECUTOR_TRUNCATED, PROMPT_TOO_LONG
 
 log = logging.getLogger("trainer.reward_client")
 
@@ -62,6 +62,7 @@ SCORE_KEYS: dict[str, tuple[str, ...]] = {
         "cell_accuracy",
         "executor_failed",
         "prompt_too_long",
+        "executor_truncated",
     ),
 }
 
@@ -358,13 +359,28 @@ def score_dict(data_source: str, result: Mapping[str, Any]) -> dict[str, float]:
             cell_accuracy=float(result["cell_accuracy"]),
             executor_failed=float(result.get("error") == EXECUTOR_FAILED),
             prompt_too_long=float(result.get("error") == PROMPT_TOO_LONG),
+            executor_truncated=float(result.get("error") == EXECUTOR_TRUNCATED),
         )
         if result.get("error") == PROMPT_TOO_LONG:
             _warn_prompt_too_long(result)
+        elif result.get("error") == EXECUTOR_TRUNCATED:
+            _warn_truncated()
     return {k: out[k] for k in SCORE_KEYS[data_source]}
 
 
 _too_long_seen = itertools.count(1)
+_truncated_seen = itertools.count(1)
+
+
+def _warn_truncated() -> None:
+    """A table cut at the executor's token limit is a configuration fault, not the policy's mistake."""
+    n = next(_truncated_seen)
+    if n == 1 or n % 100 == 0:
+        log.warning(
+            "%d sample(s) so far with executor_truncated: the executor stopped at its max_tokens before the "
+            "table ended, so the table part got its penalty. Raise REWARD_API_MAX_TOKENS on the reward API.",
+            n,
+        )
 
 
 def _warn_prompt_too_long(result: Mapping[str, Any]) -> None:
