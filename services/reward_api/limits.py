@@ -32,7 +32,8 @@ def _is_json(content_type: str) -> bool:
 class AdmissionMiddleware:
     """For ``POST /reward/*``: 415 unless the body is declared JSON (``text/plain``, form and multipart bodies
     are what a web page may send to a loopback service without a CORS preflight), then at most
-    ``MAX_CONCURRENT_REQUESTS`` requests past this point at once, body reading included, so decoded bodies
+    ``MAX_CONCURRENT_REQUESTS`` requests past this point at once (pipeline requests and local ones each),
+    body reading included, so decoded bodies
     and scoring threads are bounded per process; a request that finds no slot within ``QUEUE_TIMEOUT_S``
     is a 429 with ``Retry-After``. The token is checked before a slot is taken."""
 
@@ -41,7 +42,9 @@ class AdmissionMiddleware:
         self.settings = settings
         self.max = settings.max_concurrent_requests
         self.wait_s = settings.queue_timeout_s
-        self._slots: asyncio.Semaphore | None = None  # made inside the event loop
+        # Made inside the event loop; pipeline requests (which mostly wait on the executor) have their own
+        # slots, so a slow executor never starves the local schema/table requests of the same worker.
+        self._slots: dict[bool, asyncio.Semaphore] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope.get("path", "").startswith("/reward/") or scope["method"] != "POST":
@@ -55,11 +58,12 @@ class AdmissionMiddleware:
         if not authorized(self.settings, scope):  # before a slot: an unauthenticated client holds none
             await _unauthorized()(scope, receive, send)
             return
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.max)
+        slots = self._slots.get(scope["path"] == "/reward/pipeline")
+        if slots is None:
+            slots = self._slots[scope["path"] == "/reward/pipeline"] = asyncio.Semaphore(self.max)
         try:
             async with asyncio.timeout(self.wait_s):
-                await self._slots.acquire()
+                await slots.acquire()
         except TimeoutError:
             busy = {"limit": self.max, "message": f"more than {self.max} requests at once in this process"}
             await error_response(429, "too_many_requests", busy, {"Retry-After": "1"})(scope, receive, send)
@@ -67,7 +71,7 @@ class AdmissionMiddleware:
         try:
             await self.app(scope, receive, send)
         finally:
-            self._slots.release()
+            slots.release()
 
 
 class BodyLimitMiddleware:

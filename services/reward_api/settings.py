@@ -69,7 +69,10 @@ class Settings(BaseSettings):
         "shared's scoring as `max_align_rows` once it takes it.",
     )
     max_concurrent_requests: int = Field(
-        8, ge=1, description="Most /reward/* requests scored at once per worker process (more: 429)."
+        8,
+        ge=1,
+        description="Most /reward/schema+table requests, and apart from them most /reward/pipeline requests, "
+        "handled at once per worker process, body reading included (more wait QUEUE_TIMEOUT_S, then 429).",
     )
     max_connections: int = Field(
         256, ge=1, description="Most open connections per worker process (uvicorn limit_concurrency; more: 503)."
@@ -79,7 +82,10 @@ class Settings(BaseSettings):
     )
     body_timeout_s: float = Field(15.0, gt=0, description="A request body must arrive within this (else 408).")
     queue_timeout_s: float = Field(
-        30.0, gt=0, description="How long a /reward/* request waits for one of MAX_CONCURRENT_REQUESTS (else 429)."
+        60.0,
+        gt=0,
+        description="How long a /reward/* request waits for one of MAX_CONCURRENT_REQUESTS (else 429); a waiting "
+        "request's body is not read yet, so waiting costs no memory.",
     )
     ready_timeout_s: float = Field(2.0, gt=0, description="How long /readyz/pipeline waits for each executor.")
     model_check_s: float = Field(

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -335,3 +336,23 @@ def test_local_readiness_does_not_wait_on_the_executor() -> None:
         r = httpx.get(f"{api.url}/readyz", timeout=10)
         assert r.status_code == 200 and r.json()["status"] == "ready"
         assert httpx.get(f"{api.url}/readyz/pipeline", timeout=10).status_code == 503
+
+
+def test_pipeline_requests_never_take_the_local_slots(golden_sample: list[GoldenExample]) -> None:
+    """A slow executor holds every pipeline slot; schema/table requests (B1/B2) still get theirs."""
+    ex = golden_sample[7]
+    env = {"REWARD_API_MAX_CONCURRENT_REQUESTS": "1", "REWARD_API_QUEUE_TIMEOUT_S": "0.5"}
+    with (
+        FaultyExecutor("ok", content="{}", delay_s=3.0) as fx,
+        service(fx.url, **env) as api,
+        ThreadPoolExecutor(2) as pool,
+    ):
+        slow = pool.submit(post, api.url, "/reward/pipeline", {"items": [_pipe_item(ex)]})
+        time.sleep(0.5)
+        queued = post(api.url, "/reward/pipeline", {"items": [_pipe_item(ex, "q", text="other")]})
+        schema = {"items": [{"id": "s", "prediction": "[]", "gold_schema": ex.schema_dict()}]}
+        local = post(api.url, "/reward/schema", schema)
+        assert slow.result().status_code == 200
+    assert queued.status_code == 429 and queued.json()["error"] == "too_many_requests"
+    assert queued.headers["retry-after"] == "1"
+    assert local.status_code == 200
