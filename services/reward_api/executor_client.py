@@ -177,8 +177,10 @@ class ExecutorClient:
 
     async def complete(self, messages: Sequence[Message], key: str | None = None) -> Completion:
         """The completion text; raises ``ExecutorFailure`` once the retry policy is exhausted. ``key``:
-        ``self.key(messages)`` when the caller has it already."""
-        key = key or self.key(messages)
+        ``self.key(messages)`` when the caller has it already (after ``refresh_model``)."""
+        if key is None:
+            await self.refresh_model()  # the key holds the model's identity: read it first
+            key = self.key(messages)
         if self._cache is not None and key in self._cache:
             metrics.CACHE_HITS.labels("lru").inc()
             hit = self._cache[key]
