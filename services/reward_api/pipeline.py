@@ -218,7 +218,7 @@ class PipelineScorer:
                 if left <= 0:
                     break
                 done, pending = await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-                if fail_fast and any(isinstance(t.exception(), ExecutorFailure) for t in done):
+                if fail_fast and any(not t.cancelled() and isinstance(t.exception(), ExecutorFailure) for t in done):
                     stopped = True
                     break
         finally:

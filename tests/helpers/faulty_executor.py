@@ -60,7 +60,7 @@ class FaultyExecutor:
         delay_s: float = 0.0,
         too_long_chars: int | None = None,
         finish_reason: str = "stop",
-        root: str = "/models/frozen-a",
+        root: str | None = None,
         models_body: Any = None,
         redirect_to: str = "",
     ) -> None:
@@ -96,7 +96,9 @@ class FaultyExecutor:
             self.models_calls += 1
         if self.models_body is not None:
             return JSONResponse(self.models_body)
-        card = {"id": self.model, "object": "model", "root": self.root}
+        card: dict[str, Any] = {"id": self.model, "object": "model"}
+        if self.root is not None:
+            card["root"] = self.root
         return JSONResponse({"object": "list", "data": [card]})
 
     async def _chat(self, request: Request) -> Response:
