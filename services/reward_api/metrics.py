@@ -43,7 +43,7 @@ FAILURES = Counter(f"{PREFIX}_failures_total", "Failures by class (executor caus
 EXECUTOR_CALLS = Counter(
     f"{PREFIX}_executor_calls_total",
     "Logical executor calls made after de-duplication and cache, by outcome "
-    "(ok / truncated / failed / prompt_too_long / cancelled).",
+    "(ok / failed / prompt_too_long / cancelled).",
     ["outcome"],
 )
 EXECUTOR_ATTEMPTS = Counter(
