@@ -34,6 +34,7 @@ from shared.prompts import (
 )
 from shared.rewards import (
     EXECUTOR_FAILED,
+    EXECUTOR_TRUNCATED,
     INVALID_JSON,
     INVALID_NDJSON,
     PROMPT_TOO_LONG,
@@ -49,6 +50,7 @@ from shared.rewards import (
     compute_schema_reward_single,
     compute_table_reward_single,
     pipeline_reward_for_executor_failure,
+    pipeline_reward_for_executor_truncated,
     pipeline_reward_for_invalid_schema,
     pipeline_reward_for_prompt_too_long,
 )
@@ -68,6 +70,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_MAX_ALIGN_ROWS",
     "EXECUTOR_FAILED",
+    "EXECUTOR_TRUNCATED",
     "INVALID_JSON",
     "INVALID_NDJSON",
     "PROMPT_TOO_LONG",
@@ -109,6 +112,7 @@ __all__ = [
     "parse_ndjson_detailed",
     "parse_schema_text",
     "pipeline_reward_for_executor_failure",
+    "pipeline_reward_for_executor_truncated",
     "pipeline_reward_for_invalid_schema",
     "pipeline_reward_for_prompt_too_long",
     "prompt_version",

@@ -237,3 +237,19 @@ def pipeline_reward_for_prompt_too_long(
     cfg = config or PipelineSchemaRewardConfig()
     table = invalid_table_reward(cfg.table_reward, len(gold_table.get("data", [])), PROMPT_TOO_LONG)
     return combine_pipeline_reward(schema, table, cfg, PROMPT_TOO_LONG)
+
+
+EXECUTOR_TRUNCATED = "executor_truncated"
+
+
+def pipeline_reward_for_executor_truncated(
+    schema: SchemaReward, gold_table: Mapping[str, Any], config: PipelineSchemaRewardConfig | None = None
+) -> PipelineReward:
+    """The executor stopped at its token limit (``finish_reason="length"``), so its table is cut off. That is
+    a configuration fault (the executor's ``max_tokens`` is too small for the table), not the policy's mistake:
+    the table part takes its invalid penalty as for any item without a usable table, the schema part keeps its
+    own reward, and ``error="executor_truncated"`` tells it apart from a wrong answer. The fix is to raise the
+    executor's token limit."""
+    cfg = config or PipelineSchemaRewardConfig()
+    table = invalid_table_reward(cfg.table_reward, len(gold_table.get("data", [])), EXECUTOR_TRUNCATED)
+    return combine_pipeline_reward(schema, table, cfg, EXECUTOR_TRUNCATED)

@@ -248,6 +248,11 @@ class PipelineResponse(_Response):
         description="Items whose Stage-2 prompt does not fit the executor's context (error='prompt_too_long'): "
         "bad input, not an infrastructure failure, so not counted in 'failed'.",
     )
+    executor_truncated: int = Field(
+        0,
+        description="Items whose executor answer was cut at its token limit (error='executor_truncated'): "
+        "a configuration fault (raise MAX_TOKENS), not the policy's mistake.",
+    )
 
 
 class ErrorBody(BaseModel):

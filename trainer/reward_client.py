@@ -10,7 +10,9 @@ Failure policy (applied by :class:`RewardBatcher`, stated here once):
   passes it raises :class:`RewardTimeoutError`; nothing waits forever.
 - Retries are safe because scoring is idempotent. Only connection errors, timeouts of one attempt,
   HTTP 5xx and 429 are retried (exponential backoff, ``max_attempts`` in all). A 4xx other than 429
-  is a bug in our request and raises at once with the service's message.
+  is a bug in our request and raises at once with the service's message. A 503 whose ``error`` is
+  ``executor_*`` is not retried here: the service retried its executor calls already (retries live in one
+  layer; retrying both multiplied the attempts, 3 × 4 = 12 per sample against a failing executor).
 - After the last attempt the error RAISES (:class:`RewardServiceError`). A made-up score would be
   silently trained on, so there is none. The only penalised failure is opt-in:
   ``on_executor_error="penalize"`` lets the service return the penalty with ``executor_failed``.
@@ -39,7 +41,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from shared import EXECUTOR_FAILED, PROMPT_TOO_LONG
+from shared import EXECUTOR_FAILED, EXECUTOR_TRUNCATED, PROMPT_TOO_LONG
 from trainer.data_source import reward_kind
 
 log = logging.getLogger("trainer.reward_client")
@@ -62,6 +64,7 @@ SCORE_KEYS: dict[str, tuple[str, ...]] = {
         "cell_accuracy",
         "executor_failed",
         "prompt_too_long",
+        "executor_truncated",
     ),
 }
 
@@ -139,8 +142,20 @@ def client_config_from_kwargs(kwargs: Mapping[str, Any]) -> RewardClientConfig:
 def _retryable(exc: BaseException) -> bool:
     if isinstance(exc, httpx.HTTPStatusError):
         code = exc.response.status_code
+        if code == 503 and _service_error(exc.response).startswith("executor_"):
+            return False  # the service already retried its executor calls (one retrying layer, not two)
         return code == 429 or code >= 500
     return isinstance(exc, httpx.TransportError)
+
+
+def _service_error(resp: httpx.Response) -> str:
+    """The ``error`` of the service's ``ErrorBody``, or "" if the answer is not one (a proxy's page)."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return ""
+    error = body.get("error") if isinstance(body, dict) else None
+    return error if isinstance(error, str) else ""
 
 
 @dataclass
@@ -248,9 +263,11 @@ class RewardBatcher:
             retry=retry_if_exception(_retryable),
             reraise=True,
         )
+        tries = 0
         try:
             async for attempt in retrying:
                 with attempt:
+                    tries += 1
                     self.stats.attempts += 1
                     resp = await self._client.post(self.url, json=body)
                     if resp.status_code >= 400:
@@ -261,7 +278,7 @@ class RewardBatcher:
                     return results
         except httpx.HTTPStatusError as exc:
             raise RewardServiceError(
-                f"{self.url}: HTTP {exc.response.status_code} after {self.cfg.max_attempts} attempts: "
+                f"{self.url}: HTTP {exc.response.status_code} after {tries} attempt(s): "
                 f"{exc.response.text[:500]}"
             ) from exc
         except httpx.TransportError as exc:
@@ -345,13 +362,28 @@ def score_dict(data_source: str, result: Mapping[str, Any]) -> dict[str, float]:
             cell_accuracy=float(result["cell_accuracy"]),
             executor_failed=float(result.get("error") == EXECUTOR_FAILED),
             prompt_too_long=float(result.get("error") == PROMPT_TOO_LONG),
+            executor_truncated=float(result.get("error") == EXECUTOR_TRUNCATED),
         )
         if result.get("error") == PROMPT_TOO_LONG:
             _warn_prompt_too_long(result)
+        elif result.get("error") == EXECUTOR_TRUNCATED:
+            _warn_truncated()
     return {k: out[k] for k in SCORE_KEYS[data_source]}
 
 
 _too_long_seen = itertools.count(1)
+_truncated_seen = itertools.count(1)
+
+
+def _warn_truncated() -> None:
+    """A table cut at the executor's token limit is a configuration fault, not the policy's mistake."""
+    n = next(_truncated_seen)
+    if n == 1 or n % 100 == 0:
+        log.warning(
+            "%d sample(s) so far with executor_truncated: the executor stopped at its max_tokens before the "
+            "table ended, so the table part got its penalty. Raise REWARD_API_MAX_TOKENS on the reward API.",
+            n,
+        )
 
 
 def _warn_prompt_too_long(result: Mapping[str, Any]) -> None:

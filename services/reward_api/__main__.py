@@ -4,16 +4,47 @@ The worker count: ``--workers``, else ``REWARD_API_WORKERS``, else 1.
 
 With ``--workers`` > 1 and no ``PROMETHEUS_MULTIPROC_DIR``, a fresh temporary folder is used for it, so
 ``/metrics`` on any worker reports all workers.
+
+Fail closed: without ``REWARD_API_TOKEN`` the service refuses to bind a non-loopback address (anyone who
+can reach it could spend executor time) unless ``--insecure`` or ``REWARD_API_INSECURE=true`` says so.
+uvicorn gets the connection cap (``MAX_CONNECTIONS``, its ``limit_concurrency``: more → 503), the header
+deadline (``protocol``) and a graceful shutdown as long as a request may run (``SHUTDOWN_GRACE_S``).
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import logging
 import os
 import shutil
 import tempfile
 
 import uvicorn
+
+from services.reward_api.settings import Settings, get_settings
+
+log = logging.getLogger("reward_api")
+
+
+def is_loopback(host: str) -> bool:
+    """``127.0.0.0/8``, ``::1`` or ``localhost``; anything else (``0.0.0.0``, a name, a LAN address) is not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def refuse_open_bind(host: str, settings: Settings, insecure: bool) -> str | None:
+    """Why this bind must be refused (a non-loopback address without a token), or ``None``."""
+    if settings.token is not None or is_loopback(host) or insecure or settings.insecure:
+        return None
+    return (
+        f"refusing to serve on {host} without REWARD_API_TOKEN: anyone who can reach it could spend executor "
+        "time. Set REWARD_API_TOKEN, bind 127.0.0.1, or pass --insecure (REWARD_API_INSECURE=true) deliberately."
+    )
 
 
 def _env_workers(parser: argparse.ArgumentParser) -> int:
@@ -37,9 +68,20 @@ def main(argv: list[str] | None = None) -> None:
         default=_env_workers(parser),
         help="Worker processes (default $REWARD_API_WORKERS, else 1).",
     )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="Serve a non-loopback address without REWARD_API_TOKEN (refused otherwise).",
+    )
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("--workers must be >= 1")
+    settings = get_settings()
+    refusal = refuse_open_bind(args.host, settings, args.insecure)
+    if refusal:
+        parser.error(refusal)
+    if settings.token is None and not is_loopback(args.host):
+        log.warning("serving %s WITHOUT a token (--insecure): /reward/* is open to anyone who reaches it", args.host)
     made_dir = None
     if args.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         made_dir = tempfile.mkdtemp(prefix="reward-api-prom-")
@@ -52,7 +94,9 @@ def main(argv: list[str] | None = None) -> None:
             workers=args.workers,
             log_config=None,  # the app logs JSON lines itself
             access_log=False,
-            timeout_graceful_shutdown=10,
+            http="services.reward_api.protocol:HttpProtocol",
+            limit_concurrency=settings.max_connections,
+            timeout_graceful_shutdown=int(settings.shutdown_grace_s),
         )
     finally:
         if made_dir:

@@ -15,7 +15,7 @@ from pydantic.json_schema import models_json_schema
 
 from services.reward_api.errors import install_handlers
 from services.reward_api.executor_client import ExecutorClient
-from services.reward_api.limits import BodyLimitMiddleware
+from services.reward_api.limits import AdmissionMiddleware, BodyLimitMiddleware
 from services.reward_api.logs import configure_logging
 from services.reward_api.middleware import RequestContextMiddleware
 from services.reward_api.pipeline import PipelineScorer
@@ -68,7 +68,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(reward_router)
     app.include_router(ops_router)
     # Added last = outermost: the request id and the catch-all wrap everything, including the body limit.
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s
+    )
+    app.add_middleware(AdmissionMiddleware, settings=settings)  # outside the body limit: its clock starts with a slot
     app.add_middleware(RequestContextMiddleware)
     return app
 

@@ -5,6 +5,10 @@
 | ``invalid_request`` (unknown key, wrong type, text too long; ``detail`` names each field) | 422 |
 | ``unauthorized`` (``TOKEN`` set, no/wrong ``Authorization: Bearer``) | 401 |
 | ``too_many_items`` (more than ``MAX_ITEMS``), ``body_too_large`` (more than ``MAX_BODY_BYTES``) | 413 |
+| ``item_too_large`` (rows, cells or columns of one item), ``too_many_cells`` (cells of one request) | 413 |
+| ``body_timeout`` (body not in within ``BODY_TIMEOUT_S``) | 408 |
+| ``unsupported_media_type`` (a ``/reward/*`` body not declared ``application/json``) | 415 |
+| ``too_many_requests`` (no slot of ``MAX_CONCURRENT_REQUESTS`` within ``QUEUE_TIMEOUT_S``) | 429 |
 | ``executor_unavailable`` / ``executor_bad_response`` / ``executor_not_configured`` | 503 |
 | ``internal`` (anything unexpected; no stack trace, ``detail.request_id`` for the logs) | 500 |
 """
@@ -76,6 +80,7 @@ _HTTP_ERRORS = {
     401: "unauthorized",
     404: "not_found",
     405: "method_not_allowed",
+    408: "body_timeout",
     413: "body_too_large",
 }
 

@@ -8,7 +8,13 @@
 - de-duplication: identical (model, messages, sampling params) share one in-flight call, within a
   request and across concurrent requests (single-flight), and a bounded LRU keeps finished outputs;
 - several replicas: least-in-flight routing; a failing replica is ejected for ``REPLICA_COOLDOWN_S``;
-- a prompt that cannot fit the executor's context raises ``PromptTooLong`` (``failures``, point 6).
+- a prompt that cannot fit the executor's context raises ``PromptTooLong`` (``failures``, point 6);
+- the served model's identity (its ``/v1/models`` ``root``, re-read at most every ``MODEL_CHECK_S``, one
+  read at a time) is part of the de-duplication key, and a change of it drops the cache: behind an
+  unchanged served name, another model's output is never reused;
+- a call that no caller awaits any more (every request that wanted it gave up or disconnected) is
+  cancelled, which closes its connection, so vLLM aborts the generation;
+- redirects are never followed, and no executor address or answer text reaches an error message.
 
 The trainer's batch client (``trainer/evaluation/executor_client.py``) is separate on purpose: the
 single-flight, cache, routing and cool-down here exist for a shared, long-running service only.
@@ -73,6 +79,20 @@ class Replica:
 class Completion:
     text: str
     source: Source  # "call": this caller's own executor call; else the LRU cache or a joined call
+    truncated: bool = False  # finish_reason "length": cut at MAX_TOKENS (failures, point 7)
+
+
+@dataclass(frozen=True)
+class _Answer:
+    text: str
+    truncated: bool
+
+
+def model_cards(data: Any) -> list[dict[str, Any]]:
+    """The model cards of a ``/v1/models`` answer; ``ValueError`` for any other shape (``{"data": null}``)."""
+    if not isinstance(data, dict) or not isinstance(data.get("data"), list):
+        raise ValueError("malformed /v1/models answer: no list under 'data'")
+    return [m for m in data["data"] if isinstance(m, dict)]
 
 
 def _is_retryable(exc: BaseException) -> bool:
@@ -105,12 +125,16 @@ class ExecutorClient:
         if settings.executor_api_key is not None:
             self._headers["Authorization"] = f"Bearer {settings.executor_api_key.get_secret_value()}"
         self._session: aiohttp.ClientSession | None = None  # made on first use, inside the event loop
-        self._short = aiohttp.ClientTimeout(total=min(5.0, settings.executor_timeout_s))
+        self._short = aiohttp.ClientTimeout(total=min(settings.ready_timeout_s, settings.executor_timeout_s))
         self._sem = asyncio.Semaphore(settings.max_in_flight)
-        self._inflight: dict[str, asyncio.Task[str]] = {}
-        self._cache: LRUCache[str, str] | None = LRUCache(settings.cache_size) if settings.cache_size > 0 else None
+        self._inflight: dict[str, asyncio.Task[_Answer]] = {}
+        # Callers awaiting each in-flight call; when the last one leaves, the call is cancelled.
+        self._waiters: dict[asyncio.Task[_Answer], int] = {}
+        self._cache: LRUCache[str, _Answer] | None = LRUCache(settings.cache_size) if settings.cache_size > 0 else None
         self._context_len: int | None = None  # the executor's max_model_len, once /v1/models has told it
-        self._models_answered = False
+        self._identity: str | None = None  # the served model's /v1/models root (its weights' path)
+        self._checked_at: float | None = None  # when /v1/models was last read
+        self._model_lock = asyncio.Lock()
 
     @property
     def _http(self) -> aiohttp.ClientSession:
@@ -145,33 +169,50 @@ class ExecutorClient:
         return {"model": self.settings.executor_model, "messages": list(messages), **self.sampling_params()}
 
     def key(self, messages: Sequence[Message]) -> str:
-        """De-duplication key over exactly what is sent: model, messages and sampling parameters."""
-        return hashlib.sha256(_ENCODE_SORTED(self.payload(messages))).hexdigest()
+        """De-duplication key over exactly what is sent (model, messages, sampling parameters) and the
+        identity of the weights behind the served name (``refresh_model``)."""
+        return hashlib.sha256(_ENCODE_SORTED([self._identity, self.payload(messages)])).hexdigest()
 
     # ---- public API ----------------------------------------------------------------------------
 
     async def complete(self, messages: Sequence[Message], key: str | None = None) -> Completion:
         """The completion text; raises ``ExecutorFailure`` once the retry policy is exhausted. ``key``:
-        ``self.key(messages)`` when the caller has it already."""
-        key = key or self.key(messages)
+        ``self.key(messages)`` when the caller has it already (after ``refresh_model``)."""
+        if key is None:
+            await self.refresh_model()  # the key holds the model's identity: read it first
+            key = self.key(messages)
         if self._cache is not None and key in self._cache:
             metrics.CACHE_HITS.labels("lru").inc()
-            return Completion(self._cache[key], "cache")
+            hit = self._cache[key]
+            return Completion(hit.text, "cache", hit.truncated)
         task = self._inflight.get(key)
+        source: Source = "inflight"
         if task is not None:
             metrics.CACHE_HITS.labels("inflight").inc()
-            return Completion(await asyncio.shield(task), "inflight")
-        metrics.CACHE_MISSES.inc()
-        task = asyncio.create_task(self._call(key, self.payload(messages)))
-        self._inflight[key] = task
-        task.add_done_callback(lambda t: self._forget(key, t))
-        # Shielded: a caller that gives up (deadline, client gone) must not cancel a call others share.
-        return Completion(await asyncio.shield(task), "call")
+        else:
+            metrics.CACHE_MISSES.inc()
+            source = "call"
+            task = asyncio.create_task(self._call(key, self.payload(messages)))
+            self._inflight[key] = task
+            task.add_done_callback(lambda t: self._forget(key, t))
+        self._waiters[task] = self._waiters.get(task, 0) + 1
+        try:
+            # Shielded: a caller that gives up must not cancel a call that others still await...
+            answer = await asyncio.shield(task)
+        finally:
+            left = self._waiters.pop(task) - 1
+            if left:
+                self._waiters[task] = left
+            elif not task.done():
+                task.cancel()  # ...but once nobody awaits it, it is orphaned work: stop it
+        return Completion(answer.text, source, answer.truncated)
 
-    def _forget(self, key: str, task: asyncio.Task[str]) -> None:
+    def _forget(self, key: str, task: asyncio.Task[_Answer]) -> None:
         if self._inflight.get(key) is task:
             del self._inflight[key]
-        if not task.cancelled():
+        if task.cancelled():
+            metrics.EXECUTOR_CALLS.labels("cancelled").inc()
+        else:
             task.exception()  # retrieved here so an unawaited failure is not reported as "never retrieved"
 
     async def ready(self) -> list[dict[str, Any]]:
@@ -182,39 +223,67 @@ class ExecutorClient:
         model = self.settings.executor_model
         try:
             status, data = await self._get_json(r, "/v1/models")
-            if status != 200:
-                return {"replica": r.index, "ready": False, "reason": f"/v1/models answered {status}"}
-            cards = [m for m in data.get("data", []) if isinstance(m, dict)]
-            ids = [m.get("id") for m in cards]
-        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as exc:
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             return {"replica": r.index, "ready": False, "reason": f"unreachable: {type(exc).__name__}"}
-        self._note_context_len(cards)
+        if status != 200:
+            return {"replica": r.index, "ready": False, "reason": f"/v1/models answered {status}"}
+        try:
+            cards = model_cards(data)
+        except ValueError as exc:
+            return {"replica": r.index, "ready": False, "reason": str(exc)}
+        ids = [m.get("id") for m in cards]
         if model not in ids:
             return {"replica": r.index, "ready": False, "reason": f"model {model!r} not listed"}
         return {"replica": r.index, "ready": True, "reason": None}
 
     # ---- prompt length (failures, point 6) -------------------------------------------------------
 
-    def _note_context_len(self, cards: list[dict[str, Any]]) -> None:
-        for card in cards:
-            n = card.get("max_model_len")
-            if card.get("id") == self.settings.executor_model and isinstance(n, int) and n > 0:
-                self._context_len = n
-
-    async def context_len(self) -> int | None:
-        """The executor's ``max_model_len`` from ``/v1/models`` (vLLM lists it); ``None`` if it does not say.
-        Asked until one replica answers, then never again: a per-call round trip would cost every call."""
-        if self._context_len is None and not self._models_answered:
+    async def refresh_model(self) -> None:
+        """Read the served model's card from ``/v1/models`` (the first replica that answers with a valid
+        list) unless it was read less than ``MODEL_CHECK_S`` ago; one read at a time, so concurrent
+        requests (and the many prompts of one) share it. The card gives the context length and the
+        model's identity (``root``: the weights' path); a new identity drops the cache. A replica whose
+        answer is malformed is skipped; if none answers, both stay as they were ("unknown")."""
+        if self._fresh():
+            return
+        async with self._model_lock:
+            if self._fresh():
+                return
+            card: dict[str, Any] | None = None
+            answered = False
             for r in self.replicas:
                 try:
                     status, data = await self._get_json(r, "/v1/models")
-                    cards = [m for m in data.get("data", []) if isinstance(m, dict)]
-                except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
+                    cards = model_cards(data) if status == 200 else None
+                except (aiohttp.ClientError, TimeoutError, ValueError):
                     continue
-                self._models_answered = status == 200
-                self._note_context_len(cards)
-                if self._models_answered:
-                    break
+                if cards is None:
+                    continue
+                answered = True
+                card = next((c for c in cards if c.get("id") == self.settings.executor_model), None)
+                break
+            self._checked_at = time.monotonic()
+            if not answered:
+                return
+            n = card.get("max_model_len") if card else None
+            self._context_len = n if isinstance(n, int) and n > 0 else None
+            root = card.get("root") if card else None
+            identity = root if isinstance(root, str) and root else None
+            if identity != self._identity:
+                if self._identity is not None:
+                    log.warning("executor model changed behind %r: cache dropped", self.settings.executor_model)
+                    metrics.MODEL_CHANGES.inc()
+                if self._cache is not None:
+                    self._cache.clear()
+                self._identity = identity
+
+    def _fresh(self) -> bool:
+        checked = self._checked_at
+        return checked is not None and time.monotonic() - checked < self.settings.model_check_s
+
+    async def context_len(self) -> int | None:
+        """The executor's ``max_model_len`` from ``/v1/models`` (vLLM lists it); ``None`` if it does not say."""
+        await self.refresh_model()
         return self._context_len
 
     async def check_fit(self, messages: Sequence[Message]) -> None:
@@ -232,7 +301,10 @@ class ExecutorClient:
         body = {"model": self.settings.executor_model, "messages": list(messages), "add_generation_prompt": True}
         r = self._pick()
         try:
-            async with self._sem, self._http.post(f"{r.url}/tokenize", data=_ENCODE(body), proxy=r.proxy) as resp:
+            async with (
+                self._sem,
+                self._http.post(f"{r.url}/tokenize", data=_ENCODE(body), proxy=r.proxy, allow_redirects=False) as resp,
+            ):
                 raw = await resp.read()
             data = _DECODE(raw) if resp.status == 200 else {}
         except (aiohttp.ClientError, TimeoutError, ValueError):
@@ -247,7 +319,7 @@ class ExecutorClient:
 
     # ---- one logical call: retries around attempts ---------------------------------------------
 
-    async def _call(self, key: str, payload: dict[str, Any]) -> str:
+    async def _call(self, key: str, payload: dict[str, Any]) -> _Answer:
         s = self.settings
         await self.check_fit(payload["messages"])
         attempts = 0
@@ -264,7 +336,7 @@ class ExecutorClient:
             async for attempt in retrying:
                 with attempt:
                     attempts += 1
-                    text = await self._attempt(payload)
+                    answer = await self._attempt(payload)
         except PromptTooLong:
             metrics.EXECUTOR_CALLS.labels("prompt_too_long").inc()
             raise
@@ -273,10 +345,11 @@ class ExecutorClient:
             metrics.EXECUTOR_CALLS.labels("failed").inc()
             log.warning("executor call failed after %d attempt(s): %s: %s", attempts, exc.cause, exc.message)
             raise
+        # A cut answer is still a successful call; the items it cuts are counted (executor_truncated) in pipeline.
         metrics.EXECUTOR_CALLS.labels("ok").inc()
         if self._cache is not None:
-            self._cache[key] = text
-        return text
+            self._cache[key] = answer
+        return answer
 
     def _pick(self) -> Replica:
         now = time.monotonic()
@@ -300,7 +373,7 @@ class ExecutorClient:
                 )
             r.down_until = time.monotonic() + self.settings.replica_cooldown_s
 
-    async def _attempt(self, payload: dict[str, Any]) -> str:
+    async def _attempt(self, payload: dict[str, Any]) -> _Answer:
         async with self._sem:
             r = self._pick()
             r.in_flight += 1
@@ -310,8 +383,10 @@ class ExecutorClient:
             failure: ExecutorFailure | None = None
             outcome = "ok"
             try:
-                text = await self._post(r, payload)
-                return text
+                return await self._post(r, payload)
+            except asyncio.CancelledError:
+                outcome = "cancelled"
+                raise
             except ExecutorFailure as exc:
                 failure = exc
                 outcome = exc.cause
@@ -328,20 +403,23 @@ class ExecutorClient:
 
     async def _get_json(self, r: Replica, path: str) -> tuple[int, Any]:
         """(status, decoded JSON body) of a short GET (5 s at most): ``/v1/models``."""
-        async with self._http.get(f"{r.url}{path}", timeout=self._short, proxy=r.proxy) as resp:
+        async with self._http.get(f"{r.url}{path}", timeout=self._short, proxy=r.proxy, allow_redirects=False) as resp:
             return resp.status, _DECODE(await resp.read())
 
-    async def _post(self, r: Replica, payload: dict[str, Any]) -> str:
+    async def _post(self, r: Replica, payload: dict[str, Any]) -> _Answer:
+        """One attempt. Error messages name the replica by index and never hold its address or its answer's
+        text: they reach the client (503 detail) and the logs, and a redirect or a proxy may have put
+        another service's body there."""
         where = f"replica {r.index}"
         try:
             # The session's timeout is per read; this bounds the whole attempt, so a trickling server fails too.
             async with asyncio.timeout(self.settings.executor_timeout_s):
                 url = f"{r.url}/v1/chat/completions"
-                async with self._http.post(url, data=_ENCODE(payload), proxy=r.proxy) as resp:
+                async with self._http.post(url, data=_ENCODE(payload), proxy=r.proxy, allow_redirects=False) as resp:
                     status, raw = resp.status, await resp.read()
         except aiohttp.ClientError as exc:  # before TimeoutError: a connect timeout is both
             cause = classify_transport_error(exc)
-            raise ExecutorFailure(cause, f"{where}: {type(exc).__name__}: {exc}") from None
+            raise ExecutorFailure(cause, f"{where}: {type(exc).__name__}") from None
         except TimeoutError:
             raise ExecutorFailure(
                 "timeout", f"{where}: no answer within {self.settings.executor_timeout_s} s"
@@ -353,12 +431,15 @@ class ExecutorClient:
                 raise too_long
             bad = classify_status(status)
             if bad is not None:
-                raise ExecutorFailure(bad, f"{where}: HTTP {status}: {text[:300]}")
+                raise ExecutorFailure(bad, f"{where}: HTTP {status}")
+            # A redirect (never followed: it could point anywhere) or another non-200 success code.
+            raise ExecutorFailure("garbage", f"{where}: HTTP {status} (redirects are not followed)")
         try:
-            content = _DECODE(raw)["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            content = None
+            choice = _DECODE(raw)["choices"][0]
+            content = choice["message"]["content"]
+            finish = choice.get("finish_reason")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            content = finish = None
         if not isinstance(content, str):
-            text = raw.decode("utf-8", "replace")
-            raise ExecutorFailure("garbage", f"{where}: 200 without choices[0].message.content: {text[:300]!r}")
-        return content
+            raise ExecutorFailure("garbage", f"{where}: 200 without choices[0].message.content ({len(raw)} bytes)")
+        return _Answer(content, finish == "length")

@@ -23,6 +23,15 @@ Policy, applied by ``executor_client`` and ``pipeline``:
    ejects a replica, never fails the request or the other items, and is never ``executor_failed``: the
    item gets ``error="prompt_too_long"`` with its token count and the limit
    (``shared.pipeline_reward_for_prompt_too_long``), counted in the response's ``prompt_too_long``.
+7. An answer cut at the executor's token limit (``finish_reason="length"``) is a configuration fault
+   (``MAX_TOKENS`` too small for the table), never the policy's mistake: the item gets
+   ``error="executor_truncated"`` (``shared.pipeline_reward_for_executor_truncated``: table part = invalid
+   penalty, schema part kept), counted in the response's ``executor_truncated`` and in
+   ``reward_api_failures_total{cls="executor_truncated"}``, and logged as a warning that names the fix.
+8. Retries happen in this service only: the trainer's client does not retry a 503 whose ``error`` is
+   ``executor_*`` (this policy already retried it). In ``fail`` mode the first failed call ends the
+   request's executor phase; calls that no request awaits any more (its client disconnected, or it
+   failed) are cancelled.
 """
 
 from __future__ import annotations
@@ -32,11 +41,15 @@ from typing import Literal
 
 import aiohttp
 
-Cause = Literal["connect", "timeout", "http_429", "http_5xx", "http_4xx", "garbage", "deadline", "not_configured"]
+Cause = Literal[
+    "connect", "timeout", "http_429", "http_5xx", "http_4xx", "garbage", "deadline", "not_configured", "cancelled"
+]
 
 RETRYABLE: frozenset[Cause] = frozenset({"connect", "http_429", "http_5xx"})
 EJECTING: frozenset[Cause] = frozenset({"connect", "timeout", "http_429", "http_5xx"})
-UNAVAILABLE: frozenset[Cause] = frozenset({"connect", "timeout", "http_429", "http_5xx", "deadline", "not_configured"})
+UNAVAILABLE: frozenset[Cause] = frozenset(
+    {"connect", "timeout", "http_429", "http_5xx", "deadline", "not_configured", "cancelled"}
+)
 
 
 class ExecutorFailure(Exception):

@@ -42,7 +42,8 @@ FAILURES = Counter(f"{PREFIX}_failures_total", "Failures by class (executor caus
 
 EXECUTOR_CALLS = Counter(
     f"{PREFIX}_executor_calls_total",
-    "Logical executor calls made after de-duplication and cache, by outcome (ok / failed / prompt_too_long).",
+    "Logical executor calls made after de-duplication and cache, by outcome "
+    "(ok / failed / prompt_too_long / cancelled).",
     ["outcome"],
 )
 EXECUTOR_ATTEMPTS = Counter(
@@ -62,6 +63,20 @@ CACHE_HITS = Counter(
     f"{PREFIX}_cache_hits_total",
     "Executor outputs not requested again: 'lru' (finished output cached) or 'inflight' (joined an identical call).",
     ["kind"],
+)
+MODEL_CHANGES = Counter(
+    f"{PREFIX}_executor_model_changes_total",
+    "Times the served model's identity (/v1/models root) changed; each change drops the output cache.",
+)
+CLIENT_ABORTS = Counter(
+    f"{PREFIX}_client_aborts_total",
+    "Requests whose client went away before the answer (mid-body or while scoring), by endpoint.",
+    ["endpoint"],
+)
+TIMEOUTS = Counter(
+    f"{PREFIX}_slow_client_timeouts_total",
+    "Connections closed or requests refused because the client was too slow, by phase (headers / body).",
+    ["phase"],
 )
 CACHE_MISSES = Counter(f"{PREFIX}_cache_misses_total", "Executor outputs that needed a new call.")
 

@@ -7,6 +7,7 @@ import re
 import time
 import uuid
 
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.reward_api import metrics
@@ -17,8 +18,18 @@ log = logging.getLogger("reward_api.access")
 
 # Endpoint label values are fixed so a scanner's random paths cannot blow up the metrics' cardinality.
 ENDPOINTS = frozenset(
-    {"/reward/schema", "/reward/table", "/reward/pipeline", "/healthz", "/readyz", "/info", "/metrics"}
+    {
+        "/reward/schema",
+        "/reward/table",
+        "/reward/pipeline",
+        "/healthz",
+        "/readyz",
+        "/readyz/pipeline",
+        "/info",
+        "/metrics",
+    }
 )
+CLIENT_ABORT = 499  # status label of a request whose client left before the answer (nginx's convention)
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
@@ -50,6 +61,10 @@ class RequestContextMiddleware:
 
         try:
             await self.app(scope, receive, send_with_id)
+        except ClientDisconnect:
+            # The client went away mid-body: nobody to answer, and not a server error.
+            status = CLIENT_ABORT
+            metrics.CLIENT_ABORTS.labels(endpoint).inc()
         except Exception:
             log.exception("unhandled error on %s %s", scope.get("method"), path)
             if not started:
@@ -58,7 +73,7 @@ class RequestContextMiddleware:
             elapsed = time.perf_counter() - t0
             metrics.REQUESTS.labels(endpoint, str(status)).inc()
             metrics.REQUEST_LATENCY.labels(endpoint).observe(elapsed)
-            if endpoint not in ("/metrics", "/healthz", "/readyz") or status >= 400:
+            if endpoint not in ("/metrics", "/healthz", "/readyz", "/readyz/pipeline") or status >= 400:
                 log.info(
                     "%s %s %d",
                     scope.get("method"),

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import platform
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from importlib import metadata
 from typing import Any
 
@@ -13,6 +15,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.background import BackgroundTask
+from starlette.requests import ClientDisconnect
 
 from services.reward_api import metrics
 from services.reward_api.body import FastPipelineRequest, FastSchemaRequest, FastTableRequest, read_fast
@@ -40,7 +43,9 @@ from shared.wire import (
     TableResult,
 )
 
-_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 401, 413, 422, 500, 503)}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (400, 401, 408, 413, 415, 422, 429, 500, 503)
+}
 
 reward_router = APIRouter(prefix="/reward", dependencies=[Depends(check_auth)], responses=_ERRORS)
 ops_router = APIRouter()
@@ -57,6 +62,13 @@ def request_body(model: type[BaseModel]) -> dict[str, Any]:
     ref = {"$ref": f"#/components/schemas/{model.__name__}"}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
 
+
+# The request limits /info reports (each a setting; docs/reliability.md gives its default and its answer).
+LIMITS = (
+    "max_items", "max_text_chars", "max_body_bytes", "max_rows_per_item", "max_cells_per_item",
+    "max_cells_per_request", "max_columns", "max_column_name_chars", "max_id_chars", "max_align_rows",
+    "max_concurrent_requests", "max_connections", "header_timeout_s", "body_timeout_s", "queue_timeout_s",
+)  # fmt: skip
 
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (SchemaRequest, TableRequest, PipelineRequest)
 
@@ -108,8 +120,9 @@ async def reward_schema(request: Request) -> Response:
 async def reward_table(request: Request) -> Response:
     t0 = time.perf_counter()
     body, cfg = await read_fast(request, FastTableRequest, TableRequest, TableRewardConfig)
-    check_items(body.items, _settings(request), ("prediction",))
-    scored = await off_loop(lambda: score_table_batch(body.items, cfg))
+    settings = _settings(request)
+    check_items(body.items, settings, ("prediction",))
+    scored = await off_loop(lambda: score_table_batch(body.items, cfg, settings.max_align_rows))
     results = [TableResult.row(i, r) for i, r in scored]
     return _encoded(results, request.app.state.prompt_version, t0, _observe_after_answer("/reward/table", scored))
 
@@ -124,7 +137,31 @@ async def reward_pipeline(request: Request) -> Response:
     body, cfg = await read_fast(request, FastPipelineRequest, PipelineRequest, PipelineSchemaRewardConfig)
     check_items(body.items, _settings(request), ("prediction", "text"))
     scorer: PipelineScorer = request.app.state.pipeline
-    return await scorer.score(body, cfg)
+    return await unless_client_leaves(request, scorer.score(body, cfg))
+
+
+async def unless_client_leaves(request: Request, work: Coroutine[Any, Any, Response]) -> Response:
+    """``work``'s answer, or, if the client disconnects first, ``work`` cancelled (its executor calls that no
+    other request awaits are cancelled with it) and ``ClientDisconnect`` raised (counted as an abort)."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+    if not task.cancelled() and task.done():
+        return task.result()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    raise ClientDisconnect()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has gone (the body is read, so the only message left is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 @ops_router.get("/healthz")
@@ -135,9 +172,19 @@ async def healthz() -> dict[str, str]:
 
 @ops_router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
-    """Ready to score. With executors configured: 200 only if at least one replica answers ``/v1/models``
-    and lists ``EXECUTOR_MODEL`` (else 503). Without: 200, ``pipeline: "executor not configured"``
-    (schema/table work; /reward/pipeline answers 503 executor_not_configured)."""
+    """Local readiness (the Service's probe): this process is up and scores schema and table rewards, which
+    need no executor. It never waits on an executor: a down executor must not take the replicas that
+    serve B1/B2 (which never use it) out of the Service. Pipeline readiness is ``/readyz/pipeline``."""
+    scorer: PipelineScorer = request.app.state.pipeline
+    configured = "see /readyz/pipeline" if scorer.client is not None else "executor not configured"
+    return JSONResponse({"status": "ready", "pipeline": configured})
+
+
+@ops_router.get("/readyz/pipeline")
+async def readyz_pipeline(request: Request) -> JSONResponse:
+    """Ready to score pipeline rewards. With executors configured: 200 only if at least one replica answers
+    ``/v1/models`` (within ``READY_TIMEOUT_S``) and lists ``EXECUTOR_MODEL`` (else 503). Without: 200,
+    ``pipeline: "executor not configured"`` (/reward/pipeline answers 503 executor_not_configured)."""
     scorer: PipelineScorer = request.app.state.pipeline
     if scorer.client is None:
         return JSONResponse({"status": "ready", "pipeline": "executor not configured", "replicas": []})
@@ -186,9 +233,10 @@ async def info(request: Request) -> dict[str, Any]:
             "request_deadline_s": s.request_deadline_s,
             "retries": s.retries,
             "max_in_flight": s.max_in_flight,
+            "max_tokens": s.max_tokens,
             "cache_size": s.cache_size,
         },
-        "limits": {"max_items": s.max_items, "max_text_chars": s.max_text_chars, "max_body_bytes": s.max_body_bytes},
+        "limits": {name: getattr(s, name) for name in LIMITS},
         "auth": s.token is not None,
     }
 

@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeVar
 import anyio.to_thread
 
 from services.reward_api import metrics
-from shared import compute_schema_reward_single, compute_table_reward_single
+from shared import DEFAULT_MAX_ALIGN_ROWS, compute_schema_reward_single, compute_table_reward_single
 from shared.rewards import SchemaReward, SchemaRewardConfig, TableReward, TableRewardConfig
 
 T = TypeVar("T")
@@ -65,8 +65,14 @@ def score_schema_batch(items: Sequence[SchemaItemLike], config: SchemaRewardConf
     return [(it.id, compute_schema_reward_single(it.prediction, it.gold_schema.names(), config)) for it in items]
 
 
-def score_table_batch(items: Sequence[TableItemLike], config: TableRewardConfig) -> list[tuple[str, TableReward]]:
-    return [(it.id, compute_table_reward_single(it.prediction, table_view(it.gold_table), config)) for it in items]
+def score_table_batch(
+    items: Sequence[TableItemLike], config: TableRewardConfig, max_align_rows: int = DEFAULT_MAX_ALIGN_ROWS
+) -> list[tuple[str, TableReward]]:
+    """``max_align_rows``: the server's cap on the rows the table alignment sees (REWARD_API_MAX_ALIGN_ROWS)."""
+    return [
+        (it.id, compute_table_reward_single(it.prediction, table_view(it.gold_table), config, max_align_rows))
+        for it in items
+    ]
 
 
 def observe(endpoint: str, results: Sequence[SchemaReward | TableReward]) -> None:

@@ -53,8 +53,55 @@ class Settings(BaseSettings):
     cache_size: int = Field(10_000, ge=0, description="LRU entries of finished executor outputs (0: no cache).")
     max_items: int = Field(4096, ge=1, description="Most items per request (more: 413).")
     max_text_chars: int = Field(200_000, ge=1, description="Longest `text` / `prediction` of an item (longer: 422).")
-    max_body_bytes: int = Field(64 * 1024 * 1024, ge=1, description="Largest request body (larger: 413).")
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1, description="Largest request body (larger: 413).")
+    max_rows_per_item: int = Field(256, ge=1, description="Most gold-table rows of one item (more: 413).")
+    max_cells_per_item: int = Field(8192, ge=1, description="Most gold-table cells of one item (more: 413).")
+    max_cells_per_request: int = Field(
+        262_144, ge=1, description="Most gold-table cells of one request, all items together (more: 413)."
+    )
+    max_columns: int = Field(256, ge=1, description="Most columns of one gold schema / gold table (more: 413).")
+    max_column_name_chars: int = Field(256, ge=1, description="Longest gold column name (longer: 422).")
+    max_id_chars: int = Field(256, ge=1, description="Longest item `id` (longer: 422); the id is echoed back.")
+    max_align_rows: int = Field(
+        256,
+        ge=1,
+        description="Most rows the order-invariant table metric aligns (Hungarian) per side; rows past it pair "
+        "in linear time (shared.aligned_metrics). Bounds one item's scoring CPU.",
+    )
+    max_concurrent_requests: int = Field(
+        8,
+        ge=1,
+        description="Most /reward/schema+table requests, and apart from them most /reward/pipeline requests, "
+        "handled at once per worker process, body reading included (more wait QUEUE_TIMEOUT_S, then 429).",
+    )
+    max_connections: int = Field(
+        256, ge=1, description="Most open connections per worker process (uvicorn limit_concurrency; more: 503)."
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="A connection must send complete request headers within this (else closed)."
+    )
+    body_timeout_s: float = Field(15.0, gt=0, description="A request body must arrive within this (else 408).")
+    queue_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="How long a /reward/* request waits for one of MAX_CONCURRENT_REQUESTS (else 429); a waiting "
+        "request's body is not read yet, so waiting costs no memory.",
+    )
+    ready_timeout_s: float = Field(2.0, gt=0, description="How long /readyz/pipeline waits for each executor.")
+    model_check_s: float = Field(
+        5.0,
+        ge=0,
+        description="How often the executor's /v1/models is re-read (model identity for the cache, context "
+        "length); 0: before every request.",
+    )
+    shutdown_grace_s: float = Field(
+        330.0, ge=0, description="On SIGTERM, how long running requests may finish (uvicorn's graceful shutdown)."
+    )
     token: SecretStr | None = Field(None, description="If set, /reward/* and /info need `Authorization: Bearer`.")
+    insecure: bool = Field(
+        False,
+        description="Allow serving without TOKEN on a non-loopback address (refused otherwise).",
+    )
     stage2_template: str | None = Field(None, description="Stage-2 template file (shared.stage2_template).")
     log_level: str = Field("INFO", description="Log level of the JSON-lines logs.")
 

@@ -11,6 +11,7 @@ Rendering uses the kustomize built into kubectl from the PyPI wheel ``kubectl-cl
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib
 import ipaddress
@@ -74,7 +75,8 @@ def _render_cached(overlay: str) -> tuple[Doc, ...]:
 
 
 def render(overlay: str) -> list[Doc]:
-    return [dict(d) for d in _render_cached(overlay)]
+    # Deep copies: a test that edits a rendered doc (test_strict_validation_...) must not edit the cache.
+    return copy.deepcopy(list(_render_cached(overlay)))
 
 
 def one(docs: list[Doc], kind: str, name: str) -> Doc:
@@ -638,3 +640,47 @@ def test_strict_validation_rejects_an_unknown_field(tmp_path):
     )
     assert proc.returncode == 1
     assert "'readinesProbe' was unexpected" in proc.stdout + proc.stderr
+
+
+# ------------------------------------------------------------------------------------------ issue 26
+
+
+def _reward_api_env(docs):
+    (cm,) = [d for d in of_kind(docs, "ConfigMap") if d["metadata"]["name"].startswith("reward-api")]
+    return cm["data"]
+
+
+@pytest.mark.parametrize("overlay", SERVICE_OVERLAYS)
+def test_reward_api_drains_instead_of_cutting_requests(overlay):
+    from services.reward_api.settings import Settings
+
+    docs = render(overlay)
+    pod = one(docs, "Deployment", "reward-api")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = _reward_api_env(docs)
+    defaults = Settings(_env_file=None)
+    deadline = float(env.get("REWARD_API_REQUEST_DEADLINE_S", defaults.request_deadline_s))
+    grace = float(env.get("REWARD_API_SHUTDOWN_GRACE_S", defaults.shutdown_grace_s))
+    assert deadline < grace < pod["terminationGracePeriodSeconds"]
+    assert "preStop" in container["lifecycle"]
+    # The probe waits longer than the endpoint may take (local readiness never waits on an executor).
+    assert container["readinessProbe"]["timeoutSeconds"] >= 5
+
+
+@pytest.mark.parametrize("overlay", SERVICE_OVERLAYS)
+def test_executor_in_flight_is_budgeted_for_the_hpa_maximum(overlay):
+    """MAX_IN_FLIGHT is per worker process: at the HPA's maximum, all of them together stay within the
+    ~512 calls that docs/deploy.md advises (the gpu-cluster overlay allowed 16 × 4 × 64 = 4,096)."""
+    docs = render(overlay)
+    container = one(docs, "Deployment", "reward-api")["spec"]["template"]["spec"]["containers"][0]
+    hpa = one(docs, "HorizontalPodAutoscaler", "reward-api")
+    per_worker = int(_reward_api_env(docs)["REWARD_API_MAX_IN_FLIGHT"])
+    assert hpa["spec"]["maxReplicas"] * workers_arg(container["args"]) * per_worker <= 512
+
+
+@pytest.mark.parametrize("overlay", SERVICE_OVERLAYS)
+def test_no_service_account_token_where_nothing_calls_the_api(overlay):
+    docs = render(overlay)
+    for name in ("reward-api", "executor-pi1", "executor-pi2"):
+        pod = one(docs, "Deployment", name)["spec"]["template"]["spec"]
+        assert pod.get("automountServiceAccountToken") is False, name

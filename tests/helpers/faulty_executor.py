@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 from services.executor_vllm.cpu_launcher import free_port
 
-Mode = Literal["ok", "hang", "http_500", "http_429", "http_400", "garbage", "not_json"]
+Mode = Literal["ok", "hang", "http_500", "http_429", "http_400", "garbage", "not_json", "redirect"]
 
 # vLLM's context-length 400 (vllm/renderers/params.py, 0.32), as its OpenAI server words it.
 CONTEXT_400 = (
@@ -40,6 +40,11 @@ class FaultyExecutor:
     - ``hang``: never answers (sleeps ``hang_s``)
     - ``http_500`` / ``http_429`` / ``http_400``: that status with an error body
     - ``garbage``: 200 with JSON that has no ``choices[0].message.content``; ``not_json``: 200, not JSON
+    - ``redirect``: 307 to ``redirect_to`` (another local service)
+
+    ``finish_reason``: of ``ok`` answers ("length": cut at max_tokens). ``root``: the model card's ``root``
+    (its weights' path; change it to fake a model swap behind the same served name). ``models_body``: if
+    set, ``/v1/models`` answers exactly this JSON (a malformed answer). ``models_calls``: its GETs.
 
     ``too_long_chars``: in any mode, a request whose messages hold more characters gets vLLM's
     context-length 400 (``CONTEXT_400``), so one long document can sit in a batch of good ones.
@@ -54,7 +59,16 @@ class FaultyExecutor:
         hang_s: float = 3600.0,
         delay_s: float = 0.0,
         too_long_chars: int | None = None,
+        finish_reason: str = "stop",
+        root: str | None = None,
+        models_body: Any = None,
+        redirect_to: str = "",
     ) -> None:
+        self.finish_reason = finish_reason
+        self.root = root
+        self.models_body = models_body
+        self.redirect_to = redirect_to
+        self.models_calls = 0
         self.mode: Mode = mode
         self.content = content
         self.model = model
@@ -78,7 +92,14 @@ class FaultyExecutor:
             return len(self.requests)
 
     async def _models(self, _: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model"}]})
+        with self._lock:
+            self.models_calls += 1
+        if self.models_body is not None:
+            return JSONResponse(self.models_body)
+        card: dict[str, Any] = {"id": self.model, "object": "model"}
+        if self.root is not None:
+            card["root"] = self.root
+        return JSONResponse({"object": "list", "data": [card]})
 
     async def _chat(self, request: Request) -> Response:
         payload = await request.json()
@@ -105,13 +126,19 @@ class FaultyExecutor:
             return JSONResponse({"id": "x", "object": "chat.completion", "choices": []})
         if mode == "not_json":
             return PlainTextResponse("<html>proxy error</html>", status_code=200)
+        if mode == "redirect":
+            return Response(status_code=307, headers={"location": self.redirect_to})
         return JSONResponse(
             {
                 "id": f"chatcmpl-{n}",
                 "object": "chat.completion",
                 "model": payload.get("model"),
                 "choices": [
-                    {"index": 0, "message": {"role": "assistant", "content": self.content}, "finish_reason": "stop"}
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": self.content},
+                        "finish_reason": self.finish_reason,
+                    }
                 ],
             }
         )

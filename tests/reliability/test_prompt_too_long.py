@@ -69,9 +69,13 @@ def _check(body: dict[str, Any], items: list[dict[str, Any]], limit: int) -> str
     want = pipeline_reward_for_prompt_too_long(schema, items[1]["gold_table"])
     assert long["reward"] == pytest.approx(want.reward) and long["table_reward"] == pytest.approx(-1.0)
     others = [r for i, r in enumerate(results) if i != 1]
-    assert all(r["error"] is None and r["table_valid_json"] is not None for r in others), others
+    # The others are scored; an answer cut at MAX_TOKENS (16 with the real executor, to keep CPU time
+    # short) is reported as executor_truncated, not scored as a wrong table (issue 26).
+    assert all(r["error"] in (None, "executor_truncated") for r in others), others
     assert body["failed"] == 0 and body["prompt_too_long"] == 1
-    return f"200; item 1 prompt_too_long ({long['prompt_tokens']} tokens > {limit}); 3 others scored"
+    cut = sum(r["error"] == "executor_truncated" for r in others)
+    too_long = f"item 1 prompt_too_long ({long['prompt_tokens']} tokens > {limit})"
+    return f"200; {too_long}; 3 others scored ({cut} cut at MAX_TOKENS)"
 
 
 def test_context_length_400_is_recognised(examples: list[GoldenExample], record_property: Any) -> None:

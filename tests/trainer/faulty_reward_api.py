@@ -22,6 +22,7 @@ from tests.helpers.servers import ThreadServer
 class Faults:
     fail_first: int = 0  # answer the first N requests with `status`
     status: int = 503
+    error: str = "injected"  # the ErrorBody's `error` of an injected failure
     delay_s: float = 0.0
     requests: int = 0
     batch_sizes: list[int] = field(default_factory=list)
@@ -41,7 +42,7 @@ class FaultyRewardApi:
             if f.delay_s:
                 await asyncio.sleep(f.delay_s)
             if f.requests <= f.fail_first:
-                return JSONResponse({"error": "injected", "detail": f"fault {f.status}"}, status_code=f.status)
+                return JSONResponse({"error": f.error, "detail": f"fault {f.status}"}, status_code=f.status)
             results = [
                 {"id": it["id"], **compute_schema_reward_single(it["prediction"], it["gold_schema"]).as_dict()}
                 for it in body["items"]

@@ -70,11 +70,24 @@ async def test_503_is_retried_then_succeeds() -> None:
 async def test_503_raises_after_all_attempts_never_a_score() -> None:
     with FaultyRewardApi(Faults(fail_first=1000, status=503)) as api:
         try:
-            with pytest.raises(RewardServiceError, match="HTTP 503 after 3 attempts"):
+            with pytest.raises(RewardServiceError, match=r"HTTP 503 after 3 attempt\(s\)"):
                 await score_one("schema", PREDS[0], GOLD, _cfg(api.url, max_attempts=3))
         finally:
             await _close()
     assert api.faults.requests == 3
+
+
+async def test_executor_503_is_not_retried_by_the_client() -> None:
+    """Issue 26: the service retries its executor calls; retrying its executor 503 again multiplied the
+    executor attempts (3 service tries × 4 client tries = 12 per sample). One layer retries."""
+    faults = Faults(fail_first=1000, status=503, error="executor_unavailable")
+    with FaultyRewardApi(faults) as api:
+        try:
+            with pytest.raises(RewardServiceError, match=r"HTTP 503 after 1 attempt\(s\).*executor_unavailable"):
+                await score_one("schema", PREDS[0], GOLD, _cfg(api.url, max_attempts=4))
+        finally:
+            await _close()
+    assert api.faults.requests == 1
 
 
 async def test_429_is_retried_but_400_is_not() -> None:
@@ -175,3 +188,14 @@ def test_prompt_too_long_is_its_own_part_and_says_what_to_do(caplog: pytest.LogC
     assert parts["prompt_too_long"] == 1.0 and parts["executor_failed"] == 0.0
     assert "5000 tokens, executor context 2048" in caplog.text and "Drop these documents" in caplog.text
     assert score_dict("pipeline", {**ok, "error": None})["prompt_too_long"] == 0.0
+
+
+def test_executor_truncated_is_its_own_part_and_says_what_to_do(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 26: a table cut at the executor's max_tokens is counted apart, never as a plain low score."""
+    cut = {"reward": 0.0, "valid_json": True, "schema_reward": 1.0, "table_reward": -1.0, "f1": 1.0,
+           "cell_accuracy": 0.0, "error": "executor_truncated"}  # fmt: skip
+    with caplog.at_level("WARNING", logger="trainer.reward_client"):
+        parts = score_dict("pipeline", cut)
+    assert list(parts) == list(SCORE_KEYS["pipeline"])
+    assert parts["executor_truncated"] == 1.0 and parts["executor_failed"] == 0.0 and parts["prompt_too_long"] == 0.0
+    assert "REWARD_API_MAX_TOKENS" in caplog.text

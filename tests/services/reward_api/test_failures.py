@@ -140,8 +140,11 @@ def test_unreachable_executor_is_503_quickly(golden_sample: list[GoldenExample])
             post(api.url, "/reward/pipeline", {"items": _items(golden_sample[5])}), "executor_unavailable", "connect"
         )
         assert detail["attempts"] == 3 and time.monotonic() - t0 < 5.0
-        r = httpx.get(f"{api.url}/readyz", timeout=10)
+        r = httpx.get(f"{api.url}/readyz/pipeline", timeout=10)
         assert r.status_code == 503 and r.json()["replicas"][0]["ready"] is False
+        # Local readiness (the Service's probe) does not depend on the executor: B1/B2 never use it.
+        local = httpx.get(f"{api.url}/readyz", timeout=10)
+        assert local.status_code == 200 and local.json()["status"] == "ready", local.text
         # Local rewards do not depend on the executor.
         ok = post(
             api.url,
@@ -155,7 +158,7 @@ def test_two_replicas_one_down_still_succeeds(golden_sample: list[GoldenExample]
     dead = f"http://127.0.0.1:{free_port()}"
     examples = golden_sample[6:12]
     with FaultyExecutor("ok", content="") as fx, service(dead, fx.url) as api:
-        assert httpx.get(f"{api.url}/readyz", timeout=10).status_code == 200
+        assert httpx.get(f"{api.url}/readyz/pipeline", timeout=10).status_code == 200
         for ex in examples:  # sequential: each distinct prompt is one call, routed away from the dead one
             fx.content = gold_ndjson(ex.table_dict())
             r = post(api.url, "/reward/pipeline", {"items": _items(ex, n=1, invalid=False)})

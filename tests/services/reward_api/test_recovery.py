@@ -51,12 +51,13 @@ def test_executor_down_is_503_then_recovers(cpu_executor: Any, golden_sample: li
             assert r.status_code == 503, r.text
             assert r.json()["error"] == "executor_unavailable" and r.json()["detail"]["cause"] == "connect"
             assert elapsed < FAST_FAIL_S
-            assert httpx.get(f"{api.url}/readyz", timeout=15).status_code == 503
+            assert httpx.get(f"{api.url}/readyz/pipeline", timeout=15).status_code == 503
+            assert httpx.get(f"{api.url}/readyz", timeout=15).status_code == 200
             penalized = post(api.url, "/reward/pipeline", {"items": [item], "on_executor_error": "penalize"}).json()
             assert penalized["failed"] == 1 and penalized["results"][0]["error"] == "executor_failed"
         finally:
             cpu_executor.start(timeout=900)
-        assert httpx.get(f"{api.url}/readyz", timeout=15).status_code == 200
+        assert httpx.get(f"{api.url}/readyz/pipeline", timeout=15).status_code == 200
         after = post(api.url, "/reward/pipeline", {"items": [item]}, timeout=DEADLINE_S + 60)
         assert after.status_code == 200, after.text
         assert after.json()["executor_calls"] == 1
