@@ -229,7 +229,10 @@ _chain)  # what `all` runs in the background: each stage in turn, stopping at th
   done
   case ${CONTROL:-serial} in
     serial) RL_TEMPERATURE=$t stage control || exit 1 ;;
-    parallel) RL_TEMPERATURE=$t bash bench/gpu/ab.sh control ;;  # judged from its file; rl does not wait for it
+    # judged from its file; rl does not wait for it, but starts PARALLEL_STAGGER_S later: three vLLM rollout
+    # engines that start at once on one GPU lost one (issue 23's second lease: B1's "Engine core
+    # initialization failed" while the control and C1 came up)
+    parallel) RL_TEMPERATURE=$t bash bench/gpu/ab.sh control; sleep "${PARALLEL_STAGGER_S:-150}" ;;
     off) ;;
     *) echo "CONTROL must be serial, parallel or off" >&2; exit 2 ;;
   esac
