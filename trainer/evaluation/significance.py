@@ -75,16 +75,23 @@ def paired_bootstrap(
     if a.shape != b.shape or a.size == 0:
         raise ValueError(f"paired_bootstrap: need equal, non-empty sequences (got {a.size} and {b.size})")
     diffs = _resample_means(b - a, n_resamples, seed)
+    return _paired_test(names, metric, int(a.size), float(a.mean()), float(b.mean()), diffs, level)
+
+
+def _paired_test(
+    names: tuple[str, str], metric: str, n: int, base_mean: float, treat_mean: float, diffs: np.ndarray, level: float
+) -> PairedTest:
+    """The test from the resampled mean differences: percentile interval, two-sided p."""
     alpha = (1.0 - level) / 2.0
     below, above = float(np.mean(diffs <= 0.0)), float(np.mean(diffs >= 0.0))
     return PairedTest(
         baseline=names[0],
         treatment=names[1],
         metric=metric,
-        n=int(a.size),
-        baseline_mean=float(a.mean()),
-        treatment_mean=float(b.mean()),
-        diff=float((b - a).mean()),
+        n=n,
+        baseline_mean=base_mean,
+        treatment_mean=treat_mean,
+        diff=treat_mean - base_mean,
         ci_low=float(np.quantile(diffs, alpha)),
         ci_high=float(np.quantile(diffs, 1.0 - alpha)),
         p_value=min(1.0, 2.0 * min(below, above)),
@@ -131,22 +138,9 @@ def macro_paired_bootstrap(
             raise ValueError(f"macro_paired_bootstrap: need equal, non-empty sequences (got {x.size} and {y.size})")
         diffs_by_source.append(y - x)
     means = _stratified_macro_means(diffs_by_source, n_resamples, seed)
-    alpha = (1.0 - level) / 2.0
-    below, above = float(np.mean(means <= 0.0)), float(np.mean(means >= 0.0))
     base_mean = float(np.mean([np.mean(a) for a, _ in pairs]))
     treat_mean = float(np.mean([np.mean(b) for _, b in pairs]))
-    return PairedTest(
-        baseline=names[0],
-        treatment=names[1],
-        metric=metric,
-        n=sum(len(a) for a, _ in pairs),
-        baseline_mean=base_mean,
-        treatment_mean=treat_mean,
-        diff=treat_mean - base_mean,
-        ci_low=float(np.quantile(means, alpha)),
-        ci_high=float(np.quantile(means, 1.0 - alpha)),
-        p_value=min(1.0, 2.0 * min(below, above)),
-    )
+    return _paired_test(names, metric, sum(len(a) for a, _ in pairs), base_mean, treat_mean, means, level)
 
 
 def intervals(rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> dict[str, Any]:
