@@ -193,7 +193,7 @@ def test_prompt_too_long_is_its_own_part_and_says_what_to_do(caplog: pytest.LogC
 def test_executor_truncated_is_its_own_part_and_says_what_to_do(caplog: pytest.LogCaptureFixture) -> None:
     """Issue 26: a table cut at the executor's max_tokens is counted apart, never as a plain low score."""
     cut = {"reward": 0.0, "valid_json": True, "schema_reward": 1.0, "table_reward": -1.0, "f1": 1.0,
-           "cell_accuracy": 0.0, "error": "executor_truncated"}  # fmt: skip
+           "cell_accuracy": 0.0, "table_score": 0.0, "error": "executor_truncated"}  # fmt: skip
     with caplog.at_level("WARNING", logger="trainer.reward_client"):
         parts = score_dict("pipeline", cut)
     assert list(parts) == list(SCORE_KEYS["pipeline"])
