@@ -94,7 +94,8 @@ def test_verl_reward_loop_calls_our_function_in_batches(
                             "data_source": "table", "ground_truth": json.dumps({"table": ex.table_dict()}),
                             "extra_info": {"id": ex.id}})
             t = compute_table_reward_single(resp, ex.table_dict())
-            expected.append({"score": t.reward, "valid_json": float(t.valid_json), "cell_accuracy": t.cell_accuracy})
+            expected.append({"score": t.reward, "valid_json": float(t.valid_json), "table_score": t.score,
+                             "cell_accuracy": t.cell_accuracy})  # fmt: skip
     cfg = compose_ppo_config(default_model_dir, reward_overrides(reward_api.url, max_batch=8, max_wait_ms=200))
     before = {e: reward_requests(reward_api.url, e) for e in ("schema", "table")}
     out = run_reward_worker(cfg, rollout_dataproto(tokenizer, samples))

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from shared import golden_filename, read_golden
+from shared.golden import source_of
 from trainer.cli import app
 from trainer.data.sample_data import SAMPLE_DIR
 from trainer.evaluation.inference import messages_hash, read_jsonl, stage_messages
@@ -44,8 +45,8 @@ def test_precompute_and_evaluate_pipeline(cpu_executor: Any, tmp_path: Path) -> 
     assert manifest["counts"] == {"train": 2, "validation": 2}  # 'gold' keeps every row
     rows = pq.read_table(tmp_path / "c2" / "train.parquet").to_pylist()
     ex = read_golden(SAMPLE_DIR / golden_filename("train"), 1)[0]
-    assert rows[0]["data_source"] == "table" and json.loads(rows[0]["reward_model"]["ground_truth"]) == {
-        "table": ex.table_dict()}
+    assert rows[0]["data_source"] == f"table:{source_of(ex.id)}"  # per-source validation metrics in VERL
+    assert json.loads(rows[0]["reward_model"]["ground_truth"]) == {"table": ex.table_dict()}
     assert rows[0]["extra_info"]["phase"] == "c2" and rows[0]["prompt"][0]["role"] == "system"
     assert set(manifest["invalid_schemas"]) == {"train", "validation"}
 
