@@ -3,7 +3,8 @@
 Scale: the CI version runs by default; ``RELIABILITY_FULL=1`` (set by ``python -m bench reliability``)
 runs the full sizes (e.g. 32 clients × 200 requests instead of 8 × 25) and more fuzzing examples.
 Every test records what it tried, what it expected and what it observed (``record_property``); at the
-end of the run the outcomes are written to ``bench/results/reliability[.quick].{json,md}`` and, with
+end of a ``python -m bench reliability`` run the outcomes are written to
+``bench/results/reliability[.quick].{json,md}`` (a plain pytest run writes nothing) and, with
 ``RELIABILITY_RECORD=1``, into the table of ``docs/reliability.md``.
 """
 
@@ -24,6 +25,9 @@ from shared import GoldenExample, read_split
 from tests.helpers.servers import RewardApiServer
 
 FULL = os.environ.get("RELIABILITY_FULL", "") not in ("", "0")
+# `python -m bench reliability [--quick]` sets RELIABILITY_FULL and records the results; a plain pytest run
+# (`make test`) checks the same things and writes no tracked file, so it leaves `git status` clean.
+RECORD_RESULTS = "RELIABILITY_FULL" in os.environ
 RECORD_DOCS = os.environ.get("RELIABILITY_RECORD", "") not in ("", "0")
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "reliability.md"
@@ -157,7 +161,7 @@ def _merged(timestamp: str) -> list[dict[str, Any]]:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if not _OUTCOMES:
+    if not _OUTCOMES or not RECORD_RESULTS:
         return
     from bench.common import header_md, md_table, run_record, write_result
 
