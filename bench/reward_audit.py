@@ -403,10 +403,9 @@ def summarise(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
             for src, g in _group(group, ("source",)).items():
                 per_source[src[0]] = _stats(g, reward, kind)
             per_edit[edit] = {"kind": kind, **_stats(group, reward, kind), "per_source": per_source}
-        total = [r for r in records]
-        wrong = sum(wrong_way(r["kind"], r["before"][reward], r["after"][reward]) for r in total)
-        out[reward] = {"edits": per_edit, "applicable": len(total), "wrong_way": wrong,
-                       "wrong_way_share": wrong / len(total) if total else 0.0}  # fmt: skip
+        wrong = sum(wrong_way(r["kind"], r["before"][reward], r["after"][reward]) for r in records)
+        out[reward] = {"edits": per_edit, "applicable": len(records), "wrong_way": wrong,
+                       "wrong_way_share": wrong / len(records) if records else 0.0}  # fmt: skip
     return out
 
 
