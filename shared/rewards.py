@@ -43,6 +43,7 @@ INVALID_JSON = "invalid_json"
 INVALID_NDJSON = "invalid_ndjson"
 EXECUTOR_FAILED = "executor_failed"
 PROMPT_TOO_LONG = "prompt_too_long"
+EXECUTOR_TRUNCATED = "executor_truncated"
 
 TableMetric = Literal["aligned", "positional"]
 TABLE_METRICS: tuple[TableMetric, ...] = ("aligned", "positional")
@@ -208,13 +209,21 @@ def combine_pipeline_reward(
     return PipelineReward(cfg.clip(a * schema.reward + (1 - a) * table.reward), schema, table, error)
 
 
+def pipeline_reward_without_table(
+    schema: SchemaReward, gold_table: Mapping[str, Any], error: str, config: PipelineSchemaRewardConfig | None = None
+) -> PipelineReward:
+    """An item that has no table to score: the table part takes its invalid penalty, the schema part keeps its
+    own reward, and ``error`` says why (the four cases below)."""
+    cfg = config or PipelineSchemaRewardConfig()
+    table = invalid_table_reward(cfg.table_reward, len(gold_table.get("data", [])), error)
+    return combine_pipeline_reward(schema, table, cfg, error)
+
+
 def pipeline_reward_for_invalid_schema(
     schema: SchemaReward, gold_table: Mapping[str, Any], config: PipelineSchemaRewardConfig | None = None
 ) -> PipelineReward:
     """Both parts take their invalid penalties; no executor call is made."""
-    cfg = config or PipelineSchemaRewardConfig()
-    table = invalid_table_reward(cfg.table_reward, len(gold_table.get("data", [])), INVALID_JSON)
-    return combine_pipeline_reward(schema, table, cfg, INVALID_JSON)
+    return pipeline_reward_without_table(schema, gold_table, INVALID_JSON, config)
 
 
 def pipeline_reward_for_executor_failure(
@@ -222,9 +231,7 @@ def pipeline_reward_for_executor_failure(
 ) -> PipelineReward:
     """Opt-in penalty when the executor failed: the table part takes its invalid penalty and the
     result carries ``error="executor_failed"`` so it is never mistaken for a wrong answer."""
-    cfg = config or PipelineSchemaRewardConfig()
-    table = invalid_table_reward(cfg.table_reward, len(gold_table.get("data", [])), EXECUTOR_FAILED)
-    return combine_pipeline_reward(schema, table, cfg, EXECUTOR_FAILED)
+    return pipeline_reward_without_table(schema, gold_table, EXECUTOR_FAILED, config)
 
 
 def pipeline_reward_for_prompt_too_long(
@@ -234,12 +241,7 @@ def pipeline_reward_for_prompt_too_long(
     exists. The table part takes its invalid penalty like any item without a table, the schema part keeps
     its own reward, and ``error="prompt_too_long"`` tells it apart from a wrong answer and from a broken
     executor: the fix is in the data (drop or shorten the document), not in the policy or the infrastructure."""
-    cfg = config or PipelineSchemaRewardConfig()
-    table = invalid_table_reward(cfg.table_reward, len(gold_table.get("data", [])), PROMPT_TOO_LONG)
-    return combine_pipeline_reward(schema, table, cfg, PROMPT_TOO_LONG)
-
-
-EXECUTOR_TRUNCATED = "executor_truncated"
+    return pipeline_reward_without_table(schema, gold_table, PROMPT_TOO_LONG, config)
 
 
 def pipeline_reward_for_executor_truncated(
@@ -250,6 +252,4 @@ def pipeline_reward_for_executor_truncated(
     the table part takes its invalid penalty as for any item without a usable table, the schema part keeps its
     own reward, and ``error="executor_truncated"`` tells it apart from a wrong answer. The fix is to raise the
     executor's token limit."""
-    cfg = config or PipelineSchemaRewardConfig()
-    table = invalid_table_reward(cfg.table_reward, len(gold_table.get("data", [])), EXECUTOR_TRUNCATED)
-    return combine_pipeline_reward(schema, table, cfg, EXECUTOR_TRUNCATED)
+    return pipeline_reward_without_table(schema, gold_table, EXECUTOR_TRUNCATED, config)
