@@ -106,6 +106,9 @@ def data_precompute(
     model: str = typer.Option(..., help="Served model name of π1."),
     on_invalid: str = typer.Option("skip", help="Invalid predicted schema: 'skip' the row or use the 'gold' schema."),
     limit: int | None = typer.Option(None, min=1, help="First N examples per split."),
+    train_sample: int | None = typer.Option(
+        None, min=1, help="A seeded random N train documents (VERL draws data.train_max_samples of them)."
+    ),
     max_tokens: int = MaxTokens,
     concurrency: int = Concurrency,
     timeout: float = Timeout,
@@ -119,7 +122,10 @@ def data_precompute(
     policy: Literal["skip", "gold"] = "skip" if on_invalid == "skip" else "gold"
     fit = _stage2_fit(stage2_tokenizer, stage2_max_len)
     client = ExecutorClient(executor_url, model, _gen(max_tokens, concurrency, timeout, seed))
-    report = precompute_c2(golden, out, client, on_invalid=policy, limit=limit, stage2_fit=fit)
+    sample = {"train": train_sample} if train_sample else None
+    report = precompute_c2(
+        golden, out, client, on_invalid=policy, limit=limit, stage2_fit=fit, sample=sample, seed=seed
+    )
     table = Table("split", "rows written", "invalid schemas", f"invalid → {on_invalid}", "Stage-2 too long (dropped)")
     for split, n in report.counts.items():
         table.add_row(

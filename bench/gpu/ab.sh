@@ -28,9 +28,11 @@
 # (`python -m trainer preflight-choose`; the choice goes to $AB/preflight/choice.json), writes each swept
 # phase's improvable prompts at that temperature ($AB/preflight/<phase>_improvable.parquet, `trainer
 # preflight-filter`) and runs the positive control: before rl (CONTROL=serial, default), beside it
-# (CONTROL=parallel: one lease's time) or not at all (CONTROL=off). RL_IMPROVABLE=1 trains each arm on its
+# (CONTROL=parallel: one lease's time; on CONTROL_GPU, default GPU_A) or not at all (CONTROL=off). RL_IMPROVABLE=1 trains each arm on its
 # phase's improvable prompts where the sweep wrote them. A swept phase below MIN_SHARE has no headroom: the
 # chain stops before the control (FORCE_RL=1 goes on). RL_EXTRA: more Hydra overrides for both arms.
+# The second arm starts RL_STAGGER_S (default 90) after the first: two vLLM rollout engines that initialise at
+# the same moment on one GPU can lose one (vLLM's memory profiling sees the other's allocations move).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [[ -n "${PYTHONPATH:-}" && -d "${MODEL_DIR:-/nonexistent}" ]] || source bench/gpu/node_setup.sh >/dev/null
@@ -45,6 +47,20 @@ esac
 RL_STEPS=${RL_STEPS:-10}
 TEST=$GOLDEN_DIR/common_test_schemas.jsonl
 mkdir -p "$AB"
+# GPU_A: the first arm's GPU (and the preflight's, the control's, π1's executors); GPU_B: the second arm's (and
+# the π2ˢ executor of C1's reward). Both 0 on a one-GPU node; a two-GPU node runs the pi1 and the pi2 chains
+# side by side (GPU_A=GPU_B=0 and 1), a four-GPU node gives each arm its own. PORT_OFFSET keeps two chains'
+# services apart; SFT_GPUS places A1 and A2; SFT_FROM=<other chain's AB> reuses its data build and SFT.
+GPU_A=${GPU_A:-0}
+GPU_B=${GPU_B:-$GPU_A}
+PO=${PORT_OFFSET:-0}
+RAPI_LOCAL=$((18310 + PO)) RAPI_PIPE=$((18311 + PO)) X_PI2=$((18301 + PO)) X_PI1=$((18320 + PO))
+X_PI1_LOCAL=$((18321 + PO)) X_PI1_PIPE=$((18322 + PO)) X_PF=$((18325 + PO)) X_PI2_LOCAL=$((18331 + PO)) X_PI2_PIPE=$((18332 + PO))
+# The second arm waits RL_STAGGER_S only where it shares the first arm's GPU
+STAGGER=0; [[ $GPU_A == "$GPU_B" ]] && STAGGER=${RL_STAGGER_S:-90}
+# Eval's executors: those on the other GPU start without waiting for the one before (engines that initialise
+# together on ONE GPU can lose one; on two GPUs they cannot); eager, as the rollout (no compile at start)
+NOWAIT=--wait; [[ $GPU_A != "$GPU_B" ]] && NOWAIT=""
 bg() {  # NAME CMD: run CMD in its own session (outlives this command); NAME.rc when done, stage time recorded
   local name=$1; shift
   rm -f "$AB/$name.rc"
@@ -52,11 +68,12 @@ bg() {  # NAME CMD: run CMD in its own session (outlives this command); NAME.rc 
     printf '%s\t%s\t%s\t%s\n' $name \$s \$(date +%s) \$(( \$(date +%s) - s )) >> $AB/stages.tsv" < /dev/null > /dev/null 2>&1 &
 }
 # RL settings of both arms: the gpu profile's hyper-parameters, RL_STEPS steps, validation every 5, a random
-# 2,048-prompt subset of the train split (VERL's seed) so the dataset is not tokenised whole at start,
+# 2,048-prompt subset of the train split (VERL's seed) so the dataset is not tokenised whole at start, epochs
+# enough that RL_STEPS ends the run (an improvable-prompt set of 152 ran out after 6 steps at grpo_base's 3),
 # eager vLLM rollout (no compile at start), a fifth of the GPU each (two trainers + executors share it),
 # Ray on loopback (the node has no network).
 RL_ARGS="--profile gpu --data $AB/data --nproc 1 trainer.n_gpus_per_node=1 trainer.total_training_steps=$RL_STEPS \
-  trainer.test_freq=5 trainer.save_freq=5 data.train_max_samples=2048 actor_rollout_ref.rollout.enforce_eager=true \
+  trainer.test_freq=5 trainer.save_freq=5 data.train_max_samples=2048 trainer.total_epochs=100 actor_rollout_ref.rollout.enforce_eager=true \
   actor_rollout_ref.rollout.gpu_memory_utilization=0.2 +ray_kwargs.ray_init._node_ip_address=127.0.0.1 \
   ${RL_TEMPERATURE:+actor_rollout_ref.rollout.temperature=$RL_TEMPERATURE} ${RL_EXTRA:-}"
 
@@ -91,19 +108,19 @@ hf_of() {  # PHASE_DIR: the model a phase produced (its phase_result's hf_dir: t
   python3 -c "import json,sys; print(json.load(open(sys.argv[1] + '/phase_result.json'))['hf_dir'])" "$1"
 }
 
-services_up() {  # reward_api local (18310); with PIPE=1 (default) also the π2ˢ executor (the pipeline reward's
-                 # frozen π2) and reward_api pipeline (18311)
-  local pipe=${PIPE:-1} ports=18310
-  if ! up 18310; then
-    REWARD_API_LOG_LEVEL=WARNING setsid python3 -m services.reward_api --host 127.0.0.1 --port 18310 --workers 4 \
+services_up() {  # reward_api local (port 18310 + PORT_OFFSET); with PIPE=1 (default) also the π2ˢ executor (the
+                 # pipeline reward's frozen π2) and reward_api pipeline (18311 + PORT_OFFSET)
+  local pipe=${PIPE:-1} ports=${RAPI_LOCAL}
+  if ! up ${RAPI_LOCAL}; then
+    REWARD_API_LOG_LEVEL=WARNING setsid python3 -m services.reward_api --host 127.0.0.1 --port ${RAPI_LOCAL} --workers 4 \
       > "$AB/reward_api_local.log" 2>&1 < /dev/null &
   fi
-  if [[ $pipe == 1 ]] && ! up 18311; then
-    ports="18310 18311"
-    python3 -m bench.gpu.serve start --model "$AB/a2/hf" --name pi2-sft --gpus 0 --port 18301 --mem 0.08 --eager
-    python3 -m bench.gpu.serve wait --ports 18301
-    REWARD_API_EXECUTOR_URLS=http://127.0.0.1:18301 REWARD_API_EXECUTOR_MODEL=pi2-sft REWARD_API_LOG_LEVEL=WARNING \
-      setsid python3 -m services.reward_api --host 127.0.0.1 --port 18311 --workers 8 \
+  if [[ $pipe == 1 ]] && ! up ${RAPI_PIPE}; then
+    ports="${RAPI_LOCAL} ${RAPI_PIPE}"
+    python3 -m bench.gpu.serve start --model "$AB/a2/hf" --name pi2-sft --gpus $GPU_B --port ${X_PI2} --mem 0.08 --eager
+    python3 -m bench.gpu.serve wait --ports ${X_PI2}
+    REWARD_API_EXECUTOR_URLS=http://127.0.0.1:${X_PI2} REWARD_API_EXECUTOR_MODEL=pi2-sft REWARD_API_LOG_LEVEL=WARNING \
+      setsid python3 -m services.reward_api --host 127.0.0.1 --port ${RAPI_PIPE} --workers 8 \
       > "$AB/reward_api_pipe.log" 2>&1 < /dev/null &
   fi
   # shellcheck disable=SC2086
@@ -113,11 +130,12 @@ services_up() {  # reward_api local (18310); with PIPE=1 (default) also the π2�
 case "${1:-}" in
 sft)
   sft_args="--profile gpu --data $AB/data --model $MODEL_DIR --nproc 1 trainer.n_gpus_per_node=1"
-  runs=""
+  runs=""; read -r -a sft_gpus <<< "${SFT_GPUS:-$GPU_A $GPU_B}"; i=0
   for ph in ${SFT_PHASES:-a1 a2}; do
-    runs+="python3 -m trainer run $ph $sft_args --out $AB/$ph > $AB/$ph.log 2>&1 & pids+=(\$!); "
+    runs+="CUDA_VISIBLE_DEVICES=${sft_gpus[$i]:-$GPU_A} python3 -m trainer run $ph $sft_args --out $AB/$ph > $AB/$ph.log 2>&1 & pids+=(\$!); "
+    i=$((i + 1))
   done
-  bg sft "python3 -m trainer data build --golden $GOLDEN_DIR --out $AB/data --phases a1,a2,$RL_PHASES || exit 1; \
+  bg sft "python3 -m trainer data build --golden $GOLDEN_DIR --out $AB/data --phases ${DATA_PHASES:-a1,a2,$RL_PHASES} || exit 1; \
     pids=(); $runs failed=0; for p in \${pids[@]}; do wait \$p || failed=1; done; \
     echo sft phases ${SFT_PHASES:-a1 a2} failed=\$failed; exit \$failed"
   echo "sft started: ${SFT_PHASES:-a1 a2}"
@@ -130,12 +148,12 @@ preflight)
   PIPE=$PIPE services_up
   # eager (no CUDA graphs / compile): the sweep is short, the start is what costs (on a fresh H200 node the
   # compiled start ran past 90 s, and a preflight that had 100 s left never sampled)
-  if [[ $EXP == pi1 ]]; then policy=pi1-sft; pport=18320; pmodel=$AB/a1/hf; else policy=pi2-sft-pf; pport=18325; pmodel=$AB/a2/hf; fi
-  python3 -m bench.gpu.serve start --model "$pmodel" --name $policy --gpus 0 --port $pport --mem 0.08 --eager --wait
+  if [[ $EXP == pi1 ]]; then policy=pi1-sft; pport=${X_PI1}; pmodel=$AB/a1/hf; else policy=pi2-sft-pf; pport=${X_PF}; pmodel=$AB/a2/hf; fi
+  python3 -m bench.gpu.serve start --model "$pmodel" --name $policy --gpus $GPU_A --port $pport --mem 0.08 --eager --wait
   mkdir -p "$AB/preflight"
   sweeps=""
   for ph in $phases; do
-    case $ph in b1|b2|c2) url=http://127.0.0.1:18310 ;; c1) url=http://127.0.0.1:18311 ;; *) echo "no preflight for $ph" >&2; exit 2 ;; esac
+    case $ph in b1|b2|c2) url=http://127.0.0.1:${RAPI_LOCAL} ;; c1) url=http://127.0.0.1:${RAPI_PIPE} ;; *) echo "no preflight for $ph" >&2; exit 2 ;; esac
     sweeps+="python3 -m trainer preflight --golden $GOLDEN_DIR --phase $ph --policy-url http://127.0.0.1:$pport \
       --policy-model $policy --reward-url $url --prompts ${PREFLIGHT_PROMPTS:-64} --n ${PREFLIGHT_N:-16} \
       --temperature \$t --max-tokens 384 --min-informative 0 --min-improvable 0 \
@@ -146,11 +164,12 @@ preflight)
   echo "preflight started: $phases at temperatures ${TEMPS:-1.0 1.3 1.6}"
   ;;
 c2data)
-  # C2's prompts: π1ˢ writes the schema of every train/validation document (greedy); invalid ones are skipped.
-  bg c2data "python3 -m bench.gpu.serve start --model $AB/a1/hf --name pi1-sft --gpus 0 --port 18320 --mem 0.08 --eager --wait && \
-    python3 -m trainer data precompute-schemas --golden $GOLDEN_DIR --out $AB/data --executor-url http://127.0.0.1:18320 \
-      --model pi1-sft --on-invalid skip --max-tokens 256 --concurrency 256 --timeout 600; \
-    rc=\$?; python3 -m bench.gpu.serve stop --ports 18320; exit \$rc"  # eval starts its own π1ˢ executor
+  # C2's prompts: π1ˢ writes the schema (greedy) of a seeded C2_TRAIN_SAMPLE (4,096) train documents, of which
+  # rl draws 2,048, and of every validation document (early stopping's split); invalid ones are skipped.
+  bg c2data "python3 -m bench.gpu.serve start --model $AB/a1/hf --name pi1-sft --gpus $GPU_B --port ${X_PI1} --mem 0.08 --eager --wait && \
+    python3 -m trainer data precompute-schemas --golden $GOLDEN_DIR --out $AB/data --executor-url http://127.0.0.1:${X_PI1} \
+      --model pi1-sft --on-invalid skip --max-tokens 256 --concurrency 256 --timeout 600 --train-sample ${C2_TRAIN_SAMPLE:-4096}; \
+    rc=\$?; python3 -m bench.gpu.serve stop --ports ${X_PI1}; exit \$rc"  # eval starts its own π1ˢ executor
   echo "c2data started: π1ˢ schemas for C2"
   ;;
 control)
@@ -158,21 +177,21 @@ control)
   # them; its greedy reward must rise by 0.05 (trainer/phases/positive_control.py), else the wiring is at fault
   PIPE=0 services_up
   model=$AB/a1/hf; [[ $EXP == pi2 ]] && model=$AB/a2/hf
-  bg control "python3 -m trainer positive-control $CONTROL_PHASE --prompts $AB/preflight/${CONTROL_PHASE}_improvable.parquet \
-    --out $AB/${CONTROL_PHASE}_control --model $model --reward-url http://127.0.0.1:18310 $CONTROL_ARGS"
+  bg control "CUDA_VISIBLE_DEVICES=${CONTROL_GPU:-$GPU_A} python3 -m trainer positive-control $CONTROL_PHASE --prompts $AB/preflight/${CONTROL_PHASE}_improvable.parquet \
+    --out $AB/${CONTROL_PHASE}_control --model $model --reward-url http://127.0.0.1:${RAPI_LOCAL} $CONTROL_ARGS"
   echo "control started: $CONTROL_PHASE on $AB/preflight/${CONTROL_PHASE}_improvable.parquet"
   ;;
 rl)
   if [[ $EXP == pi1 ]]; then
     services_up
-    bg rl "python3 -m trainer run b1 $RL_ARGS $(rl_data b1) --out $AB/b1 --model $AB/a1/hf --reward-url http://127.0.0.1:18310 > $AB/b1.log 2>&1 & p1=\$!; \
-      python3 -m trainer run c1 $RL_ARGS $(rl_data c1) --out $AB/c1 --model $AB/a1/hf --reward-url http://127.0.0.1:18311 > $AB/c1.log 2>&1 & p2=\$!; \
+    bg rl "CUDA_VISIBLE_DEVICES=$GPU_A python3 -m trainer run b1 $RL_ARGS $(rl_data b1) --out $AB/b1 --model $AB/a1/hf --reward-url http://127.0.0.1:${RAPI_LOCAL} > $AB/b1.log 2>&1 & p1=\$!; \
+      sleep $STAGGER; CUDA_VISIBLE_DEVICES=$GPU_B python3 -m trainer run c1 $RL_ARGS $(rl_data c1) --out $AB/c1 --model $AB/a1/hf --reward-url http://127.0.0.1:${RAPI_PIPE} > $AB/c1.log 2>&1 & p2=\$!; \
       wait \$p1; a=\$?; wait \$p2; b=\$?; echo b1 \$a c1 \$b; [[ \$a == 0 && \$b == 0 ]]"
     echo "rl started: B1 and C1 from $AB/a1/hf, $RL_STEPS steps each"
   else
     PIPE=0 services_up  # both arms use the table reward: no executor inside the reward
-    bg rl "python3 -m trainer run b2 $RL_ARGS $(rl_data b2) --out $AB/b2 --model $AB/a2/hf --reward-url http://127.0.0.1:18310 > $AB/b2.log 2>&1 & p1=\$!; \
-      python3 -m trainer run c2 $RL_ARGS $(rl_data c2) --out $AB/c2 --model $AB/a2/hf --reward-url http://127.0.0.1:18310 > $AB/c2.log 2>&1 & p2=\$!; \
+    bg rl "CUDA_VISIBLE_DEVICES=$GPU_A python3 -m trainer run b2 $RL_ARGS $(rl_data b2) --out $AB/b2 --model $AB/a2/hf --reward-url http://127.0.0.1:${RAPI_LOCAL} > $AB/b2.log 2>&1 & p1=\$!; \
+      sleep $STAGGER; CUDA_VISIBLE_DEVICES=$GPU_B python3 -m trainer run c2 $RL_ARGS $(rl_data c2) --out $AB/c2 --model $AB/a2/hf --reward-url http://127.0.0.1:${RAPI_LOCAL} > $AB/c2.log 2>&1 & p2=\$!; \
       wait \$p1; a=\$?; wait \$p2; b=\$?; echo b2 \$a c2 \$b; [[ \$a == 0 && \$b == 0 ]]"
     echo "rl started: B2 and C2 from $AB/a2/hf, $RL_STEPS steps each"
   fi
@@ -180,27 +199,29 @@ rl)
 eval)
   if [[ $EXP == pi2 ]]; then
     # π2ˢ, π2ʳ-B2 and π2ʳ-C2 on GOLD schemas (the B2 target), then end to end with π1ˢ writing the schemas.
-    bg eval "python3 -m bench.gpu.serve start --model $AB/a1/hf --name pi1-sft --gpus 0 --port 18320 --mem 0.08 --wait && \
-      python3 -m bench.gpu.serve start --model $AB/a2/hf --name pi2-sft --gpus 0 --port 18301 --mem 0.08 --wait && \
-      python3 -m bench.gpu.serve start --model \$(bash bench/gpu/ab.sh _hf b2) --name pi2-local --gpus 0 --port 18331 --mem 0.08 --wait && \
-      python3 -m bench.gpu.serve start --model \$(bash bench/gpu/ab.sh _hf c2) --name pi2-pipe --gpus 0 --port 18332 --mem 0.08 --wait && \
-      mkdir -p $AB/gold_schema && \
-      for s in sft:18301:pi2-sft local:18331:pi2-local pipe:18332:pi2-pipe; do IFS=: read n p m <<< \$s; \
+    bg eval "python3 -m bench.gpu.serve start --model \$(bash bench/gpu/ab.sh _hf b2) --name pi2-local --gpus $GPU_B --port ${X_PI2_LOCAL} --mem 0.08 --eager $NOWAIT && \
+      python3 -m bench.gpu.serve start --model $AB/a1/hf --name pi1-sft --gpus $GPU_A --port ${X_PI1} --mem 0.08 --eager --wait && \
+      python3 -m bench.gpu.serve start --model \$(bash bench/gpu/ab.sh _hf c2) --name pi2-pipe --gpus $GPU_B --port ${X_PI2_PIPE} --mem 0.08 --eager $NOWAIT && \
+      python3 -m bench.gpu.serve start --model $AB/a2/hf --name pi2-sft --gpus $GPU_A --port ${X_PI2} --mem 0.08 --eager --wait && \
+      python3 -m bench.gpu.serve wait --ports ${X_PI1},${X_PI2},${X_PI2_LOCAL},${X_PI2_PIPE} && \
+      mkdir -p $AB/gold_schema && gold=() && \
+      for s in sft:${X_PI2}:pi2-sft local:${X_PI2_LOCAL}:pi2-local pipe:${X_PI2_PIPE}:pi2-pipe; do IFS=: read n p m <<< \$s; \
         python3 -m trainer infer stage2 --executor-url http://127.0.0.1:\$p --model \$m --golden $TEST \
-          --out $AB/gold_schema/\$n.jsonl --max-tokens 384 --concurrency 256 --timeout 600 || exit 1; done && \
+          --out $AB/gold_schema/\$n.jsonl --max-tokens 384 --concurrency 256 --timeout 600 > $AB/gold_\$n.log 2>&1 & gold+=(\$!); done; \
+      ( $(phase_d_in_parallel "sft:${X_PI1}:pi1-sft:${X_PI2}:pi2-sft local:${X_PI1}:pi1-sft:${X_PI2_LOCAL}:pi2-local pipe:${X_PI1}:pi1-sft:${X_PI2_PIPE}:pi2-pipe") ); d=\$?; \
+      for q in \${gold[@]}; do wait \$q || exit 1; done; \
       python3 -m trainer evaluate score --golden $TEST --out $AB/gold_schema_eval --predictions sft=$AB/gold_schema/sft.jsonl \
-        --predictions local=$AB/gold_schema/local.jsonl --predictions pipe=$AB/gold_schema/pipe.jsonl && \
-      $(phase_d_in_parallel "sft:18320:pi1-sft:18301:pi2-sft local:18320:pi1-sft:18331:pi2-local pipe:18320:pi1-sft:18332:pi2-pipe")"
+        --predictions local=$AB/gold_schema/local.jsonl --predictions pipe=$AB/gold_schema/pipe.jsonl && exit \$d"
     echo "eval started"
     exit 0
   fi
   # One at a time: three vLLM engines that started at the same moment on one GPU lost one of them
   # (engine core initialisation failed on the H200 run); the executors' own wait is in `serve wait`.
-  bg eval "python3 -m bench.gpu.serve start --model $AB/a1/hf --name pi1-sft --gpus 0 --port 18320 --mem 0.08 --wait && \
-    python3 -m bench.gpu.serve start --model \$(bash bench/gpu/ab.sh _hf b1) --name pi1-local --gpus 0 --port 18321 --mem 0.08 --wait && \
-    python3 -m bench.gpu.serve start --model \$(bash bench/gpu/ab.sh _hf c1) --name pi1-pipe --gpus 0 --port 18322 --mem 0.08 --wait && \
-    python3 -m bench.gpu.serve wait --ports 18301,18320,18321,18322 && \
-    $(phase_d_in_parallel "sft:18320:pi1-sft:18301:pi2-sft local:18321:pi1-local:18301:pi2-sft pipe:18322:pi1-pipe:18301:pi2-sft")"
+  bg eval "python3 -m bench.gpu.serve start --model \$(bash bench/gpu/ab.sh _hf c1) --name pi1-pipe --gpus $GPU_B --port ${X_PI1_PIPE} --mem 0.08 --eager $NOWAIT && \
+    python3 -m bench.gpu.serve start --model $AB/a1/hf --name pi1-sft --gpus $GPU_A --port ${X_PI1} --mem 0.08 --eager --wait && \
+    python3 -m bench.gpu.serve start --model \$(bash bench/gpu/ab.sh _hf b1) --name pi1-local --gpus $GPU_A --port ${X_PI1_LOCAL} --mem 0.08 --eager --wait && \
+    python3 -m bench.gpu.serve wait --ports ${X_PI2},${X_PI1},${X_PI1_LOCAL},${X_PI1_PIPE} && \
+    $(phase_d_in_parallel "sft:${X_PI1}:pi1-sft:${X_PI2}:pi2-sft local:${X_PI1_LOCAL}:pi1-local:${X_PI2}:pi2-sft pipe:${X_PI1_PIPE}:pi1-pipe:${X_PI2}:pi2-sft")"
   echo "eval started"
   ;;
 all)
@@ -214,8 +235,24 @@ _chain)  # what `all` runs in the background: each stage in turn, stopping at th
     while [[ ! -f $AB/$1.rc ]]; do sleep 5; done
     [[ $(cat "$AB/$1.rc") == 0 ]] || { echo "stage $1 failed: $(tail -n 3 "$AB/$1.log")"; return 1; }
   }
-  stage sft && stage preflight || exit 1
-  [[ $EXP == pi2 ]] && { stage c2data || exit 1; }
+  if [[ -n ${SFT_FROM:-} ]]; then  # another chain's data build and SFT (it must build this chain's phases too)
+    while [[ ! -f $SFT_FROM/sft.rc ]]; do sleep 5; done
+    [[ $(cat "$SFT_FROM/sft.rc") == 0 ]] || { echo "sft of $SFT_FROM failed"; exit 1; }
+    for d in data a1 a2; do ln -sfn "$SFT_FROM/$d" "$AB/$d"; done
+  else
+    stage sft || exit 1
+  fi
+  if [[ $EXP == pi2 ]]; then
+    # c2data beside the preflight: its π1ˢ engine starts once the preflight's engine is up (`preflight` returns
+    # then), never at the same moment
+    bash bench/gpu/ab.sh preflight && bash bench/gpu/ab.sh c2data || exit 1
+    for s in preflight c2data; do
+      while [[ ! -f $AB/$s.rc ]]; do sleep 5; done
+      [[ $(cat "$AB/$s.rc") == 0 ]] || { echo "stage $s failed: $(tail -n 3 "$AB/$s.log")"; exit 1; }
+    done
+  else
+    stage preflight || exit 1
+  fi
   phases=${PREFLIGHT_PHASES:-$DEFAULT_PREFLIGHT}
   t=$(python3 -m trainer preflight-choose --dir "$AB/preflight" --phases "${phases// /,}" --min-share "${MIN_SHARE:-0.10}" \
     --out "$AB/preflight/choice.json") || exit 1
@@ -271,8 +308,8 @@ collect)
   [[ -d $AB/preflight ]] && cp -r "$AB/preflight" "$o/"
   for f in "$AB"/*.log; do if [[ -f $f ]]; then tail -c 20000 "$f" > "$o/${f##*/}"; fi; done
   collect_node_info "$o"
-  tar -czf "${OUT:-$AB}/ab.tar.gz" -C "$o" .
-  ls -la "${OUT:-$AB}/ab.tar.gz"
+  tar -czf "${OUT:-$AB}/${COLLECT_NAME:-ab.tar.gz}" -C "$o" .
+  ls -la "${OUT:-$AB}/${COLLECT_NAME:-ab.tar.gz}"
   ;;
 *) echo "usage: [EXP=pi1|pi2] ab.sh sft|preflight|c2data|control|rl|eval|all|wait NAME SECONDS|collect" >&2; exit 2 ;;
 esac
