@@ -25,7 +25,8 @@ def test_transport_errors_map_to_causes() -> None:
 
 
 def _settings(url: str, **kw: object) -> Settings:
-    return Settings(executor_urls=[url], cache_size=0, retries=0, log_level="WARNING", **kw)  # type: ignore[arg-type]
+    fields: dict[str, object] = {"executor_urls": [url], "cache_size": 0, "retries": 0, "log_level": "WARNING", **kw}
+    return Settings(**fields)  # type: ignore[arg-type]
 
 
 def test_concurrent_calls_through_one_session() -> None:
@@ -110,3 +111,31 @@ def test_identical_concurrent_calls_join_the_one_in_flight() -> None:
         n_requests = len(fx.requests)
     assert sources == ["call", "inflight", "inflight", "inflight"]
     assert n_requests == 1
+
+
+# ---- issue 26: one /v1/models read in flight ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model_check_s", [5.0, 0.0])
+def test_model_read_is_single_flight(model_check_s: float) -> None:
+    """20 concurrent readers of the model card (a request's start, each prompt's length check) while
+    /v1/models takes 0.5 s: one read, the others await it, even when the one that started it leaves
+    (its request was cancelled). Before: a lock, so with MODEL_CHECK_S=0 each reader read again after the
+    one before it (20 reads), and a cancelled first reader aborted the read (a second one)."""
+    with FaultyExecutor("ok", models_delay_s=0.5, root="/models/a") as fx:
+
+        async def go() -> None:
+            client = ExecutorClient(_settings(fx.url, model_check_s=model_check_s))
+            try:
+                first = asyncio.create_task(client.refresh_model())
+                await asyncio.sleep(0.1)
+                others = [asyncio.create_task(client.refresh_model()) for _ in range(19)]
+                await asyncio.sleep(0.1)
+                first.cancel()
+                await asyncio.gather(*others)
+                assert client._identity == "/models/a"
+            finally:
+                await client.aclose()
+
+        asyncio.run(go())
+        assert fx.models_calls == 1

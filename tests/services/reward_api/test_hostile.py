@@ -173,11 +173,14 @@ def test_model_swap_is_never_served_from_the_cache(golden_sample: list[GoldenExa
     assert third["executor_output"] == '{"a": "new model"}' and third["cached"] is True
 
 
-def test_one_models_read_for_many_prompts(golden_sample: list[GoldenExample]) -> None:
-    """The first request after a start read /v1/models once per distinct prompt (50 for 50)."""
+@pytest.mark.parametrize("model_check_s", ["5", "0"])
+def test_one_models_read_for_many_prompts(golden_sample: list[GoldenExample], model_check_s: str) -> None:
+    """The first request after a start read /v1/models once per distinct prompt (50 for 50). With
+    MODEL_CHECK_S=0 ("before every request") each prompt's length check still read it again (51 for 50):
+    the check now uses the limit of the read that built the request's keys."""
     ex = golden_sample[2]
     items = [_pipe_item(ex, str(i), text=f"{ex.text} ({i})") for i in range(50)]
-    with FaultyExecutor("ok", content="{}") as fx, service(fx.url) as api:
+    with FaultyExecutor("ok", content="{}") as fx, service(fx.url, REWARD_API_MODEL_CHECK_S=model_check_s) as api:
         r = post(api.url, "/reward/pipeline", {"items": items})
         assert r.status_code == 200 and r.json()["executor_calls"] == 50
         assert fx.models_calls == 1
