@@ -1,6 +1,8 @@
 """Async client of the OpenAI-compatible executor (``/v1/chat/completions``), shared by all requests.
 
-- one ``aiohttp.ClientSession`` (one connection pool) and a semaphore of ``MAX_IN_FLIGHT`` calls. Not
+- one ``aiohttp.ClientSession`` (one connection pool); at most ``MAX_IN_FLIGHT`` calls in flight in the
+  process, and at most ``MAX_IN_FLIGHT_PER_EXECUTOR`` at each replica (a semaphore per replica), so the
+  load an executor sees is budgeted per executor, whatever the number of replicas listed. Not
   httpx: its connection pool rescans every connection (and polls each idle socket) on every request
   start and end, so with the hundreds of connections a GPU executor needs, the pool alone cost several
   CPU ms per item and capped one worker near 80 items/s (bench/results/pipeline_cpu_cost.md);
@@ -30,7 +32,8 @@ import logging
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -71,8 +74,10 @@ _DECODE = msgspec.json.Decoder().decode
 class Replica:
     index: int
     url: str
+    slots: asyncio.Semaphore  # MAX_IN_FLIGHT_PER_EXECUTOR calls at once at this replica
     proxy: str | None = None
     in_flight: int = 0
+    waiting: int = 0  # callers queued for one of ``slots``
     picks: int = 0
     down_until: float = 0.0
 
@@ -122,7 +127,10 @@ class ExecutorClient:
         if not settings.executor_urls:
             raise ValueError("ExecutorClient needs at least one executor URL")
         self.settings = settings
-        self.replicas = [Replica(i, url, env_proxy(url)) for i, url in enumerate(settings.executor_urls)]
+        self.replicas = [
+            Replica(i, url, asyncio.Semaphore(settings.max_in_flight_per_executor), env_proxy(url))
+            for i, url in enumerate(settings.executor_urls)
+        ]
         self._headers = {"Content-Type": "application/json"}
         if settings.executor_api_key is not None:
             self._headers["Authorization"] = f"Bearer {settings.executor_api_key.get_secret_value()}"
@@ -319,10 +327,9 @@ class ExecutorClient:
         if size < PRECHECK_BYTES_PER_TOKEN * limit:
             return
         body = {"model": self.settings.executor_model, "messages": list(messages), "add_generation_prompt": True}
-        r = self._pick()
         try:
             async with (
-                self._sem,
+                self._slot() as r,
                 self._http.post(f"{r.url}/tokenize", data=_ENCODE(body), proxy=r.proxy, allow_redirects=False) as resp,
             ):
                 raw = await resp.read()
@@ -371,13 +378,41 @@ class ExecutorClient:
             self._cache[key] = answer
         return answer
 
-    def _pick(self) -> Replica:
+    def _healthy(self) -> list[Replica]:
         now = time.monotonic()
-        healthy = [r for r in self.replicas if r.down_until <= now]
+        return [r for r in self.replicas if r.down_until <= now]
+
+    def _pick(self) -> Replica:
+        healthy = self._healthy()
         if healthy:
-            return min(healthy, key=lambda r: (r.in_flight, r.picks))
+            # Least loaded: calls in flight there plus callers queued for its slots.
+            return min(healthy, key=lambda r: (r.in_flight + r.waiting, r.picks))
         # All ejected: still try the one back soonest, so a recovered executor is found without delay.
         return min(self.replicas, key=lambda r: r.down_until)
+
+    @asynccontextmanager
+    async def _slot(self) -> AsyncIterator[Replica]:
+        """A replica to send one request to, holding one of the process's ``MAX_IN_FLIGHT`` slots and one of
+        that replica's ``MAX_IN_FLIGHT_PER_EXECUTOR``. A caller queued at a replica that was ejected
+        meanwhile gives its slot back and picks again while a healthy one exists."""
+        async with self._sem:
+            while True:
+                r = self._pick()
+                r.picks += 1
+                r.waiting += 1
+                try:
+                    await r.slots.acquire()
+                finally:
+                    r.waiting -= 1
+                if r.down_until <= time.monotonic() or not self._healthy():
+                    break
+                r.slots.release()
+            r.in_flight += 1
+            try:
+                yield r
+            finally:
+                r.in_flight -= 1
+                r.slots.release()
 
     def _mark(self, r: Replica, failure: ExecutorFailure | None) -> None:
         if failure is None:
@@ -394,10 +429,7 @@ class ExecutorClient:
             r.down_until = time.monotonic() + self.settings.replica_cooldown_s
 
     async def _attempt(self, payload: dict[str, Any]) -> _Answer:
-        async with self._sem:
-            r = self._pick()
-            r.in_flight += 1
-            r.picks += 1
+        async with self._slot() as r:
             metrics.EXECUTOR_IN_FLIGHT.inc()
             t0 = time.perf_counter()
             failure: ExecutorFailure | None = None
@@ -415,7 +447,6 @@ class ExecutorClient:
                 outcome = "prompt_too_long"  # the replica answered correctly: it stays in rotation
                 raise
             finally:
-                r.in_flight -= 1
                 metrics.EXECUTOR_IN_FLIGHT.dec()
                 metrics.EXECUTOR_LATENCY.observe(time.perf_counter() - t0)
                 metrics.EXECUTOR_ATTEMPTS.labels(outcome).inc()

@@ -679,6 +679,27 @@ def test_executor_in_flight_is_budgeted_for_the_hpa_maximum(overlay):
 
 
 @pytest.mark.parametrize("overlay", SERVICE_OVERLAYS)
+def test_executor_in_flight_is_budgeted_per_executor_pod(overlay):
+    """Budget in-flight calls per executor, not per worker (issue 26): each worker caps its calls at one
+    executor URL at MAX_IN_FLIGHT_PER_EXECUTOR (and all of them at MAX_IN_FLIGHT); at the HPA's maximum the
+    pods behind each URL see at most ~128 calls each (docs/deploy.md). Before: no such setting."""
+    from services.reward_api.settings import Settings
+
+    docs = render(overlay)
+    container = one(docs, "Deployment", "reward-api")["spec"]["template"]["spec"]["containers"][0]
+    env = _reward_api_env(docs)
+    assert "REWARD_API_MAX_IN_FLIGHT_PER_EXECUTOR" in env, "set explicitly: the default knows nothing of the HPA"
+    settings = Settings(_env_file=None, **{k.removeprefix("REWARD_API_").lower(): v for k, v in env.items()})
+    processes = one(docs, "HorizontalPodAutoscaler", "reward-api")["spec"]["maxReplicas"] * workers_arg(
+        container["args"]
+    )
+    per_url = processes * min(settings.max_in_flight_per_executor, settings.max_in_flight)
+    for url in settings.executor_urls:
+        pods = deployment_behind(docs, url_service(docs, url))["spec"]["replicas"]
+        assert per_url / pods <= 128, f"{overlay}: {per_url} calls over {pods} pod(s) behind {url}"
+
+
+@pytest.mark.parametrize("overlay", SERVICE_OVERLAYS)
 def test_no_service_account_token_where_nothing_calls_the_api(overlay):
     docs = render(overlay)
     for name in ("reward-api", "executor-pi1", "executor-pi2"):

@@ -232,6 +232,25 @@ def test_fail_mode_stops_at_the_first_failure(golden_sample: list[GoldenExample]
         assert fx.calls <= 2  # before: all 10
 
 
+def test_in_flight_calls_are_budgeted_per_executor_replica(golden_sample: list[GoldenExample]) -> None:
+    """Budget in-flight calls per executor, not per worker: MAX_IN_FLIGHT_PER_EXECUTOR caps what each
+    replica has outstanding from this process. Two slow replicas, MAX_IN_FLIGHT 16, 3 per replica, 24
+    distinct prompts: each replica sees 3 at once, never more. Before: 8 each (16 split by routing)."""
+    ex = golden_sample[8]
+    items = [_pipe_item(ex, str(i), text=f"{ex.text} ({i})") for i in range(24)]
+    env = {"REWARD_API_MAX_IN_FLIGHT": "16", "REWARD_API_MAX_IN_FLIGHT_PER_EXECUTOR": "3"}
+    with (
+        FaultyExecutor("ok", content="{}", delay_s=0.3) as a,
+        FaultyExecutor("ok", content="{}", delay_s=0.3) as b,
+        service(a.url, b.url, **env) as api,
+    ):
+        r = post(api.url, "/reward/pipeline", {"items": items})
+        assert r.status_code == 200 and r.json()["executor_calls"] == 24, r.text[:300]
+        assert (a.max_in_flight, b.max_in_flight) == (3, 3)
+        info = httpx.get(f"{api.url}/info", timeout=10).json()
+    assert info["limits"]["max_in_flight_per_executor"] == 3 and info["limits"]["max_in_flight"] == 16
+
+
 # ---- 7: redirects, and what reaches the client ----------------------------------------------------
 
 
