@@ -258,6 +258,8 @@ def bench_reward_api_env(
         "REWARD_API_SEED": "0",
         "REWARD_API_CACHE_SIZE": "0",
         "REWARD_API_MAX_IN_FLIGHT": str(max_in_flight),
+        # The benches set the process's budget; the per-replica cap (default 64) must not lower it.
+        "REWARD_API_MAX_IN_FLIGHT_PER_EXECUTOR": str(max_in_flight),
         "REWARD_API_EXECUTOR_TIMEOUT_S": str(executor_timeout_s),
         "REWARD_API_REQUEST_DEADLINE_S": str(deadline_s),
         "REWARD_API_LOG_LEVEL": "WARNING",

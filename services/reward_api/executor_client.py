@@ -1,6 +1,8 @@
 """Async client of the OpenAI-compatible executor (``/v1/chat/completions``), shared by all requests.
 
-- one ``aiohttp.ClientSession`` (one connection pool) and a semaphore of ``MAX_IN_FLIGHT`` calls. Not
+- one ``aiohttp.ClientSession`` (one connection pool); at most ``MAX_IN_FLIGHT`` calls in flight in the
+  process, and at most ``MAX_IN_FLIGHT_PER_EXECUTOR`` at each replica (a semaphore per replica), so the
+  load an executor sees is budgeted per executor, whatever the number of replicas listed. Not
   httpx: its connection pool rescans every connection (and polls each idle socket) on every request
   start and end, so with the hundreds of connections a GPU executor needs, the pool alone cost several
   CPU ms per item and capped one worker near 80 items/s (bench/results/pipeline_cpu_cost.md);
@@ -9,9 +11,11 @@
   request and across concurrent requests (single-flight), and a bounded LRU keeps finished outputs;
 - several replicas: least-in-flight routing; a failing replica is ejected for ``REPLICA_COOLDOWN_S``;
 - a prompt that cannot fit the executor's context raises ``PromptTooLong`` (``failures``, point 6);
-- the served model's identity (its ``/v1/models`` ``root``, re-read at most every ``MODEL_CHECK_S``, one
-  read at a time) is part of the de-duplication key, and a change of it drops the cache: behind an
-  unchanged served name, another model's output is never reused;
+- the served model's identity (its ``/v1/models`` ``root``, re-read at most every ``MODEL_CHECK_S``) is
+  part of the de-duplication key, and a change of it drops the cache: behind an unchanged served name,
+  another model's output is never reused. The read is single-flight: one in flight, every other reader
+  awaits it (a request's prompts and concurrent requests alike), and the context length it gives serves
+  the length checks of the calls keyed with it;
 - a call that no caller awaits any more (every request that wanted it gave up or disconnected) is
   cancelled, which closes its connection, so vLLM aborts the generation;
 - redirects are never followed, and no executor address or answer text reaches an error message.
@@ -28,7 +32,8 @@ import logging
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -69,8 +74,10 @@ _DECODE = msgspec.json.Decoder().decode
 class Replica:
     index: int
     url: str
+    slots: asyncio.Semaphore  # MAX_IN_FLIGHT_PER_EXECUTOR calls at once at this replica
     proxy: str | None = None
     in_flight: int = 0
+    waiting: int = 0  # callers queued for one of ``slots``
     picks: int = 0
     down_until: float = 0.0
 
@@ -120,7 +127,10 @@ class ExecutorClient:
         if not settings.executor_urls:
             raise ValueError("ExecutorClient needs at least one executor URL")
         self.settings = settings
-        self.replicas = [Replica(i, url, env_proxy(url)) for i, url in enumerate(settings.executor_urls)]
+        self.replicas = [
+            Replica(i, url, asyncio.Semaphore(settings.max_in_flight_per_executor), env_proxy(url))
+            for i, url in enumerate(settings.executor_urls)
+        ]
         self._headers = {"Content-Type": "application/json"}
         if settings.executor_api_key is not None:
             self._headers["Authorization"] = f"Bearer {settings.executor_api_key.get_secret_value()}"
@@ -134,7 +144,7 @@ class ExecutorClient:
         self._context_len: int | None = None  # the executor's max_model_len, once /v1/models has told it
         self._identity: str | None = None  # the served model's /v1/models root (its weights' path)
         self._checked_at: float | None = None  # when /v1/models was last read
-        self._model_lock = asyncio.Lock()
+        self._model_read: asyncio.Task[None] | None = None  # the one /v1/models read in flight
 
     @property
     def _http(self) -> aiohttp.ClientSession:
@@ -153,6 +163,8 @@ class ExecutorClient:
         return self._session
 
     async def aclose(self) -> None:
+        if self._model_read is not None:
+            self._model_read.cancel()
         if self._session is not None:
             await self._session.close()
 
@@ -240,50 +252,66 @@ class ExecutorClient:
 
     async def refresh_model(self) -> None:
         """Read the served model's card from ``/v1/models`` (the first replica that answers with a valid
-        list) unless it was read less than ``MODEL_CHECK_S`` ago; one read at a time, so concurrent
-        requests (and the many prompts of one) share it. The card gives the context length and the
-        model's identity (``root``: the weights' path); a new identity drops the cache. A replica whose
-        answer is malformed is skipped; if none answers, both stay as they were ("unknown")."""
+        list) unless it was read less than ``MODEL_CHECK_S`` ago. Single-flight: while a read is in flight,
+        every other caller awaits that read instead of starting its own, and a caller that leaves (its
+        request was cancelled) leaves the read running for the others. The card gives the context length
+        and the model's identity (``root``: the weights' path); a new identity drops the cache. A replica
+        whose answer is malformed is skipped; if none answers, both stay as they were ("unknown")."""
         if self._fresh():
             return
-        async with self._model_lock:
-            if self._fresh():
-                return
-            card: dict[str, Any] | None = None
-            answered = False
-            for r in self.replicas:
-                try:
-                    status, data = await self._get_json(r, "/v1/models")
-                    cards = model_cards(data) if status == 200 else None
-                except (aiohttp.ClientError, TimeoutError, ValueError):
-                    continue
-                if cards is None:
-                    continue
-                answered = True
-                card = next((c for c in cards if c.get("id") == self.settings.executor_model), None)
-                break
-            self._checked_at = time.monotonic()
-            if not answered:
-                return
-            n = card.get("max_model_len") if card else None
-            self._context_len = n if isinstance(n, int) and n > 0 else None
-            root = card.get("root") if card else None
-            identity = root if isinstance(root, str) and root else None
-            if identity != self._identity:
-                if self._identity is not None:
-                    log.warning("executor model changed behind %r: cache dropped", self.settings.executor_model)
-                    metrics.MODEL_CHANGES.inc()
-                if self._cache is not None:
-                    self._cache.clear()
-                self._identity = identity
+        task = self._model_read
+        if task is None:
+            task = asyncio.create_task(self._read_model())
+            self._model_read = task
+            task.add_done_callback(self._model_read_done)
+        await asyncio.shield(task)
+
+    def _model_read_done(self, task: asyncio.Task[None]) -> None:
+        if self._model_read is task:
+            self._model_read = None
+        if not task.cancelled():
+            task.exception()  # retrieved: a failure reaches the awaiting callers, not the loop's handler
+
+    async def _read_model(self) -> None:
+        card: dict[str, Any] | None = None
+        answered = False
+        for r in self.replicas:
+            try:
+                status, data = await self._get_json(r, "/v1/models")
+                cards = model_cards(data) if status == 200 else None
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                continue
+            if cards is None:
+                continue
+            answered = True
+            card = next((c for c in cards if c.get("id") == self.settings.executor_model), None)
+            break
+        self._checked_at = time.monotonic()
+        if not answered:
+            return
+        n = card.get("max_model_len") if card else None
+        self._context_len = n if isinstance(n, int) and n > 0 else None
+        root = card.get("root") if card else None
+        identity = root if isinstance(root, str) and root else None
+        if identity != self._identity:
+            if self._identity is not None:
+                log.warning("executor model changed behind %r: cache dropped", self.settings.executor_model)
+                metrics.MODEL_CHANGES.inc()
+            if self._cache is not None:
+                self._cache.clear()
+            self._identity = identity
 
     def _fresh(self) -> bool:
         checked = self._checked_at
         return checked is not None and time.monotonic() - checked < self.settings.model_check_s
 
     async def context_len(self) -> int | None:
-        """The executor's ``max_model_len`` from ``/v1/models`` (vLLM lists it); ``None`` if it does not say."""
-        await self.refresh_model()
+        """The executor's ``max_model_len`` (vLLM lists it in ``/v1/models``; ``None`` if it does not say)
+        from the read that keyed the calls now made (every key is built after a ``refresh_model``): a call's
+        length check reads ``/v1/models`` only if it was never read. Re-reading per call cost one read per
+        distinct prompt with ``MODEL_CHECK_S=0`` (51 for a 50-prompt request)."""
+        if self._checked_at is None:
+            await self.refresh_model()
         return self._context_len
 
     async def check_fit(self, messages: Sequence[Message]) -> None:
@@ -299,10 +327,9 @@ class ExecutorClient:
         if size < PRECHECK_BYTES_PER_TOKEN * limit:
             return
         body = {"model": self.settings.executor_model, "messages": list(messages), "add_generation_prompt": True}
-        r = self._pick()
         try:
             async with (
-                self._sem,
+                self._slot() as r,
                 self._http.post(f"{r.url}/tokenize", data=_ENCODE(body), proxy=r.proxy, allow_redirects=False) as resp,
             ):
                 raw = await resp.read()
@@ -351,13 +378,41 @@ class ExecutorClient:
             self._cache[key] = answer
         return answer
 
-    def _pick(self) -> Replica:
+    def _healthy(self) -> list[Replica]:
         now = time.monotonic()
-        healthy = [r for r in self.replicas if r.down_until <= now]
+        return [r for r in self.replicas if r.down_until <= now]
+
+    def _pick(self) -> Replica:
+        healthy = self._healthy()
         if healthy:
-            return min(healthy, key=lambda r: (r.in_flight, r.picks))
+            # Least loaded: calls in flight there plus callers queued for its slots.
+            return min(healthy, key=lambda r: (r.in_flight + r.waiting, r.picks))
         # All ejected: still try the one back soonest, so a recovered executor is found without delay.
         return min(self.replicas, key=lambda r: r.down_until)
+
+    @asynccontextmanager
+    async def _slot(self) -> AsyncIterator[Replica]:
+        """A replica to send one request to, holding one of the process's ``MAX_IN_FLIGHT`` slots and one of
+        that replica's ``MAX_IN_FLIGHT_PER_EXECUTOR``. A caller queued at a replica that was ejected
+        meanwhile gives its slot back and picks again while a healthy one exists."""
+        async with self._sem:
+            while True:
+                r = self._pick()
+                r.picks += 1
+                r.waiting += 1
+                try:
+                    await r.slots.acquire()
+                finally:
+                    r.waiting -= 1
+                if r.down_until <= time.monotonic() or not self._healthy():
+                    break
+                r.slots.release()
+            r.in_flight += 1
+            try:
+                yield r
+            finally:
+                r.in_flight -= 1
+                r.slots.release()
 
     def _mark(self, r: Replica, failure: ExecutorFailure | None) -> None:
         if failure is None:
@@ -374,10 +429,7 @@ class ExecutorClient:
             r.down_until = time.monotonic() + self.settings.replica_cooldown_s
 
     async def _attempt(self, payload: dict[str, Any]) -> _Answer:
-        async with self._sem:
-            r = self._pick()
-            r.in_flight += 1
-            r.picks += 1
+        async with self._slot() as r:
             metrics.EXECUTOR_IN_FLIGHT.inc()
             t0 = time.perf_counter()
             failure: ExecutorFailure | None = None
@@ -395,7 +447,6 @@ class ExecutorClient:
                 outcome = "prompt_too_long"  # the replica answered correctly: it stays in rotation
                 raise
             finally:
-                r.in_flight -= 1
                 metrics.EXECUTOR_IN_FLIGHT.dec()
                 metrics.EXECUTOR_LATENCY.observe(time.perf_counter() - t0)
                 metrics.EXECUTOR_ATTEMPTS.labels(outcome).inc()

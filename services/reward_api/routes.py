@@ -68,6 +68,7 @@ LIMITS = (
     "max_items", "max_text_chars", "max_body_bytes", "max_rows_per_item", "max_cells_per_item",
     "max_cells_per_request", "max_columns", "max_column_name_chars", "max_id_chars", "max_align_rows",
     "max_concurrent_requests", "max_connections", "header_timeout_s", "body_timeout_s", "queue_timeout_s",
+    "max_in_flight", "max_in_flight_per_executor",
 )  # fmt: skip
 
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (SchemaRequest, TableRequest, PipelineRequest)
@@ -233,6 +234,7 @@ async def info(request: Request) -> dict[str, Any]:
             "request_deadline_s": s.request_deadline_s,
             "retries": s.retries,
             "max_in_flight": s.max_in_flight,
+            "max_in_flight_per_executor": s.max_in_flight_per_executor,
             "max_tokens": s.max_tokens,
             "cache_size": s.cache_size,
         },

@@ -39,7 +39,13 @@ class Settings(BaseSettings):
     max_tokens: int = Field(512, ge=1, description="Executor max_tokens per Stage-2 generation.")
     stop: Annotated[list[str], NoDecode] = Field(default_factory=list, description="Executor stop strings.")
     seed: int = Field(0, description="Executor sampling seed (vLLM's `seed`).")
-    max_in_flight: int = Field(64, ge=1, description="Most concurrent executor calls per process.")
+    max_in_flight: int = Field(64, ge=1, description="Most concurrent executor calls per process, all replicas.")
+    max_in_flight_per_executor: int = Field(
+        64,
+        ge=1,
+        description="Most concurrent executor calls per process at each executor replica (one URL of "
+        "EXECUTOR_URLS); budget it per executor: HPA max replicas x workers x this, over the pods behind one URL.",
+    )
     executor_timeout_s: float = Field(60.0, gt=0, description="Deadline of one executor call (one attempt).")
     request_deadline_s: float = Field(300.0, gt=0, description="Deadline of the executor phase of one request.")
     retries: int = Field(2, ge=0, description="Retries after the first attempt (connection errors, 5xx, 429 only).")

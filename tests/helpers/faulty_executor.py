@@ -44,7 +44,11 @@ class FaultyExecutor:
 
     ``finish_reason``: of ``ok`` answers ("length": cut at max_tokens). ``root``: the model card's ``root``
     (its weights' path; change it to fake a model swap behind the same served name). ``models_body``: if
-    set, ``/v1/models`` answers exactly this JSON (a malformed answer). ``models_calls``: its GETs.
+    set, ``/v1/models`` answers exactly this JSON (a malformed answer). ``models_calls``: its GETs;
+    ``models_delay_s``: how long each of them takes (a slow executor start, a busy server).
+
+    ``in_flight`` / ``max_in_flight``: chat requests being answered now / the most at once so far (how many
+    calls the service has outstanding at this replica).
 
     ``too_long_chars``: in any mode, a request whose messages hold more characters gets vLLM's
     context-length 400 (``CONTEXT_400``), so one long document can sit in a batch of good ones.
@@ -63,7 +67,11 @@ class FaultyExecutor:
         root: str | None = None,
         models_body: Any = None,
         redirect_to: str = "",
+        models_delay_s: float = 0.0,
     ) -> None:
+        self.models_delay_s = models_delay_s
+        self.in_flight = 0
+        self.max_in_flight = 0
         self.finish_reason = finish_reason
         self.root = root
         self.models_body = models_body
@@ -94,6 +102,8 @@ class FaultyExecutor:
     async def _models(self, _: Request) -> Response:
         with self._lock:
             self.models_calls += 1
+        if self.models_delay_s:
+            await asyncio.sleep(self.models_delay_s)
         if self.models_body is not None:
             return JSONResponse(self.models_body)
         card: dict[str, Any] = {"id": self.model, "object": "model"}
@@ -102,6 +112,16 @@ class FaultyExecutor:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def _chat(self, request: Request) -> Response:
+        with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            return await self._answer(request)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    async def _answer(self, request: Request) -> Response:
         payload = await request.json()
         with self._lock:
             self.requests.append(payload)

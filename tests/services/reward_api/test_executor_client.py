@@ -25,7 +25,8 @@ def test_transport_errors_map_to_causes() -> None:
 
 
 def _settings(url: str, **kw: object) -> Settings:
-    return Settings(executor_urls=[url], cache_size=0, retries=0, log_level="WARNING", **kw)  # type: ignore[arg-type]
+    fields: dict[str, object] = {"executor_urls": [url], "cache_size": 0, "retries": 0, "log_level": "WARNING", **kw}
+    return Settings(**fields)  # type: ignore[arg-type]
 
 
 def test_concurrent_calls_through_one_session() -> None:
@@ -110,3 +111,73 @@ def test_identical_concurrent_calls_join_the_one_in_flight() -> None:
         n_requests = len(fx.requests)
     assert sources == ["call", "inflight", "inflight", "inflight"]
     assert n_requests == 1
+
+
+# ---- issue 26: one /v1/models read in flight; calls budgeted per executor replica ----------------------
+
+
+@pytest.mark.parametrize("model_check_s", [5.0, 0.0])
+def test_model_read_is_single_flight(model_check_s: float) -> None:
+    """20 concurrent readers of the model card (a request's start, each prompt's length check) while
+    /v1/models takes 0.5 s: one read, the others await it, even when the one that started it leaves
+    (its request was cancelled). Before: a lock, so with MODEL_CHECK_S=0 each reader read again after the
+    one before it (20 reads), and a cancelled first reader aborted the read (a second one)."""
+    with FaultyExecutor("ok", models_delay_s=0.5, root="/models/a") as fx:
+
+        async def go() -> None:
+            client = ExecutorClient(_settings(fx.url, model_check_s=model_check_s))
+            try:
+                first = asyncio.create_task(client.refresh_model())
+                await asyncio.sleep(0.1)
+                others = [asyncio.create_task(client.refresh_model()) for _ in range(19)]
+                await asyncio.sleep(0.1)
+                first.cancel()
+                await asyncio.gather(*others)
+                assert client._identity == "/models/a"
+            finally:
+                await client.aclose()
+
+        asyncio.run(go())
+        assert fx.models_calls == 1
+
+
+def test_in_flight_calls_are_capped_per_replica() -> None:
+    """MAX_IN_FLIGHT_PER_EXECUTOR bounds the calls each replica has outstanding, apart from the process's
+    MAX_IN_FLIGHT: two slow replicas, 16 slots in the process, 2 per replica: each sees 2 at most (and
+    gets them), 4 in all. Before: only the process-wide 16, split 8 and 8 by least-in-flight routing."""
+    with FaultyExecutor("ok", content="{}", delay_s=0.3) as a, FaultyExecutor("ok", content="{}", delay_s=0.3) as b:
+
+        async def go() -> None:
+            urls = {"executor_urls": [a.url, b.url]}
+            client = ExecutorClient(_settings(a.url, max_in_flight=16, max_in_flight_per_executor=2, **urls))
+            try:
+                msgs = [[{"role": "user", "content": f"doc {i}"}] for i in range(12)]
+                outs = await asyncio.gather(*(client.complete(m) for m in msgs))
+                assert [o.source for o in outs] == ["call"] * 12
+            finally:
+                await client.aclose()
+
+        asyncio.run(go())
+        assert (a.max_in_flight, b.max_in_flight) == (2, 2)
+        assert a.calls + b.calls == 12
+
+
+def test_a_call_queued_at_an_ejected_replica_goes_elsewhere() -> None:
+    """One slot per replica; 4 calls: two queue behind the first of each replica. Replica a answers 500
+    and is ejected; the call queued there takes a's freed slot, finds a ejected and goes to b instead of
+    sending a second call to a replica known to be failing."""
+    with FaultyExecutor("http_500", delay_s=0.5) as a, FaultyExecutor("ok", content="{}", delay_s=0.5) as b:
+
+        async def go() -> list[str]:
+            urls = {"executor_urls": [a.url, b.url]}
+            client = ExecutorClient(_settings(a.url, max_in_flight=4, max_in_flight_per_executor=1, **urls))
+            try:
+                msgs = [[{"role": "user", "content": f"doc {i}"}] for i in range(4)]
+                outs = await asyncio.gather(*(client.complete(m) for m in msgs), return_exceptions=True)
+                return [type(o).__name__ for o in outs]
+            finally:
+                await client.aclose()
+
+        kinds = asyncio.run(go())
+        assert (a.calls, b.calls) == (1, 3)
+    assert sorted(kinds) == ["Completion", "Completion", "Completion", "ExecutorFailure"]

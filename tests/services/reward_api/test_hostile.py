@@ -8,6 +8,8 @@ the finding of the issue it covers.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -27,7 +29,9 @@ from services.reward_api.settings import Settings
 from shared import (
     GoldenExample,
     canonical_schema_json,
+    combine_pipeline_reward,
     compute_schema_reward_single,
+    compute_table_reward_single,
     gold_ndjson,
     pipeline_reward_for_executor_truncated,
 )
@@ -120,6 +124,17 @@ def test_long_id_and_column_name_are_422(bounded: RewardApiServer) -> None:
     assert "x" * 300 not in r.text  # the id is not echoed back
 
 
+def test_gold_schema_columns_are_bounded_too(bounded: RewardApiServer) -> None:
+    """/reward/schema (and pipeline's gold_schema): a column count over MAX_COLUMNS is 413, a column name
+    over MAX_COLUMN_NAME_CHARS is 422, each naming the gold_schema field."""
+    wide = {"id": "s", "prediction": "[]", "gold_schema": {"columns": [{"name": f"c{k}"} for k in range(300)]}}
+    r = post(bounded.url, "/reward/schema", {"items": [wide]})
+    assert r.status_code == 413 and r.json()["detail"][0]["field"] == "items[0].gold_schema.columns", r.text[:300]
+    long_name = {"id": "s", "prediction": "[]", "gold_schema": {"columns": [{"name": "ok"}, {"name": "n" * 300}]}}
+    r = post(bounded.url, "/reward/schema", {"items": [long_name]})
+    assert r.status_code == 422 and [d["field"] for d in r.json()["detail"]] == ["items[0].gold_schema.columns[1].name"]
+
+
 @pytest.mark.parametrize(
     "content_type",
     ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "application/xml", None],
@@ -130,6 +145,35 @@ def test_non_json_bodies_are_415(bounded: RewardApiServer, content_type: str | N
     r = httpx.post(f"{bounded.url}/reward/table", content=body, headers=headers)  # bytes: no content-type added
     assert r.status_code == 415, r.text
     assert r.json()["error"] == "unsupported_media_type"
+
+
+def _shuffled_rows_table() -> tuple[dict[str, Any], str]:
+    """A 6-row gold table and a prediction with its rows reversed and one cell of each changed: the
+    Hungarian alignment pairs every row with its gold row; a cap of 2 rows pairs most of them in order."""
+    gold = {"columns": [{"name": "a"}, {"name": "b"}], "data": [[str(k), f"x{k}"] for k in range(6)]}
+    prediction = "\n".join(json.dumps({"a": str(k), "b": "changed"}) for k in reversed(range(6)))
+    return gold, prediction
+
+
+def test_max_align_rows_reaches_the_table_metric(golden_sample: list[GoldenExample]) -> None:
+    """REWARD_API_MAX_ALIGN_ROWS is passed to shared's table metric by /reward/table and /reward/pipeline:
+    each answers the reward computed with that cap (which differs from the uncapped one here)."""
+    gold, prediction = _shuffled_rows_table()
+    capped, full = (compute_table_reward_single(prediction, gold, max_align_rows=n).reward for n in (2, 256))
+    assert capped != full  # the case tells the two apart
+    ex = golden_sample[9]
+    item = {**_pipe_item(ex), "gold_table": gold}
+    cfg = PipelineSchemaRewardConfig()
+    schema = compute_schema_reward_single(item["prediction"], ex.schema_dict(), cfg.schema_reward)
+    table = compute_table_reward_single(prediction, gold, cfg.table_reward, max_align_rows=2)
+    with FaultyExecutor("ok", content=prediction) as fx, service(fx.url, REWARD_API_MAX_ALIGN_ROWS="2") as api:
+        r = post(api.url, "/reward/table", {"items": [{"id": "t", "prediction": prediction, "gold_table": gold}]})
+        assert r.status_code == 200 and r.json()["results"][0]["reward"] == capped, r.text[:300]
+        r = post(api.url, "/reward/pipeline", {"items": [item]})
+        assert (
+            r.status_code == 200
+            and r.json()["results"][0]["reward"] == combine_pipeline_reward(schema, table, cfg).reward
+        ), r.text[:300]
 
 
 # ---- 3: a truncated executor answer --------------------------------------------------------------
@@ -173,11 +217,14 @@ def test_model_swap_is_never_served_from_the_cache(golden_sample: list[GoldenExa
     assert third["executor_output"] == '{"a": "new model"}' and third["cached"] is True
 
 
-def test_one_models_read_for_many_prompts(golden_sample: list[GoldenExample]) -> None:
-    """The first request after a start read /v1/models once per distinct prompt (50 for 50)."""
+@pytest.mark.parametrize("model_check_s", ["5", "0"])
+def test_one_models_read_for_many_prompts(golden_sample: list[GoldenExample], model_check_s: str) -> None:
+    """The first request after a start read /v1/models once per distinct prompt (50 for 50). With
+    MODEL_CHECK_S=0 ("before every request") each prompt's length check still read it again (51 for 50):
+    the check now uses the limit of the read that built the request's keys."""
     ex = golden_sample[2]
     items = [_pipe_item(ex, str(i), text=f"{ex.text} ({i})") for i in range(50)]
-    with FaultyExecutor("ok", content="{}") as fx, service(fx.url) as api:
+    with FaultyExecutor("ok", content="{}") as fx, service(fx.url, REWARD_API_MODEL_CHECK_S=model_check_s) as api:
         r = post(api.url, "/reward/pipeline", {"items": items})
         assert r.status_code == 200 and r.json()["executor_calls"] == 50
         assert fx.models_calls == 1
@@ -227,6 +274,25 @@ def test_fail_mode_stops_at_the_first_failure(golden_sample: list[GoldenExample]
         assert r.status_code == 503 and r.json()["detail"]["cause"] == "http_5xx"
         time.sleep(1.0)
         assert fx.calls <= 2  # before: all 10
+
+
+def test_in_flight_calls_are_budgeted_per_executor_replica(golden_sample: list[GoldenExample]) -> None:
+    """Budget in-flight calls per executor, not per worker: MAX_IN_FLIGHT_PER_EXECUTOR caps what each
+    replica has outstanding from this process. Two slow replicas, MAX_IN_FLIGHT 16, 3 per replica, 24
+    distinct prompts: each replica sees 3 at once, never more. Before: 8 each (16 split by routing)."""
+    ex = golden_sample[8]
+    items = [_pipe_item(ex, str(i), text=f"{ex.text} ({i})") for i in range(24)]
+    env = {"REWARD_API_MAX_IN_FLIGHT": "16", "REWARD_API_MAX_IN_FLIGHT_PER_EXECUTOR": "3"}
+    with (
+        FaultyExecutor("ok", content="{}", delay_s=0.3) as a,
+        FaultyExecutor("ok", content="{}", delay_s=0.3) as b,
+        service(a.url, b.url, **env) as api,
+    ):
+        r = post(api.url, "/reward/pipeline", {"items": items})
+        assert r.status_code == 200 and r.json()["executor_calls"] == 24, r.text[:300]
+        assert (a.max_in_flight, b.max_in_flight) == (3, 3)
+        info = httpx.get(f"{api.url}/info", timeout=10).json()
+    assert info["limits"]["max_in_flight_per_executor"] == 3 and info["limits"]["max_in_flight"] == 16
 
 
 # ---- 7: redirects, and what reaches the client ----------------------------------------------------
@@ -308,6 +374,41 @@ def test_abort_mid_body_is_an_abort_not_a_500() -> None:
         assert metric(api.url, "reward_api_client_aborts_total", {"endpoint": "/reward/table"}) == 1
         assert metric(api.url, "reward_api_requests_total", {"status": "500"}) == 0
         assert metric(api.url, "reward_api_failures_total", {"cls": "internal"}) == 0
+
+
+# ---- also: graceful shutdown ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("grace", "drained"), [("330", True), ("1", False)])
+def test_sigterm_drains_running_requests_within_the_grace(
+    golden_sample: list[GoldenExample], grace: str, drained: bool
+) -> None:
+    """A scale-down (SIGTERM) lets a running pipeline request finish within SHUTDOWN_GRACE_S (the default
+    330 s covers REQUEST_DEADLINE_S): it is answered 200, then the process exits. With a 1 s grace the
+    same 4 s request is cut, so the grace is what drains it."""
+    ex = golden_sample[10]
+    with (
+        FaultyExecutor("ok", content=gold_ndjson(ex.table_dict()), delay_s=4.0) as fx,
+        service(fx.url, REWARD_API_SHUTDOWN_GRACE_S=grace) as api,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        running = pool.submit(post, api.url, "/reward/pipeline", {"items": [_pipe_item(ex)]}, 60.0)
+        deadline = time.monotonic() + 10
+        while fx.in_flight == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert fx.in_flight == 1, "the request never reached the executor"
+        os.kill(api.pid, signal.SIGTERM)  # the process this test started; the pod's SIGTERM
+        try:
+            answer: httpx.Response | None = running.result(timeout=60)
+        except httpx.HTTPError:
+            answer = None
+        assert api.proc is not None
+        assert api.proc.wait(timeout=30) is not None  # it exits once drained (or cut)
+    if drained:
+        assert answer is not None and answer.status_code == 200, answer
+        assert answer.json()["results"][0]["error"] is None
+    else:
+        assert answer is None or answer.status_code != 200
 
 
 # ---- 9: fail closed without a token ------------------------------------------------------------------
