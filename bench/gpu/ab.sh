@@ -28,7 +28,8 @@
 # (`python -m trainer preflight-choose`; the choice goes to $AB/preflight/choice.json), writes each swept
 # phase's improvable prompts at that temperature ($AB/preflight/<phase>_improvable.parquet, `trainer
 # preflight-filter`) and runs the positive control: before rl (CONTROL=serial, default), beside it
-# (CONTROL=parallel: one lease's time; on CONTROL_GPU, default GPU_A) or not at all (CONTROL=off). RL_IMPROVABLE=1 trains each arm on its
+# (CONTROL=parallel: one lease's time; on CONTROL_GPU, default GPU_A) or not at all (CONTROL=off).
+# MIN_SOURCE_SHARE (default 0) keeps only the sources whose improvable share reaches it in those prompt sets. RL_IMPROVABLE=1 trains each arm on its
 # phase's improvable prompts where the sweep wrote them. A swept phase below MIN_SHARE has no headroom: the
 # chain stops before the control (FORCE_RL=1 goes on). RL_EXTRA: more Hydra overrides for both arms.
 # The second arm starts RL_STAGGER_S (default 90) after the first: two vLLM rollout engines that initialise at
@@ -83,9 +84,15 @@ CONTROL_ARGS="--profile gpu trainer.n_gpus_per_node=1 actor_rollout_ref.rollout.
   actor_rollout_ref.rollout.gpu_memory_utilization=0.2 +ray_kwargs.ray_init._node_ip_address=127.0.0.1 \
   ${RL_TEMPERATURE:+actor_rollout_ref.rollout.temperature=$RL_TEMPERATURE}"
 CONTROL_PHASE=${ARMS%% *}
-rl_data() {  # PHASE: RL_IMPROVABLE=1 trains on the phase's improvable prompts (`trainer preflight-filter`)
-  if [[ ${RL_IMPROVABLE:-0} == 1 && -f $AB/preflight/$1_improvable.parquet ]]; then
-    echo "data.train_files=$AB/preflight/$1_improvable.parquet"
+rl_data() {  # PHASE: RL_IMPROVABLE=1 trains on the phase's improvable prompts (`trainer preflight-filter`) where
+  # they fill a batch of 64 (issue 23's 4-GPU lease: B2's 49 could not; verl_main now refuses such a set by name)
+  local f=$AB/preflight/$1_improvable.parquet
+  if [[ ${RL_IMPROVABLE:-0} == 1 && -f $f ]]; then
+    if (( $(python3 -c "import pyarrow.parquet as pq,sys; print(pq.ParquetFile(sys.argv[1]).metadata.num_rows)" "$f") >= 64 )); then
+      echo "data.train_files=$f"
+    else
+      echo "$1: fewer than 64 improvable prompts in $f; training on the train split" >&2
+    fi
   fi
 }
 
@@ -145,11 +152,15 @@ preflight)
   # the reward API its phase uses. Chooses rl's temperature without the test split.
   phases=${PREFLIGHT_PHASES:-$DEFAULT_PREFLIGHT}
   PIPE=0; [[ " $phases " == *" c1 "* ]] && PIPE=1
-  PIPE=$PIPE services_up
   # eager (no CUDA graphs / compile): the sweep is short, the start is what costs (on a fresh H200 node the
-  # compiled start ran past 90 s, and a preflight that had 100 s left never sampled)
+  # compiled start ran past 90 s, and a preflight that had 100 s left never sampled). The policy's executor
+  # starts beside the π2ˢ one where they have GPUs of their own (the 4-GPU lease lost ~170 s starting them
+  # one after the other).
   if [[ $EXP == pi1 ]]; then policy=pi1-sft; pport=${X_PI1}; pmodel=$AB/a1/hf; else policy=pi2-sft-pf; pport=${X_PF}; pmodel=$AB/a2/hf; fi
-  python3 -m bench.gpu.serve start --model "$pmodel" --name $policy --gpus $GPU_A --port $pport --mem 0.08 --eager --wait
+  [[ -z $NOWAIT ]] && python3 -m bench.gpu.serve start --model "$pmodel" --name $policy --gpus $GPU_A --port $pport --mem 0.08 --eager
+  PIPE=$PIPE services_up
+  [[ -n $NOWAIT ]] && python3 -m bench.gpu.serve start --model "$pmodel" --name $policy --gpus $GPU_A --port $pport --mem 0.08 --eager
+  python3 -m bench.gpu.serve wait --ports $pport
   mkdir -p "$AB/preflight"
   sweeps=""
   for ph in $phases; do
@@ -262,7 +273,7 @@ _chain)  # what `all` runs in the background: each stage in turn, stopping at th
   if [[ -n $none && ${FORCE_RL:-0} != 1 ]]; then echo "no headroom: $none (MIN_SHARE ${MIN_SHARE:-0.10}); not running rl"; exit 1; fi
   for ph in $phases; do
     python3 -m trainer preflight-filter --report "$AB/preflight/${ph}_t$t.json" --train "$AB/data/$ph/train.parquet" \
-      --out "$AB/preflight/${ph}_improvable.parquet" || exit 1
+      --out "$AB/preflight/${ph}_improvable.parquet" --min-source-share "${MIN_SOURCE_SHARE:-0}" || exit 1
   done
   case ${CONTROL:-serial} in
     serial) RL_TEMPERATURE=$t stage control || exit 1 ;;

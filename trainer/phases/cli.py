@@ -249,18 +249,39 @@ def preflight_filter_cmd(
     report: Path = typer.Option(..., exists=True, dir_okay=False, help="A preflight report (--out of preflight)."),
     train: Path = typer.Option(..., exists=True, dir_okay=False, help="The phase's RL train.parquet (data build)."),
     out: Path = typer.Option(..., help="Parquet of the improvable prompts (point data.train_files at it)."),
+    min_source_share: float = typer.Option(
+        0.0,
+        min=0.0,
+        max=1.0,
+        help="Keep only sources whose improvable share is at least this (0: every source). Where few prompts "
+        "are improvable, most are label noise (a gold that omits a stated column) and teach the wrong thing.",
+    ),
 ) -> None:
     """Offline difficulty filter: keep the training prompts whose best sample beat the greedy answer."""
-    from trainer.phases.preflight import improvable_prompt_set
+    from shared.golden import source_of
+    from trainer.phases.preflight import improvable_prompt_set, sources_with_headroom
 
     rep = json.loads(report.read_text())
     if "improvable_ids" not in rep:
         raise _bad("--report", ValueError(f"{report}: no improvable_ids (a report of before issue 23: rerun it)"))
+    ids = list(rep["improvable_ids"])
+    note = ""
+    if min_source_share > 0:
+        try:
+            sources, dropped = sources_with_headroom(rep, min_source_share)
+        except ValueError as exc:
+            raise _bad("--report", exc) from None
+        if not sources:
+            raise _bad("--min-source-share", ValueError(f"no source reaches {min_source_share} improvable prompts"))
+        ids = [i for i in ids if source_of(i) in sources]
+        note = f"; sources below {min_source_share}: {', '.join(dropped) or 'none'} (dropped)"
     try:
-        kept, missing = improvable_prompt_set(train, rep["improvable_ids"], out)
+        kept, missing = improvable_prompt_set(train, ids, out)
     except ValueError as exc:
         raise _bad("--train", exc) from None
-    typer.echo(f"{kept} improvable prompts -> {out}" + (f" ({len(missing)} ids not in {train})" if missing else ""))
+    typer.echo(
+        f"{kept} improvable prompts -> {out}" + (f" ({len(missing)} ids not in {train})" if missing else "") + note
+    )
 
 
 @app.command(

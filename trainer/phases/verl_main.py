@@ -34,6 +34,10 @@ EarlyStoppingTaskRunner = ray.remote(num_cpus=1)(_EarlyStoppingTaskRunner)
 
 @hydra.main(config_path="configs", config_name="c1_grpo", version_base=None)
 def main(config: DictConfig) -> None:
+    from trainer.phases.train_set import check_fills_a_batch
+
+    # before Ray and the workers start: a prompt set that cannot fill one batch fails here, by name
+    check_fills_a_batch(config.data.train_files, config.data.train_batch_size, config.data.get("train_max_samples"))
     auto_set_device(config)
     validate_config(
         config=config,

@@ -293,3 +293,42 @@ def test_preflight_filter_command(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
     assert [r["extra_info"]["id"] for r in pq.read_table(out).to_pylist()] == [ids[0]]
+
+
+def test_preflight_filter_drops_sources_below_the_share(tmp_path: Path) -> None:
+    """--min-source-share keeps only the sources with headroom: on issue 23's 4-GPU lease, B1 trained on
+    improvable prompts of every source learned to drop columns that the E2E/RotoWire golds omit."""
+    from shared import read_golden
+    from trainer.data.datasets import RL_SCHEMA, rl_row, write_parquet
+    from trainer.data.sample_data import SAMPLE_DIR
+    from trainer.phases.cli import app
+
+    base = read_golden(SAMPLE_DIR / "common_train_schemas.jsonl")[:4]
+    examples = [ex.model_copy(update={"id": f"{src}-{i}"}) for i, (ex, src) in
+                enumerate(zip(base, ["e2e", "wikitabletext", "wikitabletext", "e2e"], strict=True))]  # fmt: skip
+    write_parquet([rl_row("b1", ex, i, "train") for i, ex in enumerate(examples)], tmp_path / "train.parquet",
+                  RL_SCHEMA)  # fmt: skip
+    outcomes = [_o("e2e-0", 0.5, [0.6, 0.5]), _o("e2e-3", 0.5, [0.5, 0.5]), _o("wikitabletext-1", 0.2, [0.6, 0.2]),
+                _o("wikitabletext-2", 0.2, [0.9, 0.1])]  # fmt: skip
+    rep = build_report("schema", outcomes, 1.0)  # improvable: e2e 1 of 2 (0.5), wikitabletext 2 of 2 (1.0)
+    (tmp_path / "r.json").write_text(json.dumps(rep.as_dict()))
+
+    def run(*extra: str) -> tuple[int, str, list[str]]:
+        out = tmp_path / f"out{len(extra)}.parquet"
+        res = CliRunner().invoke(app, ["preflight-filter", "--report", str(tmp_path / "r.json"), "--train",
+                                       str(tmp_path / "train.parquet"), "--out", str(out), *extra])  # fmt: skip
+        import pyarrow.parquet as pq
+
+        ids = [r["extra_info"]["id"] for r in pq.read_table(out).to_pylist()] if res.exit_code == 0 else []
+        return res.exit_code, res.output, ids
+
+    assert run()[2] == ["e2e-0", "wikitabletext-1", "wikitabletext-2"]
+    code, output, ids = run("--min-source-share", "0.6")
+    assert code == 0 and ids == ["wikitabletext-1", "wikitabletext-2"]
+    assert "sources below 0.6: e2e (dropped)" in output
+    assert run("--min-source-share", "1.0")[2] == ["wikitabletext-1", "wikitabletext-2"]  # 1.0 >= 1.0: kept
+    rep_dict = rep.as_dict()
+    rep_dict["per_source"]["wikitabletext"]["improvable_share"] = 0.4
+    (tmp_path / "r.json").write_text(json.dumps(rep_dict))
+    code, output, _ = run("--min-source-share", "0.6")
+    assert code != 0 and "no source reaches 0.6" in output

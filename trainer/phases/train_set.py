@@ -1,0 +1,51 @@
+"""A GRPO phase's prompt set must fill one training batch, checked before VERL starts Ray.
+
+VERL's RL dataloader drops the last partial batch, so a train set smaller than ``data.train_batch_size``
+gives an epoch of 0 steps and VERL 0.9.1 fails deep in ``fit`` with ``ZeroDivisionError`` after its
+whole start-up (issue 23's 4-GPU lease: B2's 49 improvable prompts against a batch of 64, ~4 minutes of a
+GPU for one line of traceback). This says which setting is short, by how much, before any of that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+
+class TrainSetTooSmall(ValueError):
+    """The prompts cannot fill one training batch."""
+
+
+def _files(train_files: Any) -> list[str]:
+    if isinstance(train_files, str):
+        return [train_files]
+    return [str(f) for f in train_files]
+
+
+def count_prompts(train_files: str | Sequence[str]) -> int:
+    """Rows over the parquet files (their metadata only; nothing is read)."""
+    total = 0
+    for f in _files(train_files):
+        if not Path(f).is_file():
+            raise TrainSetTooSmall(f"data.train_files: {f} does not exist")
+        total += pq.ParquetFile(f).metadata.num_rows
+    return total
+
+
+def check_fills_a_batch(train_files: str | Sequence[str], batch_size: int, max_samples: int | None) -> int:
+    """The number of prompts VERL will use (``data.train_max_samples`` caps it where > 0); raises
+    :class:`TrainSetTooSmall` naming the setting when it is below ``data.train_batch_size``."""
+    n = count_prompts(train_files)
+    used = min(n, max_samples) if max_samples is not None and max_samples > 0 else n
+    if used < batch_size:
+        raise TrainSetTooSmall(
+            f"data.train_files ({', '.join(_files(train_files))}) gives {used} prompts"
+            + (f" (data.train_max_samples {max_samples})" if used < n else "")
+            + f", fewer than data.train_batch_size {batch_size}: VERL drops a partial batch, so an epoch would"
+            " have no step. Use more prompts (a larger preflight, or the whole train split) or a smaller"
+            " data.train_batch_size."
+        )
+    return used
