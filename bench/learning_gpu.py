@@ -99,6 +99,32 @@ def rl_curves(rows: list[dict[str, Any]], early: dict[str, Any] | None) -> dict[
     return out
 
 
+def validation_per_source(curve: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each validated step's reward per source (``val-core/<kind>:<source>/reward/mean@1``, the whole
+    validation split), their macro mean, and each one's change from the first validated step (points)."""
+    out: list[dict[str, Any]] = []
+    first: dict[str, float] | None = None
+    for pt in curve["steps"]:
+        val = pt.get("validation") or {}
+        per = {
+            k.split("/", 1)[0].split(":", 1)[1]: float(v)
+            for k, v in val.items()
+            if ":" in k.split("/", 1)[0] and k.endswith("/reward/mean@1")
+        }
+        if not per:
+            continue
+        per["macro"] = sum(per.values()) / len(per)
+        first = first or per
+        out.append(
+            {
+                "step": pt["step"],
+                "reward": {k: round(v, 4) for k, v in per.items()},
+                "change_points": {k: round(100 * (v - first[k]), 2) for k, v in per.items() if k in first},
+            }
+        )
+    return out
+
+
 def step_split(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Mean seconds per training step of each part, over the steps that logged ``timing_s/step``."""
     timed = [r["data"] for r in rows if "timing_s/step" in r.get("data", {})]
@@ -132,8 +158,10 @@ def reward_share(split: dict[str, dict[str, float]]) -> dict[str, Any] | None:
 def build(
     collected: Path, run_info: dict[str, Any], partial: str | None, extra: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    metrics = json.loads((collected / "phase_d" / "metrics.json").read_text())
-    settings: dict[str, Any] = metrics["settings"]
+    # a run whose lease ended before Phase D still reports its SFT, preflight and RL curves
+    pd = collected / "phase_d" / "metrics.json"
+    metrics = json.loads(pd.read_text()) if pd.is_file() else {}
+    settings: dict[str, Any] = metrics.get("settings", {})
     stages = read_stages(collected / "stages.tsv") if (collected / "stages.tsv").is_file() else {}
     phases = {}
     for ph in ("a1", "a2", *RL_PHASES):
@@ -200,6 +228,7 @@ def build(
         "hf_baseline": {"metrics": HF_BASELINE, "seconds": HF_BASELINE_SECONDS},
         "sft_vs_hf_baseline": compare_with_baseline(settings["sft"]["overall"]) if "sft" in settings else [],
         "loop2": metrics.get("loop2"),
+        "validation_per_source": {ph: validation_per_source(c) for ph, c in curves.items()},
         "gold_schema": gold_schema,
     }
     return payload
@@ -212,13 +241,16 @@ def render_md(p: dict[str, Any]) -> str:
     md += "- versions: " + ", ".join(f"{k} {v}" for k, v in p["versions"].items()) + "\n"
     md += f"- test documents: {p['test_documents']}\n\n"
     names = list(p["phase_d"])
-    if all("macro" in p["phase_d"][n] for n in names):
+    if not names:
+        md += "**No Phase D in this run** (nothing on the test split): " + (p.get("partial") or "not run") + "\n\n"
+    if names and all("macro" in p["phase_d"][n] for n in names):
         md += "## Phase D, end to end (greedy): macro mean over sources (the headline)\n\n" + md_table(
             ["metric", *names], [[k, *[p["phase_d"][n]["macro"].get(k, "–") for n in names]] for k in KEYS]
         )
-    md += "\n## Phase D, end to end (greedy): pooled over documents\n\n" + md_table(
-        ["metric", *names], [[k, *[p["phase_d"][n]["overall"].get(k, "–") for n in names]] for k in KEYS]
-    )
+    if names:
+        md += "\n## Phase D, end to end (greedy): pooled over documents\n\n" + md_table(
+            ["metric", *names], [[k, *[p["phase_d"][n]["overall"].get(k, "–") for n in names]] for k in KEYS]
+        )
     sources = sorted({s for n in names for s in p["phase_d"][n]["per_source"]})
     for src in sources:
         md += f"\n### {src}\n\n" + md_table(
@@ -291,6 +323,25 @@ def render_md(p: dict[str, Any]) -> str:
                 f"\nEarly stopping kept step {es.get('best_step')} (validation score {_num(es.get('best_score'))});"
                 f" stopped early: {'yes at step ' + str(es.get('stop_step')) if es.get('stopped') else 'no'}.\n"
             )
+    vps = {ph: rows for ph, rows in (p.get("validation_per_source") or {}).items() if rows}
+    if vps:
+        md += (
+            "\n## Validation reward per source (whole validation split, greedy; change from the first validated"
+            " step in points)\n\n"
+        )
+        srcs = [*sorted({x for rows in vps.values() for r in rows for x in r["reward"] if x != "macro"}), "macro"]
+
+        def cell(r: dict[str, Any], x: str) -> str:
+            return f"{r['reward'][x]:.4f} ({r['change_points'][x]:+.2f})" if x in r["reward"] else "–"
+
+        md += md_table(
+            ["phase", "step", *srcs],
+            [
+                [ph, r["step"], *[cell(r, x) for x in srcs]]
+                for ph, rows in vps.items()
+                for r in rows
+            ],
+        )
     if p.get("monitors"):
         cols = ("policy_moved", "max_kl_to_ref", "max_abs_ppo_kl", "max_clipfrac", "mean_entropy", "max_grad_norm",
                 "evicted_groups", "mean_valid_share")  # fmt: skip
@@ -373,7 +424,9 @@ def plot(p: dict[str, Any], path: Path) -> Path | None:
     for ph, c in p["curves"].items():
         pts = [pt for pt in c["steps"] if "reward" in pt and pt["reward"]["mean"] is not None]
         line = ax.plot([pt["step"] for pt in pts], [pt["reward"]["mean"] for pt in pts], label=f"{ph} reward mean")[0]
-        val = [(pt["step"], next(iter(pt["validation"].values()))) for pt in c["steps"] if pt.get("validation")]
+        val = [(r["step"], r["reward"]["macro"]) for r in (p.get("validation_per_source") or {}).get(ph, [])]
+        if not val:  # untagged data_source: the first validation metric
+            val = [(pt["step"], next(iter(pt["validation"].values()))) for pt in c["steps"] if pt.get("validation")]
         ax.plot([v[0] for v in val], [v[1] for v in val], "o--", color=line.get_color(), label=f"{ph} validation")
         best = (c.get("early_stopping") or {}).get("best_step")
         if best is not None:

@@ -164,3 +164,25 @@ def test_the_pi2_ab_report_has_macro_phase_d_and_pi2_on_gold_schemas(collected: 
     out = tmp_path / "r"
     assert lg.main(["--collected", str(collected), "--run-info", str(info), "--out-dir", str(out), "--name", "x2"]) == 0
     assert (out / "x2.json").is_file() and (out / "x2.md").is_file()
+
+
+def test_a_run_without_phase_d_reports_validation_per_source(collected: Path) -> None:
+    """Issue 23's 4-GPU lease ended during RL: no Phase D, but the per-source validation curve is the result."""
+    import shutil
+
+    shutil.rmtree(collected / "phase_d")
+    (collected / "b1").mkdir()
+    e2e, wtt = "val-core/schema:e2e/reward/mean@1", "val-core/schema:wikitabletext/reward/mean@1"
+    rows = [
+        {"step": 0, "data": {e2e: 0.9781, wtt: 0.5932}},
+        {"step": 5, "data": {e2e: 0.9739, wtt: 0.6032, "critic/score/mean": 0.6, "timing_s/step": 50.0}},
+    ]
+    (collected / "b1" / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    p = lg.build(collected, {}, "the lease ended during RL")
+    assert p["phase_d"] == {} and p["test_documents"] == 0 and p["sft_vs_hf_baseline"] == []
+    v = p["validation_per_source"]["b1"]
+    assert [r["step"] for r in v] == [0, 5]
+    assert v[1]["change_points"] == {"e2e": -0.42, "wikitabletext": 1.0, "macro": pytest.approx(0.29, abs=0.01)}
+    md = lg.render_md(p)
+    assert "**No Phase D in this run** (nothing on the test split): the lease ended during RL" in md
+    assert "| b1 | 5 | 0.9739 (-0.42) | 0.6032 (+1.00) |" in md
