@@ -201,3 +201,45 @@ def test_request_slots_answer_429(examples: list[GoldenExample], record_property
     record_property("expected", "2 × 200, the other 4 × 429 too_many_requests (Retry-After)")
     record_property("observed", f"status codes {codes}")
     assert codes == [200, 200, 429, 429, 429, 429]
+
+
+def test_in_flight_calls_are_budgeted_per_executor(examples: list[GoldenExample], record_property: Any) -> None:
+    """Two slow executor replicas, MAX_IN_FLIGHT 16 and MAX_IN_FLIGHT_PER_EXECUTOR 3, 24 distinct prompts
+    (before the per-replica budget: 8 calls at once at each, the worker's 16 split by routing)."""
+    ex = examples[4]
+    items = [
+        {**_pipe_items(ex, 1)[0], "id": str(i), "text": f"{ex.text} ({i})"} for i in range(24)
+    ]  # distinct prompts: no dedup
+    with (
+        FaultyExecutor("ok", content="{}", delay_s=0.3) as a,
+        FaultyExecutor("ok", content="{}", delay_s=0.3) as b,
+    ):
+        env = {
+            "REWARD_API_EXECUTOR_URLS": f"{a.url},{b.url}",
+            "REWARD_API_MAX_IN_FLIGHT": "16",
+            "REWARD_API_MAX_IN_FLIGHT_PER_EXECUTOR": "3",
+            "REWARD_API_LOG_LEVEL": "WARNING",
+        }
+        with RewardApiServer(env) as api:
+            r = httpx.post(f"{api.url}/reward/pipeline", json={"items": items}, timeout=120)
+            peaks = (a.max_in_flight, b.max_in_flight)
+    record_property("expected", "200, 24 executor calls; at most 3 at once at each replica")
+    calls = r.json().get("executor_calls")
+    record_property("observed", f"{r.status_code}, {calls} calls; peaks at the replicas {peaks}")
+    assert r.status_code == 200 and r.json()["executor_calls"] == 24 and peaks == (3, 3)
+
+
+def test_one_models_read_for_a_cold_start(examples: list[GoldenExample], record_property: Any) -> None:
+    """The first request after a start, 50 distinct prompts, MODEL_CHECK_S 0 and a /v1/models that takes
+    0.3 s (before: one /v1/models read per prompt, 51 for 50)."""
+    ex = examples[5]
+    items = [{**_pipe_items(ex, 1)[0], "id": str(i), "text": f"{ex.text} ({i})"} for i in range(50)]
+    with FaultyExecutor("ok", content="{}", models_delay_s=0.3) as fx:
+        env = {"REWARD_API_EXECUTOR_URLS": fx.url, "REWARD_API_MODEL_CHECK_S": "0", "REWARD_API_LOG_LEVEL": "WARNING"}
+        with RewardApiServer(env) as api:
+            before = fx.models_calls  # the server's own readiness checks, if any
+            r = httpx.post(f"{api.url}/reward/pipeline", json={"items": items}, timeout=120)
+            reads = fx.models_calls - before
+    record_property("expected", "200; one /v1/models read for the whole request")
+    record_property("observed", f"{r.status_code}; {reads} /v1/models read(s) for 50 prompts")
+    assert r.status_code == 200 and reads == 1
