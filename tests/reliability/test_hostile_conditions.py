@@ -204,8 +204,9 @@ def test_request_slots_answer_429(examples: list[GoldenExample], record_property
 
 
 def test_in_flight_calls_are_budgeted_per_executor(examples: list[GoldenExample], record_property: Any) -> None:
-    """Two slow executor replicas, MAX_IN_FLIGHT 16 and MAX_IN_FLIGHT_PER_EXECUTOR 3, 24 distinct prompts
-    (before the per-replica budget: 8 calls at once at each, the worker's 16 split by routing)."""
+    """24 prompts to 2 slow replicas, MAX_IN_FLIGHT 16, MAX_IN_FLIGHT_PER_EXECUTOR 3 (8 at each before).
+
+    Before the per-replica budget, each replica saw 8 calls at once: the worker's 16 split by routing."""
     ex = examples[4]
     items = [
         {**_pipe_items(ex, 1)[0], "id": str(i), "text": f"{ex.text} ({i})"} for i in range(24)
@@ -230,8 +231,9 @@ def test_in_flight_calls_are_budgeted_per_executor(examples: list[GoldenExample]
 
 
 def test_one_models_read_for_a_cold_start(examples: list[GoldenExample], record_property: Any) -> None:
-    """The first request after a start, 50 distinct prompts, MODEL_CHECK_S 0 and a /v1/models that takes
-    0.3 s (before: one /v1/models read per prompt, 51 for 50)."""
+    """A cold start's first request: 50 prompts, MODEL_CHECK_S 0, a slow /v1/models (51 reads before).
+
+    /v1/models takes 0.3 s; before the single-flight read, each prompt's length check read it again."""
     ex = examples[5]
     items = [{**_pipe_items(ex, 1)[0], "id": str(i), "text": f"{ex.text} ({i})"} for i in range(50)]
     with FaultyExecutor("ok", content="{}", models_delay_s=0.3) as fx:
