@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shared import read_golden
-from trainer.data.datasets import BUILD_PHASES, build_datasets
+from trainer.data.datasets import build_datasets
 from trainer.data.prompt_fit import Stage2Fit
 from trainer.evaluation import report
 from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
@@ -30,6 +30,7 @@ from trainer.evaluation.phase_d import (
     write_outputs,
 )
 from trainer.phases.cli import register as register_phases
+from trainer.phases.registry import BUILD_PHASES
 
 console = Console()
 
@@ -75,7 +76,7 @@ def _stage2_fit(tokenizer: Path | None, max_len: int | None) -> Stage2Fit | None
 def data_build(
     golden: Path = typer.Option(..., exists=True, file_okay=False, help="Folder with common_{split}_schemas.jsonl."),
     out: Path = typer.Option(..., help="Output folder: <phase>/<split>.parquet + manifest.json."),
-    phases: str = typer.Option(",".join(BUILD_PHASES), help="Comma-separated phases (a1,a2,b1,b2,c1)."),
+    phases: str = typer.Option(",".join(BUILD_PHASES), help=f"Comma-separated phases ({','.join(BUILD_PHASES)})."),
     limit: int | None = typer.Option(None, min=1, help="First N examples per split."),
     stage2_tokenizer: Path | None = Stage2Tokenizer,
     stage2_max_len: int | None = Stage2MaxLen,

@@ -63,12 +63,12 @@ from trainer.phases.launch import (
     PhaseResult,
     PhaseRun,
     Profile,
-    get_phase,
     read_result,
     repo_first,
     run_phase,
 )
 from trainer.phases.model_identity import check_executor_url, check_reward_api_url, fingerprint
+from trainer.phases.registry import BUILD_PHASES, SFT_PHASES, get_phase, reward_of, sft_phase_for
 
 MANIFEST = "loop_manifest.json"
 # content keys of reused results: C2's precomputed data and Phase D's scores (see precompute_key, eval_key)
@@ -303,7 +303,7 @@ class Loop:
     def build_data(self) -> None:
         from trainer.data.datasets import build_datasets
 
-        phases = [*self.sft_phases(), "b1", "b2", "c1"]
+        phases = [*self.sft_phases(), *(p for p in BUILD_PHASES if p not in SFT_PHASES)]
         if all((self.data / p / "train.parquet").is_file() for p in phases):
             return
         counts = build_datasets(self.cfg.golden, self.data, phases, limit=self.cfg.limit)
@@ -383,7 +383,7 @@ class Loop:
 
     def preflight(self, name: str, model: str, reward_url: str, out_dir: Path, placement: Placement | None) -> None:
         """The advantage check of ``name``'s start policy; stops the loop when its groups teach too little."""
-        from trainer.phases.preflight import PHASE_STAGE, advantage_check, write_report
+        from trainer.phases.preflight import advantage_check, write_report
 
         slot = ExecutorSlot(placement.gpus[:1], 0.3) if placement else None
         key = str(out_dir.relative_to(self.out))
@@ -391,7 +391,7 @@ class Loop:
             model, self.out / "logs" / f"executor_preflight_{name}.log", slot, self.cfg.executor_eager
         ) as url:
             rep = advantage_check(
-                self.cfg.golden, PHASE_STAGE[name], url, SERVED_NAME, reward_url,
+                self.cfg.golden, reward_of(name), url, SERVED_NAME, reward_url,
                 min_informative=float(self.cfg.preflight_min or 0.0), max_tokens=self.cfg.eval_max_tokens,
             )  # fmt: skip
         write_report(rep, out_dir / "preflight.json")
@@ -635,14 +635,14 @@ class Loop:
 
     def rft_baseline(self, pi1_sft: str, pi2_sft: str) -> tuple[str, str]:
         """RFT of π1ˢ (schema reward) and π2ˢ (table reward): sample, keep the best, SFT on them."""
-        from trainer.rft import SFT_PHASE, RftConfig, Stage, build_rft_data
+        from trainer.rft import RftConfig, Stage, build_rft_data
 
         gen = RftConfig(k=self.cfg.rft_k, threshold=self.cfg.rft_threshold, max_tokens=self.cfg.eval_max_tokens)
         models: dict[str, str] = {}
         stages: tuple[tuple[Stage, str], ...] = (("schema", pi1_sft), ("table", pi2_sft))
         for stage, start in stages:
             base = self.out / "rft" / stage
-            phase = SFT_PHASE[stage]
+            phase = sft_phase_for(stage)
             if phase_done(base / "sft") is None and not (base / "data" / phase / "train.parquet").is_file():
                 logs = self.out / "logs"
                 with (

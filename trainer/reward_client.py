@@ -46,9 +46,6 @@ from trainer.data_source import reward_kind
 
 log = logging.getLogger("trainer.reward_client")
 
-DataSource = Literal["schema", "table", "pipeline"]
-DATA_SOURCES: tuple[DataSource, ...] = ("schema", "table", "pipeline")
-
 # The part keys returned for every sample of a data source: VERL takes the key list from the first
 # sample, so they must never vary (DESIGN "known user pain").
 SCORE_KEYS: dict[str, tuple[str, ...]] = {

@@ -18,7 +18,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 
@@ -32,9 +32,9 @@ from shared import (
 )
 from trainer.data.datasets import SFT_SCHEMA, sft_row, write_parquet
 from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
+from trainer.phases.registry import RewardKind, reward_prompt, sft_phase_for
 
-Stage = Literal["schema", "table", "pipeline"]
-SFT_PHASE: dict[str, str] = {"schema": "a1", "pipeline": "a1", "table": "a2"}
+Stage = RewardKind
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,9 @@ class RftConfig:
 
 
 def prompt_for(stage: Stage, ex: GoldenExample) -> list[dict[str, str]]:
-    return build_stage2_messages(ex.text, ex.schema_dict()) if stage == "table" else build_stage1_messages(ex.text)
+    if reward_prompt(stage) == "stage2_gold":
+        return build_stage2_messages(ex.text, ex.schema_dict())
+    return build_stage1_messages(ex.text)
 
 
 def reward_item(stage: Stage, ex: GoldenExample, item_id: str, prediction: str) -> dict[str, Any]:
@@ -168,7 +170,7 @@ def build_rft_data(
             best_rewards.append(max(rs))
         if idx is not None:
             rows.append({"messages": [*prompt, {"role": "assistant", "content": outs[idx]}]})
-    phase = SFT_PHASE[stage]
+    phase = sft_phase_for(stage)
     train = out / "data" / phase / "train.parquet"
     if not rows:
         raise ValueError(f"RFT kept no sample above threshold {cfg.threshold}: lower --threshold or raise --k")

@@ -39,7 +39,8 @@ from trainer.demo.stages import StageClock, progress, run_with_step_bar
 from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig, Message
 from trainer.evaluation.inference import messages_hash
 from trainer.evaluation.phase_d import write_outputs
-from trainer.phases.launch import PhaseResult, PhaseRun, get_phase, read_result, run_phase
+from trainer.phases.launch import PhaseResult, PhaseRun, read_result, run_phase
+from trainer.phases.registry import get_phase
 
 SERVED = "policy"
 STAGES = 7

@@ -14,7 +14,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from trainer.phases.launch import PHASES, PROFILES, PhaseRun, check_profile, get_phase, run_phase
+from trainer.phases.launch import PROFILES, PhaseRun, check_profile, run_phase
+from trainer.phases.registry import GRPO_PHASES, PHASES, REWARD_KINDS, get_phase, reward_of, sft_phase_for
 
 console = Console()
 app = typer.Typer(help="Training phases, the RL loop and the RFT baseline.", no_args_is_help=True)
@@ -198,13 +199,13 @@ def preflight_cmd(
     out: Path | None = typer.Option(None, help="Write the report JSON here."),
 ) -> None:
     """Before a long GRPO run: per source, the informative and improvable shares, best-of-n − greedy, invalid share."""
-    from trainer.phases.preflight import PHASE_STAGE, advantage_check, write_report
+    from trainer.phases.preflight import advantage_check, write_report
 
     sources = sources or ""
-    if phase not in PHASE_STAGE:
-        raise _bad("--phase", ValueError(f"must be one of {list(PHASE_STAGE)}, got {phase!r}"))
+    if phase not in GRPO_PHASES:
+        raise _bad("--phase", ValueError(f"must be one of {list(GRPO_PHASES)}, got {phase!r}"))
     rep = advantage_check(
-        golden, PHASE_STAGE[phase], policy_url, policy_model, reward_url,
+        golden, reward_of(phase), policy_url, policy_model, reward_url,
         n=n, prompts=prompts, temperature=temperature, max_tokens=max_tokens, min_informative=min_informative,
         min_improvable=min_improvable, sources=[x.strip() for x in sources.split(",") if x.strip()] or None,
     )  # fmt: skip
@@ -335,16 +336,16 @@ def rft_cmd(
     profile: str = ProfileOpt,
 ) -> None:
     """Sample k, score via reward_api, keep the best ≥ threshold, write SFT parquet, train with the SFT launcher."""
-    from trainer.rft import SFT_PHASE, RftConfig, build_rft_data
+    from trainer.rft import RftConfig, build_rft_data
 
-    if stage not in SFT_PHASE:
-        raise typer.BadParameter(f"must be one of {list(SFT_PHASE)}, got {stage!r}", param_hint="--stage")
+    if stage not in REWARD_KINDS:
+        raise typer.BadParameter(f"must be one of {list(REWARD_KINDS)}, got {stage!r}", param_hint="--stage")
     try:
         cfg = RftConfig(k=k, threshold=threshold, temperature=temperature, max_tokens=max_tokens)
         prof = check_profile(profile)
     except ValueError as exc:
         raise _bad("--k/--threshold/--profile", exc) from None
-    report = build_rft_data(golden, out, stage, policy_url, policy_model, reward_url, cfg, limit)  # type: ignore[arg-type]
+    report = build_rft_data(golden, out, stage, policy_url, policy_model, reward_url, cfg, limit)
     table = Table("stage", "prompts", "samples", "kept", "mean best reward")
     table.add_row(
         report.stage, str(report.prompts), str(report.samples), str(report.kept), f"{report.mean_best_reward:.3f}"
@@ -352,7 +353,7 @@ def rft_cmd(
     console.print(table)
     if start_model:
         run = PhaseRun(
-            phase=get_phase(SFT_PHASE[stage]),
+            phase=get_phase(sft_phase_for(stage)),
             profile=prof,
             data_dir=out / "data",
             out_dir=out / "sft",

@@ -1,4 +1,4 @@
-"""Training phases: what each trains, its config file, and how it is launched (DESIGN §1).
+"""How a training phase is launched (DESIGN §1); what each phase trains is :mod:`trainer.phases.registry`'s.
 
 ``python -m trainer run <phase> --profile cpu-smoke|gpu --data D --out O --model M [overrides]``
 composes ``trainer/phases/configs/<phase>_{sft,grpo}.yaml`` with the profile and runs it:
@@ -37,45 +37,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from trainer.phases.registry import Phase
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 PROFILES = ("gpu", "cpu-smoke")
 Profile = Literal["gpu", "cpu-smoke"]
 RESULT_FILE = "phase_result.json"
 
-
-@dataclass(frozen=True)
-class Phase:
-    name: str
-    kind: Literal["sft", "grpo"]
-    trains: str
-    reward: str
-    output: str
-
-    @property
-    def config_name(self) -> str:
-        return f"{self.name}_{self.kind}"
-
-
-PHASES: dict[str, Phase] = {
-    p.name: p
-    for p in (
-        Phase(
-            "a1", "sft", "π1 from the base model (Stage 1: document → schema)", "cross-entropy on gold schemas", "π1ˢ"
-        ),
-        Phase(
-            "a2", "sft", "π2 from the base model (Stage 2: gold schema → table)", "cross-entropy on gold tables", "π2ˢ"
-        ),
-        Phase("b1", "grpo", "π1 from π1ˢ", "schema reward vs gold schema", "π1ʳ-local"),
-        Phase("b2", "grpo", "π2 from π2ˢ, prompts with gold schemas", "table reward vs gold table", "π2ʳ-local"),
-        Phase(
-            "c1", "grpo", "π1 from π1ʳ-local", "a·schema + (1−a)·table via the frozen π2ʳ-local executor", "π1ʳ-pipe"
-        ),
-        Phase(
-            "c2", "grpo", "π2 from π2ʳ-local, schemas precomputed by π1ʳ-pipe", "table reward vs gold table", "π2ʳ-pipe"
-        ),
-    )
-}
 
 # Imported by ``import verl`` in every VERL process of every profile (see its docstring).
 FAST_LOGPROBS = "trainer.phases.fast_logprobs"
@@ -111,13 +80,6 @@ def external_modules(profile: Profile, inherited: str = "") -> str:
     shim = CPU_ENV["VERL_USE_EXTERNAL_MODULES"]
     modules = [m.strip() for m in inherited.split(",") if m.strip() and m.strip() not in (shim, FAST_LOGPROBS)]
     return ",".join(([shim] if profile == "cpu-smoke" else []) + modules + [FAST_LOGPROBS])
-
-
-def get_phase(name: str) -> Phase:
-    try:
-        return PHASES[name.lower()]
-    except KeyError:
-        raise ValueError(f"phase must be one of {list(PHASES)}, got {name!r}") from None
 
 
 def check_profile(profile: str) -> Profile:

@@ -40,8 +40,6 @@ from shared.golden import source_of
 from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
 from trainer.rft import Stage, prompt_for, reward_item, score_results
 
-# Which reward each GRPO phase trains on (its data_source), hence which stage to sample.
-PHASE_STAGE: dict[str, Stage] = {"b1": "schema", "b2": "table", "c1": "pipeline", "c2": "table"}
 EQUAL = 1e-9  # rewards closer than this count as equal (GRPO's std would be ~0)
 # Default headroom threshold: below 10% of prompts whose best sample beats greedy (macro over sources),
 # GRPO mostly sharpens the mode it already has (issue 23: E2E/RotoWire sit near 0, WikiTableText well above).

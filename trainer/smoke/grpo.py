@@ -40,7 +40,8 @@ import psutil
 import typer
 
 from services.reward_api.process import RewardApiProcess
-from trainer.phases.launch import REPO_ROOT, PhaseRun, get_phase, run_phase
+from trainer.phases.launch import REPO_ROOT, PhaseRun, run_phase
+from trainer.phases.registry import get_phase
 
 SAMPLE_DIR = REPO_ROOT / "trainer" / "data" / "sample"
 # Reward parts our reward function returns for data_source "pipeline" (trainer.reward_client.SCORE_KEYS).

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from trainer.cpu_shim.guard import PINNED, CpuShimVersionError, check_versions
-from trainer.phases.launch import CPU_ENV, PhaseRun, get_phase
+from trainer.phases.launch import CPU_ENV, PhaseRun
+from trainer.phases.registry import get_phase
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -19,7 +19,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("verl")
 
 from trainer.phases import fast_logprobs  # noqa: E402
-from trainer.phases.launch import FAST_LOGPROBS, PhaseRun, external_modules, get_phase  # noqa: E402
+from trainer.phases.launch import FAST_LOGPROBS, PhaseRun, external_modules  # noqa: E402
+from trainer.phases.registry import get_phase  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
 

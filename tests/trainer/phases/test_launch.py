@@ -15,14 +15,13 @@ from trainer.phases.export import ExportError, check_hf_dir, fsdp_dir, merge_com
 from trainer.phases.launch import (
     CONFIG_DIR,
     CPU_ENV,
-    PHASES,
     REPO_ROOT,
     PhaseResult,
     PhaseRun,
     check_profile,
-    get_phase,
     read_result,
 )
+from trainer.phases.registry import PHASES, get_phase
 
 ENV = {
     "TRAINER_DATA_DIR": "/data",
@@ -77,8 +76,7 @@ def test_grpo_configs(env: None, phase: str, profile: str) -> None:
         == f"{c.trainer.default_local_dir}/reward_failures.jsonl"
     )
     assert c.phase.name == phase
-    expected_ds = {"b1": "schema", "b2": "table", "c1": "pipeline", "c2": "table"}[phase]
-    assert c.early_stopping.data_source == expected_ds
+    assert c.early_stopping.data_source == get_phase(phase).reward
     if profile == "cpu-smoke":
         assert c.trainer.device == "cpu" and c.trainer.n_gpus_per_node == 1
         for role in (arr.actor, arr.ref):

@@ -12,8 +12,9 @@ from typer.testing import CliRunner
 from tests.trainer.phases.test_gpu_profile import composed_command
 from tests.trainer.phases.test_launch import env  # noqa: F401  (a fixture)
 from tests.trainer.phases.test_monitors import RECORDED
-from trainer.phases.launch import get_phase, read_metrics
+from trainer.phases.launch import read_metrics
 from trainer.phases.positive_control import ControlConfig, control_run, greedy_rewards, judge, pick_prompts
+from trainer.phases.registry import get_phase
 
 
 def _val(step: int, **by_source: float) -> dict[str, Any]:
