@@ -4,13 +4,13 @@
 composes ``trainer/phases/configs/<phase>_{sft,grpo}.yaml`` with the profile and runs it:
 
 - SFT (A1, A2): ``torchrun -m verl.trainer.sft_trainer`` with our config dir.
-- GRPO (B1, B2, C1, C2): ``python -m trainer.phases.verl_main`` (VERL's main_ppo + early stopping).
+- GRPO (B1, B2, C1, C2): ``python -m trainer.in_verl.verl_main`` (VERL's main_ppo + early stopping).
 
 Paths and URLs reach the configs through the environment (``TRAINER_DATA_DIR``,
 ``TRAINER_OUT_DIR``, ``TRAINER_REPO_ROOT``, ``POLICY_MODEL_PATH``, ``REWARD_API_URL``), so the
 YAML stays the single description of a phase. Only the ``cpu-smoke`` profile loads the CPU shim
-(``VERL_USE_EXTERNAL_MODULES=trainer.cpu_shim``); the GPU path never imports it. Every profile loads
-``trainer.phases.fast_logprobs`` the same way (VERL's per-token log-prob loop without flash-attn).
+(``VERL_USE_EXTERNAL_MODULES=trainer.in_verl.cpu_shim``); the GPU path never imports it. Every profile loads
+``trainer.in_verl.fast_logprobs`` the same way (VERL's per-token log-prob loop without flash-attn).
 
 Outputs under ``--out``: ``checkpoints/global_step_N/…``, ``checkpoints/early_stopping.json``
 (RL), ``metrics.jsonl`` (VERL's file logger), ``train.log``, ``hf/`` (the exported best
@@ -47,11 +47,11 @@ RESULT_FILE = "phase_result.json"
 
 
 # Imported by ``import verl`` in every VERL process of every profile (see its docstring).
-FAST_LOGPROBS = "trainer.phases.fast_logprobs"
+FAST_LOGPROBS = "trainer.in_verl.fast_logprobs"
 
 # vLLM-CPU and Ray settings of shared/notes/verl-cpu.md and vllm-cpu.md; CPU profile only.
 CPU_ENV: dict[str, str] = {
-    "VERL_USE_EXTERNAL_MODULES": "trainer.cpu_shim",
+    "VERL_USE_EXTERNAL_MODULES": "trainer.in_verl.cpu_shim",
     "VERL_PLATFORM": "cpu",
     "VERL_ENGINE_DEVICE": "cuda",
     "VLLM_TARGET_DEVICE": "cpu",
@@ -76,7 +76,7 @@ def repo_first(pythonpath: str) -> str:
 
 def external_modules(profile: Profile, inherited: str = "") -> str:
     """``VERL_USE_EXTERNAL_MODULES`` of a phase: the inherited modules, the CPU shim only for
-    ``cpu-smoke`` (dropped on GPU even when inherited), and always :mod:`trainer.phases.fast_logprobs`."""
+    ``cpu-smoke`` (dropped on GPU even when inherited), and always :mod:`trainer.in_verl.fast_logprobs`."""
     shim = CPU_ENV["VERL_USE_EXTERNAL_MODULES"]
     modules = [m.strip() for m in inherited.split(",") if m.strip() and m.strip() not in (shim, FAST_LOGPROBS)]
     return ",".join(([shim] if profile == "cpu-smoke" else []) + modules + [FAST_LOGPROBS])
@@ -138,7 +138,7 @@ class PhaseRun:
             return [
                 py,
                 "-m",
-                "trainer.phases.verl_main",
+                "trainer.in_verl.verl_main",
                 "--config-name",
                 self.phase.config_name,
                 f"profile={self.profile}",

@@ -44,7 +44,7 @@ from trainer.phases.launch import REPO_ROOT, PhaseRun, run_phase
 from trainer.phases.registry import get_phase
 
 SAMPLE_DIR = REPO_ROOT / "trainer" / "data" / "sample"
-# Reward parts our reward function returns for data_source "pipeline" (trainer.reward_client.SCORE_KEYS).
+# Reward parts our reward function returns for data_source "pipeline" (trainer.in_verl.reward_client.SCORE_KEYS).
 PIPELINE_PARTS = ("schema_reward", "table_reward", "f1", "table_score", "cell_accuracy", "valid_json")
 
 

@@ -14,9 +14,9 @@ from trainer.phases.registry import get_phase
 
 def composed_command(run: PhaseRun) -> Any:
     """The config that the phase's command line composes: its ``--config-name`` and Hydra overrides,
-    exactly as ``run.command()`` passes them to ``trainer.phases.verl_main``."""
+    exactly as ``run.command()`` passes them to ``trainer.in_verl.verl_main``."""
     cmd = run.command()
-    assert cmd[1:3] == ["-m", "trainer.phases.verl_main"]
+    assert cmd[1:3] == ["-m", "trainer.in_verl.verl_main"]
     name = cmd[cmd.index("--config-name") + 1]
     return composed(name, *cmd[cmd.index("--config-name") + 2 :])
 

@@ -94,7 +94,7 @@ def test_positive_control_dry_run_prints_the_command(tmp_path: Path) -> None:
                                    "trainer.n_gpus_per_node=1"])  # fmt: skip
     assert res.exit_code == 0, res.output
     out = " ".join(res.output.split())
-    assert "trainer.phases.verl_main --config-name b1_grpo profile=gpu" in out
+    assert "trainer.in_verl.verl_main --config-name b1_grpo profile=gpu" in out
     assert "early_stopping.enabled=false" in out and out.endswith("trainer.n_gpus_per_node=1")
     bad = CliRunner().invoke(app, ["positive-control", "a1", "--prompts", str(tmp_path / "imp.parquet"), "--dry-run"])
     assert bad.exit_code == 2 and "GRPO phase" in " ".join(bad.output.replace("│", " ").split())

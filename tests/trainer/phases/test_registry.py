@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from tests.trainer.phases.test_launch import composed, env  # noqa: F401  (env is a fixture)
+from trainer.in_verl.reward_client import SCORE_KEYS
 from trainer.phases.launch import CONFIG_DIR
 from trainer.phases.registry import (
     BUILD_PHASES,
@@ -20,7 +21,6 @@ from trainer.phases.registry import (
     reward_prompt,
     sft_phase_for,
 )
-from trainer.reward_client import SCORE_KEYS
 
 # What a phase config file itself names (before composition); the shared bases and profiles are not phases.
 PHASE_FILES = sorted(p for p in CONFIG_DIR.glob("*.yaml") if p.stem not in ("grpo_base", "sft_base"))

@@ -1,0 +1,50 @@
+"""VERL entry point of the GRPO phases: ``python -m trainer.in_verl.verl_main --config-name c1_grpo ...``.
+
+It is VERL 0.9.1's ``main_ppo`` with two differences: the configs are this project's phase files
+(``trainer/phases/configs``, composed on top of VERL's ``ppo_trainer``), and the Ray task runner first
+calls :func:`trainer.in_verl.phase_trainer.install`, so that in the process that builds the
+trainer, VERL's ``trainer_mode=sync`` builds :class:`~trainer.in_verl.phase_trainer.PhaseTrainer` (VERL's
+``PPOTrainerSync`` with early stopping, the failure policy and the monitors) while every
+``trainer_mode == "sync"`` branch of VERL still applies. Use ``python -m trainer run <phase>`` rather than this.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hydra
+import ray
+from omegaconf import DictConfig
+from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+from verl.trainer.ppo.utils import need_critic, need_reference_policy
+from verl.utils.config import validate_config
+from verl.utils.device import auto_set_device
+
+from trainer.phases.launch import CONFIG_DIR
+
+
+class _PhaseTaskRunner(TaskRunnerV1.__ray_actor_class__):  # type: ignore[misc, name-defined]
+    def run(self, config: DictConfig) -> Any:
+        from trainer.in_verl.phase_trainer import install
+
+        install(config)
+        return super().run(config)
+
+
+PhaseTaskRunner = ray.remote(num_cpus=1)(_PhaseTaskRunner)
+
+
+# by absolute path: the configs sit with the phases, not beside this module
+@hydra.main(config_path=str(CONFIG_DIR), config_name="c1_grpo", version_base=None)
+def main(config: DictConfig) -> None:
+    auto_set_device(config)
+    validate_config(
+        config=config,
+        use_reference_policy=need_reference_policy(config),
+        use_critic=need_critic(config),
+    )
+    run_ppo(config, task_runner_class=PhaseTaskRunner)
+
+
+if __name__ == "__main__":
+    main()
