@@ -18,7 +18,7 @@ from shared import read_golden
 from trainer.data.datasets import build_datasets
 from trainer.data.prompt_fit import Stage2Fit
 from trainer.evaluation import report
-from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
+from trainer.evaluation.generation import GenerationClient, GenerationConfig
 from trainer.evaluation.inference import infer, precompute_c2
 from trainer.evaluation.phase_d import (
     DEFAULT_DECISION_METRIC,
@@ -119,7 +119,7 @@ def data_precompute(
         raise _bad("--on-invalid", f"must be 'skip' or 'gold', got {on_invalid!r}")
     policy: Literal["skip", "gold"] = "skip" if on_invalid == "skip" else "gold"
     fit = _stage2_fit(stage2_tokenizer, stage2_max_len)
-    client = ExecutorClient(executor_url, model, _gen(max_tokens, concurrency, timeout, seed))
+    client = GenerationClient(executor_url, model, _gen(max_tokens, concurrency, timeout, seed))
     report = precompute_c2(golden, out, client, on_invalid=policy, limit=limit, stage2_fit=fit)
     table = Table("split", "rows written", "invalid schemas", f"invalid → {on_invalid}", "Stage-2 too long (dropped)")
     for split, n in report.counts.items():
@@ -149,7 +149,7 @@ def infer_cmd(
     """Predictions: id, stage, prediction, messages_sha256, model, prompt_version."""
     if stage not in ("stage1", "stage2"):
         raise _bad("STAGE", f"must be stage1 or stage2, got {stage!r}")
-    client = ExecutorClient(executor_url, model, _gen(max_tokens, concurrency, timeout, seed))
+    client = GenerationClient(executor_url, model, _gen(max_tokens, concurrency, timeout, seed))
     records = infer("stage1" if stage == "stage1" else "stage2", read_golden(golden, limit), client, out)
     console.print(f"{len(records)} predictions → {out}")
 

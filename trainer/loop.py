@@ -464,7 +464,7 @@ class Loop:
 
     def precompute(self, pi1_pipe: str, data_dir: Path, tag: str) -> None:
         """C2's data from π1ʳ-pipe's schemas; reused only if its key (model content, golden, config) matches."""
-        from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
+        from trainer.evaluation.generation import GenerationClient, GenerationConfig
         from trainer.evaluation.inference import precompute_c2
 
         key = self.precompute_key(pi1_pipe)
@@ -494,7 +494,7 @@ class Loop:
             rep = precompute_c2(
                 self.cfg.golden,
                 data_dir,
-                ExecutorClient(url, model, gen),
+                GenerationClient(url, model, gen),
                 on_invalid="gold",
                 limit=self.cfg.limit,
                 sample={"train": self.cfg.c2_train_prompts} if self.cfg.c2_train_prompts else None,
@@ -564,14 +564,14 @@ class Loop:
     ) -> list[dict[str, Any]]:
         """Stage 1 with π1 served alone, then Stage 2 with π2 on the predicted schemas (on ``slot``)."""
         from shared import PROMPT_VERSION, build_stage1_messages, build_stage2_messages
-        from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
+        from trainer.evaluation.generation import GenerationClient, GenerationConfig
         from trainer.evaluation.inference import messages_hash
 
         gen = GenerationConfig(max_tokens=self.cfg.eval_max_tokens)
         logs = self.out / "logs"
         s1 = [build_stage1_messages(ex.text) for ex in examples]
         with local_executor(pi1, logs / f"executor_eval_{name}_pi1.log", slot, self.cfg.executor_eager) as url:
-            schemas = asyncio.run(ExecutorClient(url, SERVED_NAME, gen).generate(s1))
+            schemas = asyncio.run(GenerationClient(url, SERVED_NAME, gen).generate(s1))
         s2: dict[int, list[dict[str, str]]] = {}
         for i, (ex, text) in enumerate(zip(examples, schemas, strict=True)):
             with contextlib.suppress(ValueError):
@@ -580,7 +580,7 @@ class Loop:
         tables: dict[int, str] = {}
         if order:
             with local_executor(pi2, logs / f"executor_eval_{name}_pi2.log", slot, self.cfg.executor_eager) as url:
-                outs = asyncio.run(ExecutorClient(url, SERVED_NAME, gen).generate([s2[i] for i in order]))
+                outs = asyncio.run(GenerationClient(url, SERVED_NAME, gen).generate([s2[i] for i in order]))
             tables = dict(zip(order, outs, strict=True))
         return [
             {

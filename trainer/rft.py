@@ -31,7 +31,7 @@ from shared import (
     read_golden,
 )
 from trainer.data.datasets import SFT_SCHEMA, sft_row, write_parquet
-from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
+from trainer.evaluation.generation import GenerationClient, GenerationConfig
 from trainer.phases.registry import RewardKind, reward_prompt, sft_phase_for
 
 Stage = RewardKind
@@ -152,7 +152,7 @@ def build_rft_data(
         concurrency=cfg.concurrency,
         timeout_s=cfg.timeout_s,
     )
-    samples = asyncio.run(ExecutorClient(policy_url, model, gen).sample(prompts, cfg.k))
+    samples = asyncio.run(GenerationClient(policy_url, model, gen).sample(prompts, cfg.k))
     items = [
         reward_item(stage, ex, f"{ex.id}#{j}", s)
         for ex, outs in zip(examples, samples, strict=True)

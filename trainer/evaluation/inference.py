@@ -16,7 +16,7 @@ from tqdm import tqdm
 from shared import PROMPT_VERSION, GoldenExample, build_stage1_messages, build_stage2_messages, read_golden
 from trainer.data.datasets import RL_SCHEMA, rl_row, update_manifest, write_parquet
 from trainer.data.prompt_fit import Stage2Fit
-from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig, Message
+from trainer.evaluation.generation import GenerationClient, GenerationConfig, Message
 
 Stage = Literal["stage1", "stage2"]
 
@@ -35,13 +35,15 @@ def stage_messages(stage: Stage, ex: GoldenExample) -> list[Message]:
     return build_stage2_messages(ex.text, ex.schema_dict())
 
 
-async def generate_with_progress(client: ExecutorClient, prompts: Sequence[Sequence[Message]], desc: str) -> list[str]:
+async def generate_with_progress(
+    client: GenerationClient, prompts: Sequence[Sequence[Message]], desc: str
+) -> list[str]:
     with tqdm(total=len(prompts), desc=desc, unit="ex", leave=False) as bar:
         return await client.generate(prompts, on_done=lambda: bar.update(1))
 
 
 def infer(
-    stage: Stage, examples: Sequence[GoldenExample], client: ExecutorClient, out: Path | None = None
+    stage: Stage, examples: Sequence[GoldenExample], client: GenerationClient, out: Path | None = None
 ) -> list[dict[str, Any]]:
     """Predictions for ``examples``: id, stage, prediction, messages_sha256, model, prompt_version."""
     prompts = [stage_messages(stage, ex) for ex in examples]
@@ -101,7 +103,7 @@ def seeded_sample(items: Sequence[T], n: int, seed: int) -> list[T]:
 def precompute_c2(
     golden: Path,
     out: Path,
-    client: ExecutorClient,
+    client: GenerationClient,
     splits: Sequence[str] = ("train", "validation"),
     on_invalid: Literal["skip", "gold"] = "skip",
     limit: int | None = None,

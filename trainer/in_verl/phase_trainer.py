@@ -1,6 +1,6 @@
 """The trainer of the GRPO phases, :class:`PhaseTrainer`: VERL 0.9.1's own synchronous trainer plus the
 phase's rules (early stopping of :mod:`trainer.phases.early_stopping`, the failure policy of
-:mod:`trainer.phases.failures`, the dynamic-sampling budget and monitors of :mod:`trainer.phases.monitors`).
+:mod:`trainer.phases.rollout_failures`, the dynamic-sampling budget and monitors of :mod:`trainer.phases.monitors`).
 
 Why this shape. VERL takes its synchronous path only when ``trainer.v1.trainer_mode`` is exactly
 ``"sync"``: ``PPOTrainer._build_replay_buffer`` picks ``ReplayBuffer`` (not ``ReplayBufferAsync``)
@@ -49,7 +49,14 @@ from verl.trainer.ppo.v1 import trainer_base
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from trainer.phases.early_stopping import STATE_FILE, Decision, EarlyStopper, EarlyStoppingConfig, prune_checkpoints
-from trainer.phases.failures import (
+from trainer.phases.monitors import (
+    DEFAULT_KL_FLOOR,
+    DynamicSamplingBudget,
+    DynamicSamplingExhaustedError,
+    valid_output_metrics,
+    write_monitor_config,
+)
+from trainer.phases.rollout_failures import (
     FAILURE_FILE,
     FailureCount,
     FailurePolicy,
@@ -59,13 +66,6 @@ from trainer.phases.failures import (
     judge,
     training_failures,
     validation_failures,
-)
-from trainer.phases.monitors import (
-    DEFAULT_KL_FLOOR,
-    DynamicSamplingBudget,
-    DynamicSamplingExhaustedError,
-    valid_output_metrics,
-    write_monitor_config,
 )
 
 TRAINER_MODE = "sync"

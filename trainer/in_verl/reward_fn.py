@@ -17,7 +17,7 @@ tagged with the golden source, "table:wikitabletext": see :mod:`trainer.data_sou
 When the call fails, the error is appended to ``reward_kwargs.failure_log`` (if set) and re-raised.
 VERL then marks the prompt group ``failure`` and keeps the exception in the rollout worker's log
 only; the phase's trainer reads this file to name the cause when it stops the phase
-(:mod:`trainer.phases.failures`).
+(:mod:`trainer.phases.rollout_failures`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainer.in_verl.reward_client import client_config_from_kwargs, score_one
-from trainer.phases.failures import record_reward_failure
+from trainer.phases.rollout_failures import record_reward_failure
 
 
 async def compute_score(

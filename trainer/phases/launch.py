@@ -230,7 +230,7 @@ class PhaseResult:
     checkpoint: str | None = None
     hf_dir: str | None = None
     final_metrics: dict[str, Any] | None = None
-    # why a failed phase stopped (trainer/phases/failures.py's record, else the exit code and log)
+    # why a failed phase stopped (trainer/phases/rollout_failures.py's record, else the exit code and log)
     error: str | None = None
     failure: dict[str, Any] | None = None
     # GRPO: per-step ppo_kl, clip fraction, entropy, evicted groups, valid-output share, and whether the
@@ -256,7 +256,7 @@ def run_phase(
     """Launch, then pick the best (RL) or last (SFT) checkpoint, export it to ``out/hf``, record it."""
     from trainer.phases.early_stopping import STATE_FILE, checkpoint_steps, read_state
     from trainer.phases.export import export_checkpoint
-    from trainer.phases.failures import FAILURE_FILE, read_failure
+    from trainer.phases.rollout_failures import FAILURE_FILE, read_failure
 
     started = dt.datetime.now(dt.UTC)
     t0 = time.monotonic()

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 
 from shared import GoldenExample, read_golden
 from shared.golden import source_of
-from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
+from trainer.evaluation.generation import GenerationClient, GenerationConfig
 from trainer.rft import Stage, prompt_for, reward_item, score_results
 
 EQUAL = 1e-9  # rewards closer than this count as equal (GRPO's std would be ~0)
@@ -277,9 +277,9 @@ def advantage_check(
     picked = sample_per_source(read_golden(golden / "common_train_schemas.jsonl"), prompts, seed, sources)
     messages = [prompt_for(stage, ex) for ex in picked]
     hot = GenerationConfig(max_tokens=max_tokens, temperature=temperature, seed=seed)
-    samples = asyncio.run(ExecutorClient(policy_url, model, hot).sample(messages, n))
+    samples = asyncio.run(GenerationClient(policy_url, model, hot).sample(messages, n))
     greedy_cfg = GenerationConfig(max_tokens=max_tokens, temperature=0.0, seed=seed)
-    greedy = asyncio.run(ExecutorClient(policy_url, model, greedy_cfg).generate(messages))
+    greedy = asyncio.run(GenerationClient(policy_url, model, greedy_cfg).generate(messages))
     items = [reward_item(stage, ex, f"{ex.id}#{j}", s) for ex, outs in zip(picked, samples, strict=True)
              for j, s in enumerate(outs)]  # fmt: skip
     items += [reward_item(stage, ex, f"{ex.id}#greedy", g) for ex, g in zip(picked, greedy, strict=True)]

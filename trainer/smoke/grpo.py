@@ -14,7 +14,7 @@ tree is sampled every second. The last line is ``N passed, N failed``.
 ``--kill-reward-api`` (CI uses it) adds the failure check to the same run at the cost of one more
 rollout, not a second phase: C1 runs ``steps + 1`` steps, and once step ``steps`` is validated the
 reward API is SIGKILLed. The next step's rewards fail, and the phase must stop with the failure
-policy's error naming the reward endpoint (``trainer.phases.failures``): result ``failed``, the
+policy's error naming the reward endpoint (``trainer.phases.rollout_failures``): result ``failed``, the
 failure counted in the metrics, no later validation, no export. Steps ``1..steps`` are checked as
 in a plain run, and their best checkpoint is exported here to check the export.
 

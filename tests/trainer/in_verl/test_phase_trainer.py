@@ -61,7 +61,7 @@ def scripted_trainer(config: Any, scores: list[float], total_steps: int, monkeyp
         failure_policy_from_config,
         stopper_from_config,
     )
-    from trainer.phases.failures import FAILURE_FILE, RewardFailureLog
+    from trainer.phases.rollout_failures import FAILURE_FILE, RewardFailureLog
 
     t: Any = PhaseTrainer.__new__(PhaseTrainer)
     t.config = config

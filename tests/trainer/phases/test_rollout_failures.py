@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.phases.failures import (
+from trainer.phases.rollout_failures import (
     FailureCount,
     FailurePolicy,
     RewardFailureLog,
