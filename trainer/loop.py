@@ -8,7 +8,7 @@
 - C1 trains π1ʳ-local → π1ʳ-pipe; the reward_api's executor serves the frozen π2ʳ-local.
   Locally (no ``--c1-reward-url``) the loop starts a CpuExecutor on π2ʳ-local and a reward_api
   pointed at it; on a cluster, pass the URL of a reward_api whose executor serves π2ʳ-local.
-- Before C2, π1ʳ-pipe precomputes the C2 schemas (``trainer.evaluation.inference.precompute_c2``), served by
+- Before C2, π1ʳ-pipe precomputes the C2 schemas (``trainer.data.precompute.precompute_c2``), served by
   a local CpuExecutor or ``--pi1-pipe-url``.
 - C2 trains π2ʳ-local → π2ʳ-pipe. Phase D scores sft / local / pipe end to end on the test split
   (each model served in turn, one vLLM server at a time) and applies the loop-2 rule.
@@ -464,8 +464,9 @@ class Loop:
 
     def precompute(self, pi1_pipe: str, data_dir: Path, tag: str) -> None:
         """C2's data from π1ʳ-pipe's schemas; reused only if its key (model content, golden, config) matches."""
+        from trainer.data.precompute import precompute_c2
         from trainer.evaluation.generation import GenerationClient, GenerationConfig
-        from trainer.evaluation.inference import precompute_c2
+        from trainer.evaluation.inference import schema_predictor
 
         key = self.precompute_key(pi1_pipe)
         key_path = data_dir / "c2" / PRECOMPUTE_KEY
@@ -494,7 +495,8 @@ class Loop:
             rep = precompute_c2(
                 self.cfg.golden,
                 data_dir,
-                GenerationClient(url, model, gen),
+                schema_predictor(GenerationClient(url, model, gen)),
+                model,
                 on_invalid="gold",
                 limit=self.cfg.limit,
                 sample={"train": self.cfg.c2_train_prompts} if self.cfg.c2_train_prompts else None,

@@ -20,19 +20,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from shared import (
-    GoldenExample,
-    build_stage1_messages,
-    build_stage2_messages,
-    canonical_schema_json,
-    gold_ndjson,
-    read_golden,
-)
+from shared import read_golden
 from trainer.data.datasets import SFT_SCHEMA, sft_row, write_parquet
 from trainer.evaluation.generation import GenerationClient, GenerationConfig
-from trainer.phases.registry import RewardKind, reward_prompt, sft_phase_for
+from trainer.evaluation.reward_scoring import prompt_for, reward_item, score
+from trainer.phases.registry import RewardKind, sft_phase_for
 
 Stage = RewardKind
 
@@ -52,61 +44,6 @@ class RftConfig:
             raise ValueError(f"k must be >= 1, got {self.k}")
         if not -1.0 <= self.threshold <= 1.0:
             raise ValueError(f"threshold must be in [-1, 1], got {self.threshold}")
-
-
-def prompt_for(stage: Stage, ex: GoldenExample) -> list[dict[str, str]]:
-    if reward_prompt(stage) == "stage2_gold":
-        return build_stage2_messages(ex.text, ex.schema_dict())
-    return build_stage1_messages(ex.text)
-
-
-def reward_item(stage: Stage, ex: GoldenExample, item_id: str, prediction: str) -> dict[str, Any]:
-    """One reward_api item (DESIGN §4.4) for a sampled output."""
-    if stage == "schema":
-        return {"id": item_id, "prediction": prediction, "gold_schema": ex.schema_dict()}
-    if stage == "table":
-        return {"id": item_id, "prediction": prediction, "gold_table": ex.table_dict()}
-    return {
-        "id": item_id,
-        "prediction": prediction,
-        "text": ex.text,
-        "gold_schema": ex.schema_dict(),
-        "gold_table": ex.table_dict(),
-    }
-
-
-# Items per POST: well under reward_api's per-request item limit (REWARD_API_MAX_ITEMS, 4,096 by default).
-# A preflight of 200 prompts x 3 sources x 17 samples is 10,200 items: sent whole, it was a 413 on the GPU
-# node (issue 23's first A/B lease) and the sweep wrote no report.
-SCORE_BATCH = 1024
-
-
-def score_results(
-    reward_url: str,
-    stage: Stage,
-    items: list[dict[str, Any]],
-    timeout_s: float = 600.0,
-    batch: int = SCORE_BATCH,
-) -> list[dict[str, Any]]:
-    """The results of ``items`` in order (reward, valid_json, ...), from ``POST /reward/<stage>`` in batches of
-    at most ``batch`` items (errors raise)."""
-    results: list[dict[str, Any]] = []
-    with httpx.Client(timeout=timeout_s) as client:
-        for start in range(0, len(items), batch):
-            chunk = items[start : start + batch]
-            r = client.post(f"{reward_url.rstrip('/')}/reward/{stage}", json={"items": chunk})
-            if r.status_code != 200:
-                raise RuntimeError(f"reward_api /reward/{stage} answered {r.status_code}: {r.text[:500]}")
-            got: list[dict[str, Any]] = r.json()["results"]
-            if [x["id"] for x in got] != [x["id"] for x in chunk]:
-                raise RuntimeError("reward_api returned results in a different order or count")
-            results += got
-    return results
-
-
-def score(reward_url: str, stage: Stage, items: list[dict[str, Any]], timeout_s: float = 600.0) -> list[float]:
-    """Rewards of ``items`` in order, from ``POST /reward/<stage>`` (errors raise, never 0)."""
-    return [float(x["reward"]) for x in score_results(reward_url, stage, items, timeout_s)]
 
 
 @dataclass
@@ -188,8 +125,3 @@ def build_rft_data(
     )
     (out / "rft_report.json").write_text(json.dumps({**report.as_dict(), "config": asdict(cfg)}, indent=2) + "\n")
     return report
-
-
-def gold_target(stage: Stage, ex: GoldenExample) -> str:
-    """The gold answer of a prompt (used by tests to check the reward path ranks it first)."""
-    return gold_ndjson(ex.table_dict()) if stage == "table" else canonical_schema_json(ex.schema_dict())

@@ -250,7 +250,7 @@ def test_gpu_executors_are_eager_unless_asked_for_cuda_graphs(tmp_path: Path) ->
 def test_loop_cli_passes_the_c2_sample_and_executor_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    from trainer import loop as loop_mod
+    from trainer import loop_cli
     from trainer.cli import app
 
     seen: list[LoopConfig] = []
@@ -262,7 +262,7 @@ def test_loop_cli_passes_the_c2_sample_and_executor_mode(tmp_path: Path, monkeyp
         def run(self) -> dict[str, object]:
             return {}
 
-    monkeypatch.setattr(loop_mod, "Loop", CapturingLoop)
+    monkeypatch.setattr(loop_cli, "Loop", CapturingLoop)
     base = ["loop", "--golden", str(SAMPLE), "--out", str(tmp_path), "--profile", "gpu", "--base-model", "/b"]
     res = CliRunner().invoke(app, [*base, "--gpus", "0,1", "--c2-train-prompts", "4096", "trainer.x=1"])
     assert res.exit_code == 0, res.output

@@ -38,7 +38,8 @@ import pyarrow.parquet as pq
 from shared import GoldenExample, read_golden
 from shared.golden import source_of
 from trainer.evaluation.generation import GenerationClient, GenerationConfig
-from trainer.rft import Stage, prompt_for, reward_item, score_results
+from trainer.evaluation.reward_scoring import prompt_for, reward_item, score_results
+from trainer.phases.registry import RewardKind
 
 EQUAL = 1e-9  # rewards closer than this count as equal (GRPO's std would be ~0)
 # Default headroom threshold: below 10% of prompts whose best sample beats greedy (macro over sources),
@@ -256,7 +257,7 @@ def sample_per_source(
 
 def advantage_check(
     golden: Path,
-    stage: Stage,
+    stage: RewardKind,
     policy_url: str,
     model: str,
     reward_url: str,
