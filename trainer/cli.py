@@ -221,7 +221,9 @@ def evaluate_score(
 def rft_cmd(
     ctx: typer.Context,
     golden: Path = typer.Option(..., exists=True, file_okay=False, help="Golden folder."),
-    stage: str = typer.Option("schema", help="schema | pipeline (π1, trains as A1) or table (π2, trains as A2)."),
+    reward: str = typer.Option(
+        "schema", "--reward", "--stage", help="schema | pipeline (π1, trains as A1) or table (π2, trains as A2)."
+    ),
     policy_url: str = typer.Option(..., help="Executor serving the policy to sample from."),
     policy_model: str = typer.Option(..., help="Served model name of the policy."),
     start_model: str | None = typer.Option(
@@ -239,20 +241,20 @@ def rft_cmd(
     """Sample k, score via reward_api, keep the best ≥ threshold, write SFT parquet, train with the SFT launcher."""
     from trainer.rft import RftConfig, build_rft_data
 
-    if stage not in REWARD_KINDS:
-        raise typer.BadParameter(f"must be one of {list(REWARD_KINDS)}, got {stage!r}", param_hint="--stage")
+    if reward not in REWARD_KINDS:
+        raise typer.BadParameter(f"must be one of {list(REWARD_KINDS)}, got {reward!r}", param_hint="--reward")
     try:
         cfg = RftConfig(k=k, threshold=threshold, temperature=temperature, max_tokens=max_tokens)
         prof = check_profile(profile)
     except ValueError as exc:
         raise bad_param("--k/--threshold/--profile", exc) from None
-    rep = build_rft_data(golden, out, stage, policy_url, policy_model, reward_url, cfg, limit)
-    table = Table("stage", "prompts", "samples", "kept", "mean best reward")
-    table.add_row(rep.stage, str(rep.prompts), str(rep.samples), str(rep.kept), f"{rep.mean_best_reward:.3f}")
+    rep = build_rft_data(golden, out, reward, policy_url, policy_model, reward_url, cfg, limit)
+    table = Table("reward", "prompts", "samples", "kept", "mean best reward")
+    table.add_row(rep.reward, str(rep.prompts), str(rep.samples), str(rep.kept), f"{rep.mean_best_reward:.3f}")
     console.print(table)
     if start_model:
         run = PhaseRun(
-            phase=get_phase(sft_phase_for(stage)),
+            phase=get_phase(sft_phase_for(reward)),
             profile=prof,
             data_dir=out / "data",
             out_dir=out / "sft",

@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from trainer.loop import STAGE_GROUPS, Loop, LoopConfig
+from trainer.loop import PARTS, Loop, LoopConfig
 from trainer.phases.cli import ProfileOpt, bad_param, default_model
 from trainer.phases.gpus import GpuPlanError, visible_gpus
 from trainer.phases.launch import check_profile
@@ -50,7 +50,7 @@ def loop_cmd(
         None, help="gpu profile: GPU ids to use (default: CUDA_VISIBLE_DEVICES, else every GPU nvidia-smi lists)."
     ),
     until: str | None = typer.Option(
-        None, help="Stop after this stage group (sft, local, c1, c2, eval); a rerun goes on from there."
+        None, help=f"Stop after this part of the loop ({', '.join(PARTS)}); a rerun goes on from there."
     ),
     reward_workers: int = typer.Option(1, min=1, help="uvicorn workers of the reward_api the loop starts."),
     preflight_min: float | None = typer.Option(
@@ -72,8 +72,8 @@ def loop_cmd(
         prof = check_profile(profile)
     except ValueError as exc:
         raise bad_param("--profile", exc) from None
-    if until is not None and until not in STAGE_GROUPS:
-        raise bad_param("--until", ValueError(f"must be one of {list(STAGE_GROUPS)}, got {until!r}"))
+    if until is not None and until not in PARTS:
+        raise bad_param("--until", ValueError(f"must be one of {list(PARTS)}, got {until!r}"))
     try:
         gpu_ids = visible_gpus(gpus) if prof == "gpu" else ()
     except GpuPlanError as exc:

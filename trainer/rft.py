@@ -7,8 +7,8 @@ under ``<out>/data/<a1|a2>/train.parquet`` (validation: the gold SFT rows). Trai
 the SFT launcher (phase A1 for Stage 1, A2 for Stage 2); the exported model is compared with the
 RL policies by ``trainer evaluate pipeline --setting rft=...``.
 
-Stages: ``schema`` (π1, schema reward), ``pipeline`` (π1, pipeline reward via the executor),
-``table`` (π2 on gold schemas, table reward).
+Rewards (the reward kinds of :mod:`trainer.phases.registry`): ``schema`` (π1, schema reward), ``pipeline``
+(π1, pipeline reward via the executor), ``table`` (π2 on gold schemas, table reward).
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from trainer.data.datasets import SFT_SCHEMA, sft_row, write_parquet
 from trainer.evaluation.generation import GenerationClient, GenerationConfig
 from trainer.evaluation.reward_scoring import prompt_for, reward_item, score
 from trainer.phases.registry import RewardKind, sft_phase_for
-
-Stage = RewardKind
 
 
 @dataclass(frozen=True)
@@ -48,7 +46,7 @@ class RftConfig:
 
 @dataclass
 class RftReport:
-    stage: str
+    reward: str
     prompts: int
     samples: int
     kept: int
@@ -71,7 +69,7 @@ def select_best(rewards: Sequence[float], threshold: float) -> int | None:
 def build_rft_data(
     golden: Path,
     out: Path,
-    stage: Stage,
+    reward: RewardKind,
     policy_url: str,
     model: str,
     reward_url: str,
@@ -80,7 +78,7 @@ def build_rft_data(
 ) -> RftReport:
     """Sample, score, keep the best ≥ threshold; write ``out/data/<a1|a2>/{train,validation}.parquet``."""
     examples = read_golden(golden / "common_train_schemas.jsonl", limit)
-    prompts = [prompt_for(stage, ex) for ex in examples]
+    prompts = [prompt_for(reward, ex) for ex in examples]
 
     gen = GenerationConfig(
         max_tokens=cfg.max_tokens,
@@ -91,11 +89,11 @@ def build_rft_data(
     )
     samples = asyncio.run(GenerationClient(policy_url, model, gen).sample(prompts, cfg.k))
     items = [
-        reward_item(stage, ex, f"{ex.id}#{j}", s)
+        reward_item(reward, ex, f"{ex.id}#{j}", s)
         for ex, outs in zip(examples, samples, strict=True)
         for j, s in enumerate(outs)
     ]
-    rewards = score(reward_url, stage, items)
+    rewards = score(reward_url, reward, items)
     rows: list[dict[str, Any]] = []
     best_rewards: list[float] = []
     pos = 0
@@ -107,7 +105,7 @@ def build_rft_data(
             best_rewards.append(max(rs))
         if idx is not None:
             rows.append({"messages": [*prompt, {"role": "assistant", "content": outs[idx]}]})
-    phase = sft_phase_for(stage)
+    phase = sft_phase_for(reward)
     train = out / "data" / phase / "train.parquet"
     if not rows:
         raise ValueError(f"RFT kept no sample above threshold {cfg.threshold}: lower --threshold or raise --k")
@@ -115,7 +113,7 @@ def build_rft_data(
     val_examples = read_golden(golden / "common_validation_schemas.jsonl", limit)
     write_parquet([sft_row(phase, ex) for ex in val_examples], out / "data" / phase / "validation.parquet", SFT_SCHEMA)
     report = RftReport(
-        stage=stage,
+        reward=reward,
         prompts=len(examples),
         samples=len(items),
         kept=len(rows),

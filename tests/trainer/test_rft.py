@@ -59,3 +59,16 @@ def test_build_rft_data_with_real_policy(reward_api: Any, cpu_executor: Any, tmp
             RftConfig(k=1, threshold=1.0, max_tokens=8),
             limit=1,
         )
+
+
+@pytest.mark.parametrize("flag", ["--reward", "--stage"])
+def test_the_rft_command_names_a_bad_reward_kind(flag: str) -> None:
+    """``--reward`` picks the reward kind; ``--stage``, its old spelling, still works."""
+    from typer.testing import CliRunner
+
+    from trainer.cli import app
+
+    args = ["rft", "--golden", str(SAMPLE), "--policy-url", "http://p", "--policy-model", "m"]
+    res = CliRunner().invoke(app, [*args, "--reward-url", "http://r", flag, "stage1"])
+    text = " ".join(res.output.replace("│", " ").split())  # the error box wraps lines
+    assert res.exit_code == 2 and "must be one of ['schema', 'table', 'pipeline']" in text

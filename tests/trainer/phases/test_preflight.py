@@ -56,7 +56,7 @@ def test_advantage_check_through_a_real_policy_and_reward_api(cpu_executor: obje
             SAMPLE_DIR, "schema", cpu_executor.url, cpu_executor.served_model_name, api.url,  # type: ignore[attr-defined]
             n=2, prompts=1, max_tokens=32, min_informative=0.5, min_improvable=0.0,
         )  # fmt: skip
-    assert (rep.stage, rep.n) == ("schema", 2) and rep.prompts == len(rep.per_source) >= 1
+    assert (rep.reward, rep.n) == ("schema", 2) and rep.prompts == len(rep.per_source) >= 1
     assert 0 <= rep.informative_groups <= 2 and rep.ok == (rep.informative_share >= 0.5 and rep.headroom)
     assert rep.informative_share == pytest.approx(
         sum(s["informative_share"] for s in rep.per_source.values()) / len(rep.per_source), abs=1e-4
@@ -72,7 +72,7 @@ def _report(
     folder: Path, phase: str, t: float, share: float, mean: float = 0.9, improvable: float | None = None
 ) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    rep = {"stage": reward_of(phase), "prompts": 64, "n": 8, "temperature": t, "informative_groups": int(share * 64),
+    rep = {"reward": reward_of(phase), "prompts": 64, "n": 8, "temperature": t, "informative_groups": int(share * 64),
            "informative_share": share, "mean_reward": mean, "mean_group_std": 0.01, "min_informative": 0.0, "ok": True}
     if improvable is not None:
         rep |= {"improvable_share": improvable, "best_minus_greedy": 0.1, "invalid_share": 0.05}
