@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +28,7 @@ def test_make_lint_covers_every_python_folder() -> None:
     assert ".venv/bin/ruff check ." in recipe
     mypy = next(line for line in recipe if line.startswith(".venv/bin/mypy "))
     checked = set(mypy.split()[1:])
-    # every top-level folder with tracked Python in it; tests/ is checked by ruff only
-    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True)
-    folders = {Path(f).parts[0] for f in tracked.stdout.split() if len(Path(f).parts) > 1} - {"tests"}
+    # every top-level folder with Python in it (hidden ones, .venv among them, aside); tests/ is ruff's only
+    folders = {d.name for d in ROOT.iterdir() if d.is_dir() and not d.name.startswith(".") and any(d.rglob("*.py"))}
+    folders -= {"tests"}
     assert checked == folders, f"mypy checks {sorted(checked)}, the Python folders are {sorted(folders)}"
