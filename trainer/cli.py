@@ -1,8 +1,8 @@
 """``python -m trainer``: data builders, inference, evaluation, the RFT baseline and the demo; it mounts the
 phase commands (``trainer/phases/cli.py``) and the loop's (``trainer/loop_cli.py``).
 
-Each command group is its own Typer sub-app, so later groups (``run``, ``loop``) are added with
-one ``app.add_typer(...)`` line without touching these.
+``data`` and ``evaluate`` are Typer sub-apps; the phase and loop commands join as top-level commands
+through their modules' ``register``.
 """
 
 from __future__ import annotations
