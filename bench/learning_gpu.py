@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS_DIR, md_table
+from trainer.phases.registry import GRPO_PHASES, SFT_PHASES
 
 NAME = "learning_gpu"
 # The plain Hugging Face SFT baseline of issue 12 (one epoch per stage, lr 1e-4 linear decay, batch 32,
@@ -67,7 +68,6 @@ def compare_with_baseline(overall: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-RL_PHASES = ("b1", "b2", "c1", "c2")
 # VERL's per-step timings (seconds) of a GRPO step; in VERL 0.9.1 the reward is scored inside ``gen``
 # (each sample as its rollout finishes, in the agent loop), so it has no key of its own.
 STEP_PARTS = ("gen", "old_log_prob", "ref", "adv", "update_actor", "update_weights")
@@ -164,7 +164,7 @@ def build(
     settings: dict[str, Any] = metrics.get("settings", {})
     stages = read_stages(collected / "stages.tsv") if (collected / "stages.tsv").is_file() else {}
     phases = {}
-    for ph in ("a1", "a2", *RL_PHASES):
+    for ph in (*SFT_PHASES, *GRPO_PHASES):
         for f in (collected / f"{ph}_phase_result.json", collected / ph / "phase_result.json"):
             if f.is_file():
                 phases[ph] = json.loads(f.read_text())
@@ -173,7 +173,7 @@ def build(
     curves: dict[str, Any] = {}
     split: dict[str, dict[str, float]] = {}
     monitors: dict[str, Any] = {}
-    for ph in RL_PHASES:
+    for ph in GRPO_PHASES:
         f = collected / ph / "metrics.jsonl"
         if f.is_file():
             rows = read_jsonl(f)
@@ -219,8 +219,8 @@ def build(
         "ci95": {name: s.get("ci95") for name, s in settings.items() if s.get("ci95")},
         "paired_tests": metrics.get("paired_tests", []),
         "stages": stages,
-        "sft_phases": {k: v for k, v in phases.items() if k in ("a1", "a2")},
-        "rl_phases": {k: v for k, v in phases.items() if k in RL_PHASES},
+        "sft_phases": {k: v for k, v in phases.items() if k in SFT_PHASES},
+        "rl_phases": {k: v for k, v in phases.items() if k in GRPO_PHASES},
         "curves": curves,
         "monitors": monitors,
         "step_time_split_s": split,

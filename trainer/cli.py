@@ -1,7 +1,8 @@
-"""``python -m trainer``: data builders, inference, evaluation and the demo.
+"""``python -m trainer``: data builders, inference, evaluation, the RFT baseline and the demo; it mounts the
+phase commands (``trainer/phases/cli.py``) and the loop's (``trainer/loop_cli.py``).
 
-Each command group is its own Typer sub-app, so later groups (``run``, ``loop``) are added with
-one ``app.add_typer(...)`` line without touching these.
+``data`` and ``evaluate`` are Typer sub-apps; the phase and loop commands join as top-level commands
+through their modules' ``register``.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from rich.console import Console
 from rich.table import Table
 
 from shared import read_golden
-from trainer.data.datasets import BUILD_PHASES, build_datasets
+from trainer.data.datasets import build_datasets
+from trainer.data.precompute import precompute_c2
 from trainer.data.prompt_fit import Stage2Fit
 from trainer.evaluation import report
-from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
-from trainer.evaluation.inference import infer, precompute_c2
+from trainer.evaluation.generation import GenerationClient, GenerationConfig
+from trainer.evaluation.inference import infer, schema_predictor
 from trainer.evaluation.phase_d import (
     DEFAULT_DECISION_METRIC,
     EvalOutputs,
@@ -29,7 +31,11 @@ from trainer.evaluation.phase_d import (
     run_pipeline,
     write_outputs,
 )
+from trainer.loop_cli import register as register_loop
+from trainer.phases.cli import ProfileOpt, bad_param
 from trainer.phases.cli import register as register_phases
+from trainer.phases.launch import PhaseRun, check_profile, run_phase
+from trainer.phases.registry import BUILD_PHASES, REWARD_KINDS, get_phase, sft_phase_for
 
 console = Console()
 
@@ -38,7 +44,8 @@ data_app = typer.Typer(help="Build training data (parquet) from golden JSONL.", 
 evaluate_app = typer.Typer(help="Phase-D evaluation: run or score the pipeline per setting.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 app.add_typer(evaluate_app, name="evaluate")
-register_phases(app)  # run / loop / rft / export as top-level commands
+register_phases(app)  # run / preflight* / positive-control / export as top-level commands
+register_loop(app)  # loop
 
 
 def _bad(param: str, msg: str) -> typer.BadParameter:
@@ -75,7 +82,7 @@ def _stage2_fit(tokenizer: Path | None, max_len: int | None) -> Stage2Fit | None
 def data_build(
     golden: Path = typer.Option(..., exists=True, file_okay=False, help="Folder with common_{split}_schemas.jsonl."),
     out: Path = typer.Option(..., help="Output folder: <phase>/<split>.parquet + manifest.json."),
-    phases: str = typer.Option(",".join(BUILD_PHASES), help="Comma-separated phases (a1,a2,b1,b2,c1)."),
+    phases: str = typer.Option(",".join(BUILD_PHASES), help=f"Comma-separated phases ({','.join(BUILD_PHASES)})."),
     limit: int | None = typer.Option(None, min=1, help="First N examples per split."),
     stage2_tokenizer: Path | None = Stage2Tokenizer,
     stage2_max_len: int | None = Stage2MaxLen,
@@ -121,10 +128,11 @@ def data_precompute(
         raise _bad("--on-invalid", f"must be 'skip' or 'gold', got {on_invalid!r}")
     policy: Literal["skip", "gold"] = "skip" if on_invalid == "skip" else "gold"
     fit = _stage2_fit(stage2_tokenizer, stage2_max_len)
-    client = ExecutorClient(executor_url, model, _gen(max_tokens, concurrency, timeout, seed))
+    client = GenerationClient(executor_url, model, _gen(max_tokens, concurrency, timeout, seed))
     sample = {"train": train_sample} if train_sample else None
     report = precompute_c2(
-        golden, out, client, on_invalid=policy, limit=limit, stage2_fit=fit, sample=sample, seed=seed
+        golden, out, schema_predictor(client), client.model, on_invalid=policy, limit=limit, stage2_fit=fit,
+        sample=sample, seed=seed,
     )
     table = Table("split", "rows written", "invalid schemas", f"invalid → {on_invalid}", "Stage-2 too long (dropped)")
     for split, n in report.counts.items():
@@ -154,7 +162,7 @@ def infer_cmd(
     """Predictions: id, stage, prediction, messages_sha256, model, prompt_version."""
     if stage not in ("stage1", "stage2"):
         raise _bad("STAGE", f"must be stage1 or stage2, got {stage!r}")
-    client = ExecutorClient(executor_url, model, _gen(max_tokens, concurrency, timeout, seed))
+    client = GenerationClient(executor_url, model, _gen(max_tokens, concurrency, timeout, seed))
     records = infer("stage1" if stage == "stage1" else "stage2", read_golden(golden, limit), client, out)
     console.print(f"{len(records)} predictions → {out}")
 
@@ -212,6 +220,58 @@ def evaluate_score(
     except (ValueError, FileNotFoundError) as exc:
         raise _bad("--predictions", str(exc)) from None
     print_summary(res)
+
+
+@app.command("rft", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def rft_cmd(
+    ctx: typer.Context,
+    golden: Path = typer.Option(..., exists=True, file_okay=False, help="Golden folder."),
+    reward: str = typer.Option(
+        "schema", "--reward", "--stage", help="schema | pipeline (π1, trains as A1) or table (π2, trains as A2)."
+    ),
+    policy_url: str = typer.Option(..., help="Executor serving the policy to sample from."),
+    policy_model: str = typer.Option(..., help="Served model name of the policy."),
+    start_model: str | None = typer.Option(
+        None, help="HF dir fine-tuned on the kept samples (default: skip training)."
+    ),
+    reward_url: str = typer.Option(..., help="Reward API URL."),
+    out: Path = typer.Option(Path("runs/rft"), help="Output folder."),
+    k: int = typer.Option(4, min=1, help="Samples per prompt."),
+    threshold: float = typer.Option(0.5, help="Keep the best sample only if its reward ≥ this."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature."),
+    max_tokens: int = typer.Option(256, help="max_tokens per sample."),
+    limit: int | None = typer.Option(None, min=1, help="First N training examples."),
+    profile: str = ProfileOpt,
+) -> None:
+    """Sample k, score via reward_api, keep the best ≥ threshold, write SFT parquet, train with the SFT launcher."""
+    from trainer.rft import RftConfig, build_rft_data
+
+    if reward not in REWARD_KINDS:
+        raise typer.BadParameter(f"must be one of {list(REWARD_KINDS)}, got {reward!r}", param_hint="--reward")
+    try:
+        cfg = RftConfig(k=k, threshold=threshold, temperature=temperature, max_tokens=max_tokens)
+        prof = check_profile(profile)
+    except ValueError as exc:
+        raise bad_param("--k/--threshold/--profile", exc) from None
+    rep = build_rft_data(golden, out, reward, policy_url, policy_model, reward_url, cfg, limit)
+    table = Table("reward", "prompts", "samples", "kept", "mean best reward")
+    table.add_row(rep.reward, str(rep.prompts), str(rep.samples), str(rep.kept), f"{rep.mean_best_reward:.3f}")
+    console.print(table)
+    if start_model:
+        run = PhaseRun(
+            phase=get_phase(sft_phase_for(reward)),
+            profile=prof,
+            data_dir=out / "data",
+            out_dir=out / "sft",
+            model_path=start_model,
+            overrides=tuple(ctx.args),
+        )
+        res = run_phase(run)
+        console.print(
+            f"RFT model: {res.hf_dir} (status {res.status}); compare: trainer evaluate pipeline --setting rft=..."
+        )
+        if res.status != "ok":
+            raise typer.Exit(res.exit_code or 1)
 
 
 @app.command("demo")

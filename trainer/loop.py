@@ -8,7 +8,7 @@
 - C1 trains π1ʳ-local → π1ʳ-pipe; the reward_api's executor serves the frozen π2ʳ-local.
   Locally (no ``--c1-reward-url``) the loop starts a CpuExecutor on π2ʳ-local and a reward_api
   pointed at it; on a cluster, pass the URL of a reward_api whose executor serves π2ʳ-local.
-- Before C2, π1ʳ-pipe precomputes the C2 schemas (``trainer.evaluation.inference.precompute_c2``), served by
+- Before C2, π1ʳ-pipe precomputes the C2 schemas (``trainer.data.precompute.precompute_c2``), served by
   a local CpuExecutor or ``--pi1-pipe-url``.
 - C2 trains π2ʳ-local → π2ʳ-pipe. Phase D scores sft / local / pipe end to end on the test split
   (each model served in turn, one vLLM server at a time) and applies the loop-2 rule.
@@ -18,11 +18,11 @@
 - ``--loops 2``: if loop 1's end-to-end gain is ≥ ``--min-gain`` points, C1 → C2 run again from the
   pipe policies (π2ʳ-pipe as the frozen executor) and Phase D compares pipe2 with pipe.
 
-GPU nodes (``--profile gpu``; ``--gpus`` or ``CUDA_VISIBLE_DEVICES``, else every GPU): stages are placed
+GPU nodes (``--profile gpu``; ``--gpus`` or ``CUDA_VISIBLE_DEVICES``, else every GPU): phases are placed
 by :mod:`trainer.phases.gpus`: A1 beside A2 and B1 beside B2 on disjoint halves, the C1 executors of
 π2 on GPUs of their own beside the trainer (one GPU: a shared card, memory split), Phase-D settings
 side by side. Executors start through ``services.executor_vllm`` (GpuExecutor / CpuExecutor) only.
-``--until sft|local|c1|c2|eval`` stops after that stage group, so each documented command fits a
+``--until sft|local|c1|c2|eval`` stops after that part of the loop, so each documented command fits a
 time-limited job; the next command goes on from there.
 
 Resumable: a phase whose ``phase_result.json`` says ok and whose exported model exists is skipped,
@@ -32,7 +32,7 @@ and Phase D are reused only if their content key matches (``precompute_key.json`
 ``eval_key.json``: the models' content fingerprints, the golden files' sha256 and the settings);
 otherwise they are recomputed. ``loop_manifest.json`` records
 every input (golden files with sha256, start models, reward URLs), config (phase YAML sha256,
-command), checkpoint, exported model and metric, and is rewritten after every stage.
+command), checkpoint, exported model and metric, and is rewritten after every step.
 
 External URLs are checked before use: ``--pi1-pipe-url`` must serve π1ʳ-pipe, and
 ``--c1-reward-url``'s executor must serve the π2 of this round (π2ʳ-local in loop 1, π2ʳ-pipe in
@@ -63,12 +63,12 @@ from trainer.phases.launch import (
     PhaseResult,
     PhaseRun,
     Profile,
-    get_phase,
     read_result,
     repo_first,
     run_phase,
 )
 from trainer.phases.model_identity import check_executor_url, check_reward_api_url, fingerprint
+from trainer.phases.registry import BUILD_PHASES, SFT_PHASES, get_phase, reward_of, sft_phase_for
 
 MANIFEST = "loop_manifest.json"
 # content keys of reused results: C2's precomputed data and Phase D's scores (see precompute_key, eval_key)
@@ -76,8 +76,9 @@ PRECOMPUTE_KEY = "precompute_key.json"
 EVAL_KEY = "eval_key.json"
 PHASE_INPUTS = "phase_inputs.json"
 SERVED_NAME = "policy"
-# Stage groups of ``--until``: a run stops after the named group; a rerun goes on from there.
-STAGE_GROUPS = ("sft", "local", "c1", "c2", "eval")
+# The loop's parts, in order (``--until``): a run stops after the named part; a rerun goes on from there.
+# (The manifest keeps its keys ``done:<part>`` / ``time:<part>``; bench/gpu/loop_node.sh reads them.)
+PARTS = ("sft", "local", "c1", "c2", "eval")
 
 
 def sha256(path: Path) -> str:
@@ -107,7 +108,7 @@ class LoopConfig:
     rft: bool = False
     rft_k: int = 4
     rft_threshold: float = 0.5
-    # GPU ids of this node (the gpu profile): stages are placed by trainer/phases/gpus.py. Empty: CPU.
+    # GPU ids of this node (the gpu profile): phases are placed by trainer/phases/gpus.py. Empty: CPU.
     gpus: tuple[str, ...] = ()
     until: str | None = None
     reward_workers: int = 1
@@ -122,8 +123,8 @@ class LoopConfig:
     c2_train_prompts: int | None = None
 
     def __post_init__(self) -> None:
-        if self.until is not None and self.until not in STAGE_GROUPS:
-            raise ValueError(f"until: must be one of {list(STAGE_GROUPS)}, got {self.until!r}")
+        if self.until is not None and self.until not in PARTS:
+            raise ValueError(f"until: must be one of {list(PARTS)}, got {self.until!r}")
 
 
 class StaleResultError(RuntimeError):
@@ -131,14 +132,14 @@ class StaleResultError(RuntimeError):
 
 
 class StopAfter(Exception):
-    """The stage group named by ``--until`` finished; the manifest records where to go on."""
+    """The part named by ``--until`` finished; the manifest records where to go on."""
 
 
 @dataclass
 class Manifest:
     path: Path
     data: dict[str, Any] = field(default_factory=dict)
-    # Stages beside each other (A1 and A2, B1 and B2, Phase-D settings) record from their own threads.
+    # Phases beside each other (A1 and A2, B1 and B2, Phase-D settings) record from their own threads.
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @classmethod
@@ -250,14 +251,14 @@ class Loop:
         self.data = cfg.out / "data"
         self.manifest = Manifest.open(cfg.out / MANIFEST)
         self.plan = GpuPlan(cfg.gpus) if cfg.gpus else None
-        self.mark = time.time()  # start of the stage group now running (see finished)
+        self.mark = time.time()  # start of the part now running (see finished)
 
-    # -- placement (GPU profile) and stage groups
+    # -- placement (GPU profile) and the loop's parts
     def whole(self) -> Placement | None:
         return self.plan.whole() if self.plan else None
 
     def side_by_side(self, jobs: Sequence[Callable[[Placement | None], str]]) -> list[str]:
-        """Two independent stages: on disjoint GPU halves at once when the node has them, else in turn."""
+        """Two independent jobs: on disjoint GPU halves at once when the node has them, else in turn."""
         pair = self.plan.pair() if self.plan else None
         if pair is None or len(jobs) != 2:
             return [job(self.whole()) for job in jobs]
@@ -268,7 +269,7 @@ class Loop:
     def finished(self, group: str) -> None:
         """Record that ``group`` is done; stop here if ``--until`` names it."""
         self.manifest.set(f"done:{group}", True)
-        # wall clock of each stage group (the report's stage times): from this run's start or the last group
+        # wall clock of each part (the report's times): from this run's start or the last part
         # (a rerun that only skips a finished group keeps the time recorded when it ran)
         now = time.time()
         if f"time:{group}" not in self.manifest.data:
@@ -303,7 +304,7 @@ class Loop:
     def build_data(self) -> None:
         from trainer.data.datasets import build_datasets
 
-        phases = [*self.sft_phases(), "b1", "b2", "c1"]
+        phases = [*self.sft_phases(), *(p for p in BUILD_PHASES if p not in SFT_PHASES)]
         if all((self.data / p / "train.parquet").is_file() for p in phases):
             return
         counts = build_datasets(self.cfg.golden, self.data, phases, limit=self.cfg.limit)
@@ -383,7 +384,7 @@ class Loop:
 
     def preflight(self, name: str, model: str, reward_url: str, out_dir: Path, placement: Placement | None) -> None:
         """The advantage check of ``name``'s start policy; stops the loop when its groups teach too little."""
-        from trainer.phases.preflight import PHASE_STAGE, advantage_check, write_report
+        from trainer.phases.preflight import advantage_check, write_report
 
         slot = ExecutorSlot(placement.gpus[:1], 0.3) if placement else None
         key = str(out_dir.relative_to(self.out))
@@ -391,7 +392,7 @@ class Loop:
             model, self.out / "logs" / f"executor_preflight_{name}.log", slot, self.cfg.executor_eager
         ) as url:
             rep = advantage_check(
-                self.cfg.golden, PHASE_STAGE[name], url, SERVED_NAME, reward_url,
+                self.cfg.golden, reward_of(name), url, SERVED_NAME, reward_url,
                 min_informative=float(self.cfg.preflight_min or 0.0), max_tokens=self.cfg.eval_max_tokens,
             )  # fmt: skip
         write_report(rep, out_dir / "preflight.json")
@@ -464,8 +465,9 @@ class Loop:
 
     def precompute(self, pi1_pipe: str, data_dir: Path, tag: str) -> None:
         """C2's data from π1ʳ-pipe's schemas; reused only if its key (model content, golden, config) matches."""
-        from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
-        from trainer.evaluation.inference import precompute_c2
+        from trainer.data.precompute import precompute_c2
+        from trainer.evaluation.generation import GenerationClient, GenerationConfig
+        from trainer.evaluation.inference import schema_predictor
 
         key = self.precompute_key(pi1_pipe)
         key_path = data_dir / "c2" / PRECOMPUTE_KEY
@@ -494,7 +496,8 @@ class Loop:
             rep = precompute_c2(
                 self.cfg.golden,
                 data_dir,
-                ExecutorClient(url, model, gen),
+                schema_predictor(GenerationClient(url, model, gen)),
+                model,
                 on_invalid="gold",
                 limit=self.cfg.limit,
                 sample={"train": self.cfg.c2_train_prompts} if self.cfg.c2_train_prompts else None,
@@ -564,14 +567,14 @@ class Loop:
     ) -> list[dict[str, Any]]:
         """Stage 1 with π1 served alone, then Stage 2 with π2 on the predicted schemas (on ``slot``)."""
         from shared import PROMPT_VERSION, build_stage1_messages, build_stage2_messages
-        from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
+        from trainer.evaluation.generation import GenerationClient, GenerationConfig
         from trainer.evaluation.inference import messages_hash
 
         gen = GenerationConfig(max_tokens=self.cfg.eval_max_tokens)
         logs = self.out / "logs"
         s1 = [build_stage1_messages(ex.text) for ex in examples]
         with local_executor(pi1, logs / f"executor_eval_{name}_pi1.log", slot, self.cfg.executor_eager) as url:
-            schemas = asyncio.run(ExecutorClient(url, SERVED_NAME, gen).generate(s1))
+            schemas = asyncio.run(GenerationClient(url, SERVED_NAME, gen).generate(s1))
         s2: dict[int, list[dict[str, str]]] = {}
         for i, (ex, text) in enumerate(zip(examples, schemas, strict=True)):
             with contextlib.suppress(ValueError):
@@ -580,7 +583,7 @@ class Loop:
         tables: dict[int, str] = {}
         if order:
             with local_executor(pi2, logs / f"executor_eval_{name}_pi2.log", slot, self.cfg.executor_eager) as url:
-                outs = asyncio.run(ExecutorClient(url, SERVED_NAME, gen).generate([s2[i] for i in order]))
+                outs = asyncio.run(GenerationClient(url, SERVED_NAME, gen).generate([s2[i] for i in order]))
             tables = dict(zip(order, outs, strict=True))
         return [
             {
@@ -598,7 +601,7 @@ class Loop:
         ]
 
     def run(self) -> dict[str, Any]:
-        """The whole loop, or up to ``until``'s stage group; a rerun goes on from the last finished stage."""
+        """The whole loop, or up to ``until``'s part; a rerun goes on from the last finished part."""
         try:
             return self._run()
         except StopAfter as stop:
@@ -635,23 +638,24 @@ class Loop:
 
     def rft_baseline(self, pi1_sft: str, pi2_sft: str) -> tuple[str, str]:
         """RFT of π1ˢ (schema reward) and π2ˢ (table reward): sample, keep the best, SFT on them."""
-        from trainer.rft import SFT_PHASE, RftConfig, Stage, build_rft_data
+        from trainer.phases.registry import RewardKind
+        from trainer.rft import RftConfig, build_rft_data
 
         gen = RftConfig(k=self.cfg.rft_k, threshold=self.cfg.rft_threshold, max_tokens=self.cfg.eval_max_tokens)
         models: dict[str, str] = {}
-        stages: tuple[tuple[Stage, str], ...] = (("schema", pi1_sft), ("table", pi2_sft))
-        for stage, start in stages:
-            base = self.out / "rft" / stage
-            phase = SFT_PHASE[stage]
+        starts: tuple[tuple[RewardKind, str], ...] = (("schema", pi1_sft), ("table", pi2_sft))
+        for reward, start in starts:
+            base = self.out / "rft" / reward
+            phase = sft_phase_for(reward)
             if phase_done(base / "sft") is None and not (base / "data" / phase / "train.parquet").is_file():
                 logs = self.out / "logs"
                 with (
-                    local_executor(start, logs / f"executor_rft_{stage}.log") as ex_url,
-                    self.reward_api(None, self.cfg.reward_url, f"rft_{stage}") as url,
+                    local_executor(start, logs / f"executor_rft_{reward}.log") as ex_url,
+                    self.reward_api(None, self.cfg.reward_url, f"rft_{reward}") as url,
                 ):
-                    rep = build_rft_data(self.cfg.golden, base, stage, ex_url, SERVED_NAME, url, gen, self.cfg.limit)
-                self.manifest.set(f"rft:{stage}", rep.as_dict() | {"policy": start})
-            models[stage] = self.phase(phase, start, None, base / "sft", data_dir=base / "data")
+                    rep = build_rft_data(self.cfg.golden, base, reward, ex_url, SERVED_NAME, url, gen, self.cfg.limit)
+                self.manifest.set(f"rft:{reward}", rep.as_dict() | {"policy": start})
+            models[reward] = self.phase(phase, start, None, base / "sft", data_dir=base / "data")
         return models["schema"], models["table"]
 
     def pipeline_round(self, pi1_start: str, pi2_start: str, tag: str) -> tuple[str, str]:

@@ -7,8 +7,8 @@ under ``<out>/data/<a1|a2>/train.parquet`` (validation: the gold SFT rows). Trai
 the SFT launcher (phase A1 for Stage 1, A2 for Stage 2); the exported model is compared with the
 RL policies by ``trainer evaluate pipeline --setting rft=...``.
 
-Stages: ``schema`` (π1, schema reward), ``pipeline`` (π1, pipeline reward via the executor),
-``table`` (π2 on gold schemas, table reward).
+Rewards (the reward kinds of :mod:`trainer.phases.registry`): ``schema`` (π1, schema reward), ``pipeline``
+(π1, pipeline reward via the executor), ``table`` (π2 on gold schemas, table reward).
 """
 
 from __future__ import annotations
@@ -18,23 +18,13 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import httpx
-
-from shared import (
-    GoldenExample,
-    build_stage1_messages,
-    build_stage2_messages,
-    canonical_schema_json,
-    gold_ndjson,
-    read_golden,
-)
+from shared import read_golden
 from trainer.data.datasets import SFT_SCHEMA, sft_row, write_parquet
-from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
-
-Stage = Literal["schema", "table", "pipeline"]
-SFT_PHASE: dict[str, str] = {"schema": "a1", "pipeline": "a1", "table": "a2"}
+from trainer.evaluation.generation import GenerationClient, GenerationConfig
+from trainer.evaluation.reward_scoring import prompt_for, reward_item, score
+from trainer.phases.registry import RewardKind, sft_phase_for
 
 
 @dataclass(frozen=True)
@@ -54,62 +44,9 @@ class RftConfig:
             raise ValueError(f"threshold must be in [-1, 1], got {self.threshold}")
 
 
-def prompt_for(stage: Stage, ex: GoldenExample) -> list[dict[str, str]]:
-    return build_stage2_messages(ex.text, ex.schema_dict()) if stage == "table" else build_stage1_messages(ex.text)
-
-
-def reward_item(stage: Stage, ex: GoldenExample, item_id: str, prediction: str) -> dict[str, Any]:
-    """One reward_api item (DESIGN §4.4) for a sampled output."""
-    if stage == "schema":
-        return {"id": item_id, "prediction": prediction, "gold_schema": ex.schema_dict()}
-    if stage == "table":
-        return {"id": item_id, "prediction": prediction, "gold_table": ex.table_dict()}
-    return {
-        "id": item_id,
-        "prediction": prediction,
-        "text": ex.text,
-        "gold_schema": ex.schema_dict(),
-        "gold_table": ex.table_dict(),
-    }
-
-
-# Items per POST: well under reward_api's per-request item limit (REWARD_API_MAX_ITEMS, 4,096 by default).
-# A preflight of 200 prompts x 3 sources x 17 samples is 10,200 items: sent whole, it was a 413 on the GPU
-# node (issue 23's first A/B lease) and the sweep wrote no report.
-SCORE_BATCH = 1024
-
-
-def score_results(
-    reward_url: str,
-    stage: Stage,
-    items: list[dict[str, Any]],
-    timeout_s: float = 600.0,
-    batch: int = SCORE_BATCH,
-) -> list[dict[str, Any]]:
-    """The results of ``items`` in order (reward, valid_json, ...), from ``POST /reward/<stage>`` in batches of
-    at most ``batch`` items (errors raise)."""
-    results: list[dict[str, Any]] = []
-    with httpx.Client(timeout=timeout_s) as client:
-        for start in range(0, len(items), batch):
-            chunk = items[start : start + batch]
-            r = client.post(f"{reward_url.rstrip('/')}/reward/{stage}", json={"items": chunk})
-            if r.status_code != 200:
-                raise RuntimeError(f"reward_api /reward/{stage} answered {r.status_code}: {r.text[:500]}")
-            got: list[dict[str, Any]] = r.json()["results"]
-            if [x["id"] for x in got] != [x["id"] for x in chunk]:
-                raise RuntimeError("reward_api returned results in a different order or count")
-            results += got
-    return results
-
-
-def score(reward_url: str, stage: Stage, items: list[dict[str, Any]], timeout_s: float = 600.0) -> list[float]:
-    """Rewards of ``items`` in order, from ``POST /reward/<stage>`` (errors raise, never 0)."""
-    return [float(x["reward"]) for x in score_results(reward_url, stage, items, timeout_s)]
-
-
 @dataclass
 class RftReport:
-    stage: str
+    reward: str
     prompts: int
     samples: int
     kept: int
@@ -132,7 +69,7 @@ def select_best(rewards: Sequence[float], threshold: float) -> int | None:
 def build_rft_data(
     golden: Path,
     out: Path,
-    stage: Stage,
+    reward: RewardKind,
     policy_url: str,
     model: str,
     reward_url: str,
@@ -141,7 +78,7 @@ def build_rft_data(
 ) -> RftReport:
     """Sample, score, keep the best ≥ threshold; write ``out/data/<a1|a2>/{train,validation}.parquet``."""
     examples = read_golden(golden / "common_train_schemas.jsonl", limit)
-    prompts = [prompt_for(stage, ex) for ex in examples]
+    prompts = [prompt_for(reward, ex) for ex in examples]
 
     gen = GenerationConfig(
         max_tokens=cfg.max_tokens,
@@ -150,13 +87,13 @@ def build_rft_data(
         concurrency=cfg.concurrency,
         timeout_s=cfg.timeout_s,
     )
-    samples = asyncio.run(ExecutorClient(policy_url, model, gen).sample(prompts, cfg.k))
+    samples = asyncio.run(GenerationClient(policy_url, model, gen).sample(prompts, cfg.k))
     items = [
-        reward_item(stage, ex, f"{ex.id}#{j}", s)
+        reward_item(reward, ex, f"{ex.id}#{j}", s)
         for ex, outs in zip(examples, samples, strict=True)
         for j, s in enumerate(outs)
     ]
-    rewards = score(reward_url, stage, items)
+    rewards = score(reward_url, reward, items)
     rows: list[dict[str, Any]] = []
     best_rewards: list[float] = []
     pos = 0
@@ -168,7 +105,7 @@ def build_rft_data(
             best_rewards.append(max(rs))
         if idx is not None:
             rows.append({"messages": [*prompt, {"role": "assistant", "content": outs[idx]}]})
-    phase = SFT_PHASE[stage]
+    phase = sft_phase_for(reward)
     train = out / "data" / phase / "train.parquet"
     if not rows:
         raise ValueError(f"RFT kept no sample above threshold {cfg.threshold}: lower --threshold or raise --k")
@@ -176,7 +113,7 @@ def build_rft_data(
     val_examples = read_golden(golden / "common_validation_schemas.jsonl", limit)
     write_parquet([sft_row(phase, ex) for ex in val_examples], out / "data" / phase / "validation.parquet", SFT_SCHEMA)
     report = RftReport(
-        stage=stage,
+        reward=reward,
         prompts=len(examples),
         samples=len(items),
         kept=len(rows),
@@ -186,8 +123,3 @@ def build_rft_data(
     )
     (out / "rft_report.json").write_text(json.dumps({**report.as_dict(), "config": asdict(cfg)}, indent=2) + "\n")
     return report
-
-
-def gold_target(stage: Stage, ex: GoldenExample) -> str:
-    """The gold answer of a prompt (used by tests to check the reward path ranks it first)."""
-    return gold_ndjson(ex.table_dict()) if stage == "table" else canonical_schema_json(ex.schema_dict())

@@ -20,7 +20,7 @@
   cancelled, which closes its connection, so vLLM aborts the generation;
 - redirects are never followed, and no executor address or answer text reaches an error message.
 
-The trainer's batch client (``trainer/evaluation/executor_client.py``) is separate on purpose: the
+The trainer's batch client (``trainer/evaluation/generation.py``, ``GenerationClient``) is separate on purpose: the
 single-flight, cache, routing and cool-down here exist for a shared, long-running service only.
 """
 

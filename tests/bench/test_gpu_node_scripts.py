@@ -60,7 +60,7 @@ def test_ab_collect(tmp_path: Path) -> None:
     assert want | {"phase_d/metrics.json", "stages.tsv", "card.txt", "preflight/c1_t1.3.json"} <= names
 
 
-PREFLIGHT = {"stage": "pipeline", "prompts": 64, "n": 8, "temperature": 1.3, "informative_groups": 20,
+PREFLIGHT = {"reward": "pipeline", "prompts": 64, "n": 8, "temperature": 1.3, "informative_groups": 20,
              "informative_share": 0.3125, "mean_reward": 0.91234, "mean_group_std": 0.04321,
              "min_informative": 0.0, "ok": True, "improvable_share": 0.2, "best_minus_greedy": 0.0812,
              "invalid_share": 0.01, "per_source": {"e2e": {"improvable_share": 0.0},

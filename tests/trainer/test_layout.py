@@ -1,13 +1,22 @@
-"""The trainer's shape (docs/trainer.md, "Layout"): a small top level, no import cycle, programs apart."""
+"""The trainer's shape (docs/trainer.md, "Layout"): every import follows the layout table's "may import"
+column, no import cycle, a small top level, what VERL loads in ``trainer/in_verl``."""
 
 from __future__ import annotations
 
 import ast
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-TRAINER = Path(__file__).resolve().parents[2] / "trainer"
+REPO = Path(__file__).resolve().parents[2]
+TRAINER = REPO / "trainer"
+DOC = REPO / "docs" / "trainer.md"
+# Top-level names whose imports the table governs: this repository's packages and VERL's stack.
+GOVERNED = {"shared", "services", "trainer", "bench", "tests", "verl", "ray", "vllm"}
+VERL = ("verl", "ray", "vllm")
+PROGRAMS = ("trainer.cli", "trainer.loop", "trainer.loop_cli", "trainer.rft", "trainer.demo", "trainer.smoke")
 
 
 def module_name(path: Path) -> str:
@@ -65,24 +74,147 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_top_level_is_small_and_keeps_the_reward_function_path() -> None:
+def test_top_level_is_small() -> None:
     modules = sorted(p.name for p in TRAINER.glob("*.py"))
-    assert "reward_fn.py" in modules  # named in users' VERL configs
     assert len(modules) <= 8, modules
 
 
-@pytest.mark.parametrize("library", ["data", "phases", "evaluation"])
-def test_libraries_do_not_import_programs(library: str) -> None:
-    graph = import_graph()
-    for name, deps in graph.items():
-        if name.startswith(f"trainer.{library}"):
-            bad = {d for d in deps if d.startswith(("trainer.demo", "trainer.smoke", "trainer.cli"))}
-            assert not bad, f"{name} imports programs {bad}"
+def test_what_verl_loads_by_name_sits_in_in_verl() -> None:
+    """The reward function path of the phase configs and the modules the launcher names are in trainer/in_verl."""
+    from trainer.phases.launch import CONFIG_DIR, CPU_ENV, FAST_LOGPROBS, PhaseRun
+    from trainer.phases.registry import get_phase
+
+    base = (CONFIG_DIR / "grpo_base.yaml").read_text()
+    path = base.split("custom_reward_function:")[1].split("path:")[1].split()[0]
+    assert path == "${oc.env:TRAINER_REPO_ROOT}/trainer/in_verl/reward_fn.py"
+    assert "async def compute_score(" in (TRAINER / "in_verl" / "reward_fn.py").read_text()
+    grpo = PhaseRun(get_phase("c1"), "gpu", Path("d"), Path("o"), "m", "http://r").command()
+    for module in (FAST_LOGPROBS, CPU_ENV["VERL_USE_EXTERNAL_MODULES"], grpo[2]):
+        assert module.startswith("trainer.in_verl."), module
+        assert (TRAINER.parent / module.replace(".", "/")).with_suffix(".py").is_file() or (
+            TRAINER.parent / module.replace(".", "/") / "__init__.py"
+        ).is_file(), module
 
 
-def test_evaluation_never_imports_verl() -> None:
-    for path in (TRAINER / "evaluation").rglob("*.py"):
-        tree = ast.parse(path.read_text())
-        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-        assert not any(n.split(".")[0] in ("verl", "ray", "vllm") for n in names), path
+# ---- the layout table ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    paths: tuple[str, ...]  # repository paths: files, or folders ending in "/"
+    allowed: tuple[str, ...]  # module prefixes
+
+    def covers(self, path: str) -> str | None:
+        """The path of this row that covers ``path`` (the most specific one), or None."""
+        hits = [p for p in self.paths if path == p or (p.endswith("/") and path.startswith(p))]
+        return max(hits, key=len, default=None)
+
+
+def parse_may_import(cell: str) -> tuple[str, ...]:
+    """The module prefixes of a "may import" cell: its backticked modules, and VERL's stack for the word VERL.
+    Anything else in the cell is an error: the table is the rule, so it says nothing a test cannot check."""
+    names = re.findall(r"`([^`]+)`", cell)
+    rest = re.sub(r"`[^`]+`", "", cell).replace(",", " ").split()
+    unknown = [w for w in rest if w != "VERL"]
+    assert not unknown, f"may import {cell!r}: only `module` entries and VERL, not {unknown}"
+    for name in names:
+        assert re.fullmatch(r"[a-z_]+(\.[a-z_]+)*", name), f"may import {cell!r}: {name!r} is not a module"
+    return (*names, *(VERL if "VERL" in rest else ()))
+
+
+def layout_rows(text: str | None = None) -> list[Row]:
+    text = DOC.read_text() if text is None else text
+    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    lines = [ln for ln in section.splitlines() if ln.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header == ["where", "what it holds", "may import"], header
+    rows = []
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        assert len(cells) == 3, line
+        paths = tuple(re.findall(r"`([^`]+)`", cells[0]))
+        assert paths and all(p.startswith("trainer/") for p in paths), f"where: {cells[0]!r}"
+        rows.append(Row(paths, parse_may_import(cells[2])))
+    return rows
+
+
+def row_of(path: str, rows: list[Row]) -> tuple[Row, str]:
+    """The most specific row naming ``path`` (a file before its folder) and the path it names."""
+    hits = [(row, hit) for row in rows if (hit := row.covers(path))]
+    assert hits, f"{path}: no row of docs/trainer.md's layout table names it"
+    best = max(len(hit) for _, hit in hits)
+    chosen = [(row, hit) for row, hit in hits if len(hit) == best]
+    assert len(chosen) == 1, f"{path}: named by {len(chosen)} rows"
+    return chosen[0]
+
+
+def governed_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, dotted name) of every governed import in ``path``; ``from a import b`` gives ``a.b``."""
+    found = []
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolved against the module's package
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, *([base] if base else [])])
+            found += [(node.lineno, f"{base}.{a.name}") for a in node.names]
+    return [(line, name) for line, name in found if name.split(".")[0] in GOVERNED]
+
+
+def allows(prefixes: tuple[str, ...], name: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def violations(rows: list[Row]) -> list[str]:
+    bad = []
+    for path in sorted(TRAINER.rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        row, hit = row_of(rel, rows)
+        own = (hit.rstrip("/").replace("/", "."),) if hit.endswith("/") else ()
+        for line, name in governed_imports(path):
+            if not allows(row.allowed + own, name):
+                bad.append(f"{rel}:{line} imports {name} (may import: {', '.join(row.allowed) or 'nothing'})")
+    return bad
+
+
+def test_every_import_follows_the_layout_table() -> None:
+    bad = violations(layout_rows())
+    assert not bad, "\n".join(bad)
+
+
+def test_every_row_of_the_table_names_existing_code() -> None:
+    for row in layout_rows():
+        for p in row.paths:
+            assert (REPO / p).is_dir() if p.endswith("/") else (REPO / p).is_file(), p
+
+
+def test_the_table_keeps_libraries_below_programs_and_off_verl() -> None:
+    """What the table may not say: a library (data, evaluation, phases) importing a program, VERL or in_verl."""
+    rows = {hit: row for row in layout_rows() for hit in row.paths}
+    forbidden = (*PROGRAMS, "trainer.in_verl", *VERL)
+    for lib in ("trainer/data/", "trainer/evaluation/", "trainer/phases/", "trainer/phases/registry.py"):
+        for p in rows[lib].allowed:
+            reaches = [f for f in forbidden if allows((p,), f) or allows((f,), p)]
+            assert not reaches, f"{lib} may import {p}, which reaches {reaches}"
+
+
+def test_nothing_outside_in_verl_imports_it() -> None:
+    """VERL loads ``trainer.in_verl`` by path and module name; no other part of the trainer imports it."""
+    for path in TRAINER.rglob("*.py"):
+        if (TRAINER / "in_verl") not in path.parents:
+            assert not [n for _, n in governed_imports(path) if allows(("trainer.in_verl",), n)], path
+
+
+def test_the_checker_catches_a_forbidden_import(tmp_path: Path) -> None:
+    """A table that forbids what the code does is reported with file and line."""
+    text = DOC.read_text().replace(
+        "| `shared`, `trainer.data_source`, `trainer.phases.registry` |", "| `shared`, `trainer.data_source` |", 1
+    )
+    assert text != DOC.read_text()
+    bad = violations(layout_rows(text))
+    assert any(b.startswith("trainer/data/datasets.py:") and "trainer.phases.registry" in b for b in bad), bad
+    with pytest.raises(AssertionError, match="only `module` entries and VERL"):
+        parse_may_import("`shared`, anything else")

@@ -131,10 +131,10 @@ def test_loop_without_sft_or_base_model_names_the_phase(tmp_path: Path) -> None:
 
 def test_rft_baseline_trains_from_the_sft_policies_on_kept_samples(tmp_path: Path) -> None:
     out = tmp_path / "loop"
-    # sampling for both stages already recorded (its parquet exists), so only the RFT SFT runs launch
-    for stage, phase in (("schema", "a1"), ("table", "a2")):
-        (out / "rft" / stage / "data" / phase).mkdir(parents=True)
-        (out / "rft" / stage / "data" / phase / "train.parquet").write_bytes(b"")
+    # sampling for both rewards already recorded (its parquet exists), so only the RFT SFT runs launch
+    for reward, phase in (("schema", "a1"), ("table", "a2")):
+        (out / "rft" / reward / "data" / phase).mkdir(parents=True)
+        (out / "rft" / reward / "data" / phase / "train.parquet").write_bytes(b"")
     recorded(out / "rft" / "schema" / "sft", "a1", out / "rft" / "schema" / "sft" / "hf")
     cfg = LoopConfig(
         golden=SAMPLE, out=out, profile="cpu-smoke", pi1_sft="/pi1s", pi2_sft="/pi2s", rft=True,

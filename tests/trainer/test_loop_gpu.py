@@ -1,4 +1,4 @@
-"""The loop on GPU nodes: stages placed by the GPU plan, side by side where the node allows, --until.
+"""The loop on GPU nodes: phases placed by the GPU plan, side by side where the node allows, --until.
 
 The phases are recorded by a runner that only pretends to train (no GPU here); what is checked is
 what the loop asks for: each phase's GPUs, its overrides, and which phases overlapped in time.
@@ -109,7 +109,7 @@ def test_cpu_profile_places_nothing(tmp_path: Path) -> None:
     assert runner.runs["a1"].gpus == () and runner.runs["a1"].overrides == ()
 
 
-def test_until_names_a_stage_group() -> None:
+def test_until_names_a_part_of_the_loop() -> None:
     with pytest.raises(ValueError, match="until: must be one of"):
         config(Path("/tmp/x"), ("0",), until="b1")
 
@@ -144,9 +144,9 @@ def test_preflight_stops_the_loop_before_a_phase_whose_groups_teach_nothing(
         recorded(out / p, p, out / p / "hf")
     seen: list[tuple[str, str, float]] = []
 
-    def fake_check(golden: Path, stage: str, url: str, model: str, reward_url: str, **kw: object):  # type: ignore[no-untyped-def]
-        seen.append((stage, reward_url, float(kw["min_informative"])))  # type: ignore[arg-type]
-        return preflight.PreflightReport(stage, 32, 8, 1.0, 2, 0.0625, 0.9, 0.01, 0.25, False)
+    def fake_check(golden: Path, reward: str, url: str, model: str, reward_url: str, **kw: object):  # type: ignore[no-untyped-def]
+        seen.append((reward, reward_url, float(kw["min_informative"])))  # type: ignore[arg-type]
+        return preflight.PreflightReport(reward, 32, 8, 1.0, 2, 0.0625, 0.9, 0.01, 0.25, False)
 
     monkeypatch.setattr(preflight, "advantage_check", fake_check)
     monkeypatch.setattr(loop_mod, "local_executor", lambda *a, **k: contextlib.nullcontext("http://127.0.0.1:1"))
@@ -159,9 +159,9 @@ def test_preflight_stops_the_loop_before_a_phase_whose_groups_teach_nothing(
     assert json.loads((out / "b1" / "preflight.json").read_text())["ok"] is False
 
     # issue 23: groups that differ are not enough; no sample beating the greedy answer is no headroom
-    def no_headroom(golden: Path, stage: str, url: str, model: str, reward_url: str, **kw: object):  # type: ignore[no-untyped-def]
+    def no_headroom(golden: Path, reward: str, url: str, model: str, reward_url: str, **kw: object):  # type: ignore[no-untyped-def]
         outcomes = [preflight.PromptOutcome(f"e2e-{i}", 1.0, (1.0, 0.5), (True, True)) for i in range(8)]
-        return preflight.build_report(stage, outcomes, 1.0, min_informative=0.25)
+        return preflight.build_report(reward, outcomes, 1.0, min_informative=0.25)
 
     monkeypatch.setattr(preflight, "advantage_check", no_headroom)
     with pytest.raises(RuntimeError, match=r"phase b1: NO HEADROOM: .* 0% of prompts .* < 10%"):
@@ -250,7 +250,7 @@ def test_gpu_executors_are_eager_unless_asked_for_cuda_graphs(tmp_path: Path) ->
 def test_loop_cli_passes_the_c2_sample_and_executor_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    from trainer import loop as loop_mod
+    from trainer import loop_cli
     from trainer.cli import app
 
     seen: list[LoopConfig] = []
@@ -262,7 +262,7 @@ def test_loop_cli_passes_the_c2_sample_and_executor_mode(tmp_path: Path, monkeyp
         def run(self) -> dict[str, object]:
             return {}
 
-    monkeypatch.setattr(loop_mod, "Loop", CapturingLoop)
+    monkeypatch.setattr(loop_cli, "Loop", CapturingLoop)
     base = ["loop", "--golden", str(SAMPLE), "--out", str(tmp_path), "--profile", "gpu", "--base-model", "/b"]
     res = CliRunner().invoke(app, [*base, "--gpus", "0,1", "--c2-train-prompts", "4096", "trainer.x=1"])
     assert res.exit_code == 0, res.output
@@ -273,7 +273,7 @@ def test_loop_cli_passes_the_c2_sample_and_executor_mode(tmp_path: Path, monkeyp
     assert res.exit_code == 2 and "--c2-train-prompts" in res.output
 
 
-def test_stage_groups_record_their_wall_time_once(tmp_path: Path) -> None:
+def test_parts_record_their_wall_time_once(tmp_path: Path) -> None:
     out = tmp_path / "loop"
     Loop(config(out, ("0", "1"), until="sft"), runner=RecordingRunnerForTests(0.2)).run()
     first = json.loads((out / MANIFEST).read_text())["time:sft"]

@@ -1,4 +1,6 @@
-"""Training data: golden JSONL → VERL parquet for every phase (``datasets``) and the bundled sample.
+"""Training data: golden JSONL → VERL parquet for every phase (``datasets``), C2's rows from π1's predicted
+schemas (``precompute``), the bundled samples.
 
-Imports ``shared`` only (no VERL, no services), so data can be built on any machine.
+Imports ``shared``, the phase registry and ``trainer.data_source`` only (no VERL, no services, no executor
+client), so data can be built on any machine.
 """

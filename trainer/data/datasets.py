@@ -1,5 +1,8 @@
 """Training data for every phase, built from golden JSONL with the prompt builders of ``shared``.
 
+What a phase's rows hold (its prompt, what its reward checks, its reward kind) is the phase registry's
+(:mod:`trainer.phases.registry`); this module only writes it.
+
 Layout under ``--out``: ``<phase>/<split>.parquet`` (phases a1, a2, b1, b2, c1, c2; splits train and
 validation) plus ``manifest.json`` (counts, prompt version, source files with sha256).
 
@@ -9,7 +12,7 @@ validation) plus ``manifest.json`` (counts, prompt version, source files with sh
   ``data_source`` is ``<reward kind>:<golden source>`` (``table:wikitabletext``, :mod:`trainer.data_source`),
   so VERL reports every validation metric per source.
   ``ground_truth`` is a JSON *string*: gold tables hold ragged, nullable lists that Arrow would
-  coerce, so the reward function decodes it (see :func:`trainer.reward_client.decode_ground_truth`).
+  coerce, so the reward function decodes it (see :func:`trainer.in_verl.reward_client.decode_ground_truth`).
 """
 
 from __future__ import annotations
@@ -36,13 +39,9 @@ from shared import (
 from shared.golden import sha256_file
 from trainer.data.prompt_fit import Stage2Fit
 from trainer.data_source import data_source
+from trainer.phases.registry import ABILITY, BUILD_PHASES, PHASES, SFT_PHASES, Phase, get_phase
 
-SFT_PHASES = ("a1", "a2")
-RL_PHASES = ("b1", "b2", "c1")
-BUILD_PHASES = SFT_PHASES + RL_PHASES
 TRAIN_SPLITS = ("train", "validation")
-DATA_SOURCE = {"b1": "schema", "b2": "table", "c1": "pipeline", "c2": "table"}
-ABILITY = {"schema": "schema_extraction", "table": "table_extraction", "pipeline": "schema_extraction"}
 
 _MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 SFT_SCHEMA = pa.schema([("messages", pa.list_(_MESSAGE))])
@@ -72,46 +71,47 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, sort_keys=False)
 
 
+def golden_prompt(phase: Phase, ex: GoldenExample) -> list[dict[str, str]]:
+    """The phase's prompt (the registry's ``prompt``) built from the golden example alone."""
+    if phase.prompt == "stage1":
+        return build_stage1_messages(ex.text)
+    if phase.prompt == "stage2_gold":
+        return build_stage2_messages(ex.text, ex.schema_dict())
+    raise ValueError(f"phase {phase.name!r} needs an explicit prompt (Stage 2 on π1's predicted schema)")
+
+
 def sft_row(phase: str, ex: GoldenExample) -> dict[str, Any]:
     """A1: Stage-1 prompt → canonical gold schema. A2: Stage-2 prompt on the gold schema → gold NDJSON."""
-    if phase == "a1":
-        msgs = build_stage1_messages(ex.text)
-        target = canonical_schema_json(ex.schema_dict())
-    elif phase == "a2":
-        msgs = build_stage2_messages(ex.text, ex.schema_dict())
-        target = gold_ndjson(ex.table_dict())
-    else:
+    ph = get_phase(phase)
+    if ph.kind != "sft":
         raise ValueError(f"phase must be one of {list(SFT_PHASES)}, got {phase!r}")
-    return {"messages": [*msgs, {"role": "assistant", "content": target}]}
+    target = canonical_schema_json(ex.schema_dict()) if ph.policy == "pi1" else gold_ndjson(ex.table_dict())
+    return {"messages": [*golden_prompt(ph, ex), {"role": "assistant", "content": target}]}
 
 
 def ground_truth(phase: str, ex: GoldenExample) -> dict[str, Any]:
-    """What the reward needs: B1 the schema, B2/C2 the table, C1 schema + table + document."""
-    if phase == "b1":
-        return {"schema": ex.schema_dict()}
-    if phase in ("b2", "c2"):
-        return {"table": ex.table_dict()}
-    if phase == "c1":
-        return {"schema": ex.schema_dict(), "table": ex.table_dict(), "text": ex.text}
-    raise ValueError(f"phase must be one of b1, b2, c1, c2, got {phase!r}")
+    """What the reward needs (the registry's ``ground_truth``): B1 the schema, B2/C2 the table, C1 schema +
+    table + document."""
+    ph = get_phase(phase)
+    if ph.kind != "grpo":
+        raise ValueError(f"phase must be a GRPO phase, got {phase!r}")
+    known: dict[str, Any] = {"schema": ex.schema_dict(), "table": ex.table_dict(), "text": ex.text}
+    return {key: known[key] for key in ph.ground_truth}
 
 
 def rl_row(
     phase: str, ex: GoldenExample, index: int, split: str, prompt: list[dict[str, str]] | None = None
 ) -> dict[str, Any]:
     """One RLHFDataset row; ``prompt`` overrides the phase's default (C2: the predicted schema)."""
+    ph = get_phase(phase)
     if prompt is None:
-        if phase in ("b1", "c1"):
-            prompt = build_stage1_messages(ex.text)
-        elif phase == "b2":
-            prompt = build_stage2_messages(ex.text, ex.schema_dict())
-        else:
-            raise ValueError(f"phase {phase!r} needs an explicit prompt")
-    kind = DATA_SOURCE[phase]
+        prompt = golden_prompt(ph, ex)
+    if ph.reward is None:
+        raise ValueError(f"phase {phase!r} trains on no reward: an SFT phase has no RL rows")
     return {
         "prompt": prompt,
-        "data_source": data_source(kind, ex.id),
-        "ability": ABILITY[kind],
+        "data_source": data_source(ph.reward, ex.id),
+        "ability": ABILITY[ph.policy],
         "reward_model": {"style": "rule", "ground_truth": _dumps(ground_truth(phase, ex))},
         "extra_info": {"id": ex.id, "phase": phase, "prompt_version": PROMPT_VERSION, "index": index, "split": split},
     }
@@ -135,7 +135,7 @@ def update_manifest(out: Path, phase_counts: dict[str, dict[str, int]], sources:
             "counts": counts,
             "files": {s: f"{phase}/{s}.parquet" for s in counts},
             "kind": "sft" if phase in SFT_PHASES else "rl",
-            **({"data_source": DATA_SOURCE[phase]} if phase in DATA_SOURCE else {}),
+            **({"data_source": PHASES[phase].reward} if PHASES[phase].reward else {}),
             **extra.get(phase, {}),
         }
     for src in sources:

@@ -36,10 +36,11 @@ from trainer.data.datasets import build_datasets
 from trainer.demo.debug_view import call_pipeline_debug, render_pipeline_debug
 from trainer.demo.settings import TARGETS, DemoSettings
 from trainer.demo.stages import StageClock, progress, run_with_step_bar
-from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig, Message
+from trainer.evaluation.generation import GenerationClient, GenerationConfig, Message
 from trainer.evaluation.inference import messages_hash
 from trainer.evaluation.phase_d import write_outputs
-from trainer.phases.launch import PhaseResult, PhaseRun, get_phase, read_result, run_phase
+from trainer.phases.launch import PhaseResult, PhaseRun, read_result, run_phase
+from trainer.phases.registry import get_phase
 
 SERVED = "policy"
 STAGES = 7
@@ -62,7 +63,7 @@ def _executor(model_dir: str, log: Path, console: Console, what: str) -> Iterato
 def _generate(
     url: str, prompts: Sequence[Sequence[Message]], gen: GenerationConfig, console: Console, desc: str
 ) -> list[str]:
-    client = ExecutorClient(url, SERVED, gen)
+    client = GenerationClient(url, SERVED, gen)
     with progress(console) as bar:
         task = bar.add_task(desc, total=len(prompts))
         return asyncio.run(client.generate(prompts, on_done=lambda: bar.advance(task)))

@@ -1,26 +1,20 @@
-"""Stage-1 / Stage-2 inference and C2 schema precomputation against an executor URL."""
+"""Stage-1 / Stage-2 inference against an executor URL, and π1's schemas for the C2 data builder."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import json
-import random
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from tqdm import tqdm
 
-from shared import PROMPT_VERSION, GoldenExample, build_stage1_messages, build_stage2_messages, read_golden
-from trainer.data.datasets import RL_SCHEMA, rl_row, update_manifest, write_parquet
-from trainer.data.prompt_fit import Stage2Fit
-from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig, Message
+from shared import PROMPT_VERSION, GoldenExample, build_stage1_messages, build_stage2_messages
+from trainer.evaluation.generation import GenerationClient, GenerationConfig, Message
 
 Stage = Literal["stage1", "stage2"]
-
-T = TypeVar("T")
 
 
 def messages_hash(messages: Sequence[Message]) -> str:
@@ -35,13 +29,15 @@ def stage_messages(stage: Stage, ex: GoldenExample) -> list[Message]:
     return build_stage2_messages(ex.text, ex.schema_dict())
 
 
-async def generate_with_progress(client: ExecutorClient, prompts: Sequence[Sequence[Message]], desc: str) -> list[str]:
+async def generate_with_progress(
+    client: GenerationClient, prompts: Sequence[Sequence[Message]], desc: str
+) -> list[str]:
     with tqdm(total=len(prompts), desc=desc, unit="ex", leave=False) as bar:
         return await client.generate(prompts, on_done=lambda: bar.update(1))
 
 
 def infer(
-    stage: Stage, examples: Sequence[GoldenExample], client: ExecutorClient, out: Path | None = None
+    stage: Stage, examples: Sequence[GoldenExample], client: GenerationClient, out: Path | None = None
 ) -> list[dict[str, Any]]:
     """Predictions for ``examples``: id, stage, prediction, messages_sha256, model, prompt_version."""
     prompts = [stage_messages(stage, ex) for ex in examples]
@@ -81,85 +77,15 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-@dataclass
-class PrecomputeReport:
-    """Per split: rows written, invalid predicted schemas (skipped or replaced by gold)."""
+def schema_predictor(client: GenerationClient) -> Callable[[Sequence[GoldenExample], str], list[str]]:
+    """π1's schemas for C2's data (:func:`trainer.data.precompute.precompute_c2`): Stage 1 on each document of a
+    split, with a progress bar."""
 
-    counts: dict[str, int] = field(default_factory=dict)
-    invalid: dict[str, int] = field(default_factory=dict)
-    invalid_ids: dict[str, list[str]] = field(default_factory=dict)
-    too_long_ids: dict[str, list[str]] = field(default_factory=dict)  # Stage-2 prompt past the context: dropped
+    def predict(examples: Sequence[GoldenExample], split: str) -> list[str]:
+        prompts = [build_stage1_messages(ex.text) for ex in examples]
+        return asyncio.run(generate_with_progress(client, prompts, f"π1 {split}"))
 
-
-def seeded_sample(items: Sequence[T], n: int, seed: int) -> list[T]:
-    """``n`` of ``items`` drawn at random with ``seed``, kept in their original order (all if fewer)."""
-    if n >= len(items):
-        return list(items)
-    return [items[i] for i in sorted(random.Random(seed).sample(range(len(items)), n))]
-
-
-def precompute_c2(
-    golden: Path,
-    out: Path,
-    client: ExecutorClient,
-    splits: Sequence[str] = ("train", "validation"),
-    on_invalid: Literal["skip", "gold"] = "skip",
-    limit: int | None = None,
-    stage2_fit: Stage2Fit | None = None,
-    sample: Mapping[str, int] | None = None,
-    seed: int = 0,
-) -> PrecomputeReport:
-    """Run π1 over the splits and write ``out/c2/<split>.parquet``: Stage-2 prompts on the *predicted*
-    schema, ground truth = gold table. Invalid schemas are counted, then skipped or given the gold one.
-    With ``stage2_fit``, rows whose Stage-2 prompt cannot fit that context are counted and dropped.
-    ``sample`` (split → n): a seeded random n documents of that split, in file order (all if it has fewer)."""
-    if sample:
-        unknown = sorted(set(sample) - set(splits))
-        if unknown:
-            raise ValueError(f"sample: splits {unknown} are not among {list(splits)}")
-        bad_n = {k: n for k, n in sample.items() if n < 1}
-        if bad_n:
-            raise ValueError(f"sample: sizes must be >= 1, got {bad_n}")
-    report = PrecomputeReport()
-    sources = []
-    for split in splits:
-        src = golden / f"common_{split}_schemas.jsonl"
-        if not src.is_file():
-            raise FileNotFoundError(f"--golden: {src} is missing")
-        sources.append(src)
-        examples = read_golden(src, limit)
-        if sample and split in sample:
-            examples = seeded_sample(examples, sample[split], seed)
-        schemas = asyncio.run(
-            generate_with_progress(client, [build_stage1_messages(ex.text) for ex in examples], f"π1 {split}")
-        )
-        rows: list[dict[str, Any]] = []
-        bad: list[str] = []
-        for ex, schema_text in zip(examples, schemas, strict=True):
-            try:
-                prompt = build_stage2_messages(ex.text, schema_text)
-            except ValueError:
-                bad.append(ex.id)
-                if on_invalid == "skip":
-                    continue
-                prompt = build_stage2_messages(ex.text, ex.schema_dict())
-            if stage2_fit is not None and not stage2_fit.fits(prompt):
-                report.too_long_ids.setdefault(split, []).append(ex.id)
-                continue
-            rows.append(rl_row("c2", ex, len(rows), split, prompt=prompt))
-        report.counts[split] = write_parquet(rows, out / "c2" / f"{split}.parquet", RL_SCHEMA)
-        report.invalid[split] = len(bad)
-        report.invalid_ids[split] = bad
-    c2: dict[str, Any] = {
-        "schema_model": client.model, "on_invalid": on_invalid, "invalid_schemas": report.invalid, "limit": limit,
-        "sample": dict(sample or {}), "seed": seed,
-    }  # fmt: skip
-    if stage2_fit is not None:
-        c2 |= stage2_fit.describe()
-        c2["stage2_too_long"] = {k: len(v) for k, v in report.too_long_ids.items()}
-        c2["stage2_too_long_ids"] = report.too_long_ids
-    update_manifest(out, {"c2": report.counts}, sources, c2=c2)
-    return report
+    return predict
 
 
 def generation_config(max_tokens: int, concurrency: int, timeout_s: float, seed: int = 0) -> GenerationConfig:

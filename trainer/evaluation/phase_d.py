@@ -27,7 +27,7 @@ from shared import (
     compute_table_reward_single,
 )
 from shared.golden import source_of
-from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
+from trainer.evaluation.generation import GenerationClient, GenerationConfig
 from trainer.evaluation.inference import generate_with_progress, messages_hash, read_jsonl, write_jsonl
 from trainer.evaluation.report import SCHEMA_METRICS, TABLE_METRICS, aligned_key, markdown_report, plot_metrics
 from trainer.evaluation.significance import intervals, paired_tests
@@ -146,8 +146,8 @@ def normalize_prediction_record(rec: Mapping[str, Any]) -> dict[str, Any]:
 
 def run_pipeline(setting: Setting, examples: Sequence[GoldenExample], gen: GenerationConfig) -> list[dict[str, Any]]:
     """Stage 1 with π1, then Stage 2 with π2 on each *predicted* schema (no call when it is invalid)."""
-    pi1 = ExecutorClient(setting.schema_url, setting.schema_model, gen)
-    pi2 = ExecutorClient(setting.table_url, setting.table_model, gen)
+    pi1 = GenerationClient(setting.schema_url, setting.schema_model, gen)
+    pi2 = GenerationClient(setting.table_url, setting.table_model, gen)
     s1_prompts = [build_stage1_messages(ex.text) for ex in examples]
     schemas = asyncio.run(generate_with_progress(pi1, s1_prompts, f"{setting.name} π1"))
     s2_prompts: dict[int, list[dict[str, str]]] = {}

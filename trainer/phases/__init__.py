@@ -1,5 +1,8 @@
-"""The training phases: registry and launch (``launch``), the VERL entry point (``verl_main``), early
-stopping and its VERL hook, checkpoint export, the ``run``/``loop``/``rft``/``export`` commands, ``configs/``.
+"""The training phases: the registry (``registry``), launch (``launch``), the rules VERL's processes apply
+(early stopping, the failure policy, the monitors), GPU placement, checkpoint export, the checks before RL
+(preflight, positive control), the ``run``/``loop``/``preflight``/``positive-control``/``rft``/``export``
+commands, ``configs/``.
 
-May import ``shared``, ``trainer.data`` and VERL (VERL only in the modules that run inside its processes).
+Never imports VERL: what runs inside VERL's processes is ``trainer.in_verl``, which the launcher names by
+module and path only.
 """

@@ -1,5 +1,5 @@
-"""``python -m trainer run|loop|preflight*|positive-control|rft|export``: phase launchers, the loop, the checks
-before RL, the RFT baseline.
+"""``python -m trainer run|preflight*|positive-control|export``: the phase launcher, the checks before RL and
+checkpoint export. (``loop`` is ``trainer/loop_cli.py``'s, ``rft`` ``trainer/cli.py``'s: they sit above the phases.)
 
 Mounted on the main app by :func:`register` (``trainer/cli.py``: ``from trainer.phases.cli import
 register`` + ``register(app)``), or run alone as ``python -m trainer.phases.cli``.
@@ -12,17 +12,17 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from trainer.phases.launch import PHASES, PROFILES, PhaseRun, check_profile, get_phase, run_phase
+from trainer.phases.launch import PROFILES, PhaseRun, check_profile, run_phase
+from trainer.phases.registry import GRPO_PHASES, PHASES, get_phase, reward_of
 
 console = Console()
-app = typer.Typer(help="Training phases, the RL loop and the RFT baseline.", no_args_is_help=True)
+app = typer.Typer(help="Training phases and the checks before RL.", no_args_is_help=True)
 
 ProfileOpt = typer.Option("gpu", "--profile", help=f"One of {list(PROFILES)} (cpu-smoke loads the CPU shim).")
 
 
-def _default_model(profile: str, param: str = "--model") -> str:
+def default_model(profile: str, param: str = "--model") -> str:
     if profile != "cpu-smoke":
         raise typer.BadParameter("required with --profile gpu", param_hint=param)
     from services.executor_vllm.default_model import convert
@@ -30,7 +30,7 @@ def _default_model(profile: str, param: str = "--model") -> str:
     return str(convert())
 
 
-def _bad(param: str, exc: Exception) -> typer.BadParameter:
+def bad_param(param: str, exc: Exception) -> typer.BadParameter:
     return typer.BadParameter(str(exc), param_hint=param)
 
 
@@ -54,17 +54,17 @@ def run_cmd(
     try:
         ph = get_phase(phase)
     except ValueError as exc:
-        raise _bad("PHASE", exc) from None
+        raise bad_param("PHASE", exc) from None
     try:
         prof = check_profile(profile)
     except ValueError as exc:
-        raise _bad("--profile", exc) from None
+        raise bad_param("--profile", exc) from None
     run = PhaseRun(
         phase=ph,
         profile=prof,
         data_dir=data,
         out_dir=out or Path("runs") / ph.name,
-        model_path=model or _default_model(prof),
+        model_path=model or default_model(prof),
         reward_url=reward_url,
         overrides=tuple(ctx.args),
         nproc=nproc,
@@ -72,7 +72,7 @@ def run_cmd(
     try:
         run.env()
     except ValueError as exc:
-        raise _bad("--reward-url", exc) from None
+        raise bad_param("--reward-url", exc) from None
     console.print(" ".join(run.command()))
     if dry_run:
         return
@@ -82,101 +82,6 @@ def run_cmd(
         console.print(f"{ph.name}: {res.monitors['verdict']}")
     if res.status != "ok":
         raise typer.Exit(res.exit_code or 1)
-
-
-@app.command("loop", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def loop_cmd(
-    ctx: typer.Context,
-    golden: Path = typer.Option(
-        ..., exists=True, file_okay=False, help="Golden folder (common_{split}_schemas.jsonl)."
-    ),
-    out: Path = typer.Option(Path("runs/loop"), help="Loop folder (resumable)."),
-    profile: str = ProfileOpt,
-    pi1_sft: str | None = typer.Option(None, help="π1ˢ (an A1 output). Default: run A1 from --base-model."),
-    pi2_sft: str | None = typer.Option(None, help="π2ˢ (an A2 output). Default: run A2 from --base-model."),
-    base_model: str | None = typer.Option(
-        None, help="Start model of A1/A2 when no SFT checkpoint is given. cpu-smoke default: SmolLM2-135M-Instruct."
-    ),
-    sft_override: list[str] = typer.Option(
-        [], "--sft-override", help="Hydra override for A1/A2 (repeatable); the trailing overrides go to RL phases."
-    ),
-    reward_url: str | None = typer.Option(None, help="Reward API for B1/B2/C2 (default: start one locally)."),
-    c1_reward_url: str | None = typer.Option(None, help="Reward API whose executor serves π2ʳ-local (cluster)."),
-    pi1_pipe_url: str | None = typer.Option(None, help="Executor serving π1ʳ-pipe for C2 precompute (cluster)."),
-    limit: int | None = typer.Option(None, min=1, help="First N examples per split (data)."),
-    eval_limit: int | None = typer.Option(None, min=1, help="First N test examples in Phase D."),
-    loops: int = typer.Option(1, min=1, max=2, help="2: run C1→C2 again if loop 1 gained ≥ --min-gain."),
-    min_gain: float = typer.Option(1.0, help="Loop-2 rule: stop when the end-to-end gain is below this (points)."),
-    rft: bool = typer.Option(False, help="Also train the RFT baseline from π1ˢ/π2ˢ and add it to Phase D."),
-    rft_k: int = typer.Option(4, min=1, help="RFT: samples per prompt."),
-    rft_threshold: float = typer.Option(0.5, min=-1.0, max=1.0, help="RFT: keep the best sample if reward ≥ this."),
-    gpus: str | None = typer.Option(
-        None, help="gpu profile: GPU ids to use (default: CUDA_VISIBLE_DEVICES, else every GPU nvidia-smi lists)."
-    ),
-    until: str | None = typer.Option(
-        None, help="Stop after this stage group (sft, local, c1, c2, eval); a rerun goes on from there."
-    ),
-    reward_workers: int = typer.Option(1, min=1, help="uvicorn workers of the reward_api the loop starts."),
-    preflight_min: float | None = typer.Option(
-        None, min=0.0, max=1.0,
-        help="Before each GRPO phase: stop unless this share of groups has rewards that differ and at least 10% of "
-        "prompts (macro over sources) have a sample that beats the greedy answer (no headroom otherwise).",
-    ),
-    c2_train_prompts: int | None = typer.Option(
-        None,
-        min=1,
-        help="C2 precompute: a seeded random N train documents (default: all; VERL uses train_max_samples).",
-    ),
-    executor_cuda_graphs: bool = typer.Option(
-        False, help="GPU executors with CUDA graphs + torch.compile (slower start; for larger models). Default: eager."
-    ),
-) -> None:
-    """(A1, A2 →) B1 → B2 → C1 → C2 → Phase-D evaluation; Hydra overrides after the options apply to every RL phase."""
-    from trainer.loop import STAGE_GROUPS, Loop, LoopConfig
-    from trainer.phases.gpus import GpuPlanError, visible_gpus
-
-    try:
-        prof = check_profile(profile)
-    except ValueError as exc:
-        raise _bad("--profile", exc) from None
-    if until is not None and until not in STAGE_GROUPS:
-        raise _bad("--until", ValueError(f"must be one of {list(STAGE_GROUPS)}, got {until!r}"))
-    try:
-        gpu_ids = visible_gpus(gpus) if prof == "gpu" else ()
-    except GpuPlanError as exc:
-        raise _bad("--gpus", exc) from None
-    base = base_model or (None if (pi1_sft and pi2_sft) else _default_model(prof, "--base-model"))
-    cfg = LoopConfig(
-        golden=golden,
-        out=out,
-        profile=prof,
-        pi1_sft=pi1_sft,
-        pi2_sft=pi2_sft,
-        base_model=base,
-        sft_overrides=tuple(sft_override),
-        reward_url=reward_url,
-        c1_reward_url=c1_reward_url,
-        pi1_pipe_url=pi1_pipe_url,
-        limit=limit,
-        eval_limit=eval_limit,
-        loops=loops,
-        min_gain=min_gain,
-        overrides=tuple(ctx.args),
-        rft=rft,
-        rft_k=rft_k,
-        rft_threshold=rft_threshold,
-        gpus=gpu_ids,
-        until=until,
-        reward_workers=reward_workers,
-        preflight_min=preflight_min,
-        c2_train_prompts=c2_train_prompts,
-        executor_eager=not executor_cuda_graphs,
-    )
-    manifest = Loop(cfg).run()
-    if manifest.get("stopped_after"):
-        console.print(f"stopped after {manifest['stopped_after']!r} (--until); rerun to go on")
-    console.print(f"manifest: {out / 'loop_manifest.json'}")
-    console.print_json(json.dumps(manifest.get("final_decision", {})))
 
 
 @app.command("preflight")
@@ -198,13 +103,13 @@ def preflight_cmd(
     out: Path | None = typer.Option(None, help="Write the report JSON here."),
 ) -> None:
     """Before a long GRPO run: per source, the informative and improvable shares, best-of-n − greedy, invalid share."""
-    from trainer.phases.preflight import PHASE_STAGE, advantage_check, write_report
+    from trainer.phases.preflight import advantage_check, write_report
 
     sources = sources or ""
-    if phase not in PHASE_STAGE:
-        raise _bad("--phase", ValueError(f"must be one of {list(PHASE_STAGE)}, got {phase!r}"))
+    if phase not in GRPO_PHASES:
+        raise bad_param("--phase", ValueError(f"must be one of {list(GRPO_PHASES)}, got {phase!r}"))
     rep = advantage_check(
-        golden, PHASE_STAGE[phase], policy_url, policy_model, reward_url,
+        golden, reward_of(phase), policy_url, policy_model, reward_url,
         n=n, prompts=prompts, temperature=temperature, max_tokens=max_tokens, min_informative=min_informative,
         min_improvable=min_improvable, sources=[x.strip() for x in sources.split(",") if x.strip()] or None,
     )  # fmt: skip
@@ -230,12 +135,12 @@ def preflight_choose_cmd(
     from trainer.phases.preflight import choose_temperature, read_sweep, write_report
 
     if criterion not in ("improvable", "informative"):
-        raise _bad("--criterion", ValueError(f"must be improvable or informative, got {criterion!r}"))
+        raise bad_param("--criterion", ValueError(f"must be improvable or informative, got {criterion!r}"))
     names = [p.strip() for p in phases.split(",") if p.strip()]
     try:
         choice = choose_temperature(read_sweep(folder, names), min_share, criterion)  # type: ignore[arg-type]
     except ValueError as exc:
-        raise _bad("--dir", exc) from None
+        raise bad_param("--dir", exc) from None
     if out:
         write_report(choice, out)
     typer.echo(f"{choice.reason}: {choice.temperature}", err=True)
@@ -263,22 +168,23 @@ def preflight_filter_cmd(
 
     rep = json.loads(report.read_text())
     if "improvable_ids" not in rep:
-        raise _bad("--report", ValueError(f"{report}: no improvable_ids (a report of before issue 23: rerun it)"))
+        raise bad_param("--report", ValueError(f"{report}: no improvable_ids (a report of before issue 23: rerun it)"))
     ids = list(rep["improvable_ids"])
     note = ""
     if min_source_share > 0:
         try:
             sources, dropped = sources_with_headroom(rep, min_source_share)
         except ValueError as exc:
-            raise _bad("--report", exc) from None
+            raise bad_param("--report", exc) from None
         if not sources:
-            raise _bad("--min-source-share", ValueError(f"no source reaches {min_source_share} improvable prompts"))
+            reason = ValueError(f"no source reaches {min_source_share} improvable prompts")
+            raise bad_param("--min-source-share", reason)
         ids = [i for i in ids if source_of(i) in sources]
         note = f"; sources below {min_source_share}: {', '.join(dropped) or 'none'} (dropped)"
     try:
         kept, missing = improvable_prompt_set(train, ids, out)
     except ValueError as exc:
-        raise _bad("--train", exc) from None
+        raise bad_param("--train", exc) from None
     typer.echo(
         f"{kept} improvable prompts -> {out}" + (f" ({len(missing)} ids not in {train})" if missing else "") + note
     )
@@ -311,20 +217,20 @@ def positive_control_cmd(
         if ph.kind != "grpo":
             raise ValueError(f"must be a GRPO phase (b1, b2, c1, c2), got {phase!r}")
     except ValueError as exc:
-        raise _bad("PHASE", exc) from None
+        raise bad_param("PHASE", exc) from None
     try:
         cfg = ControlConfig(size=size, steps=steps, margin=margin)
         prof = check_profile(profile)
     except ValueError as exc:
-        raise _bad("--size/--steps/--margin/--profile", exc) from None
+        raise bad_param("--size/--steps/--margin/--profile", exc) from None
     run = control_run(
-        ph, prof, prompts, out or Path("runs") / f"{ph.name}_control", model or _default_model(prof), reward_url,
+        ph, prof, prompts, out or Path("runs") / f"{ph.name}_control", model or default_model(prof), reward_url,
         cfg, tuple(ctx.args),
     )  # fmt: skip
     try:
         run.env()
     except ValueError as exc:
-        raise _bad("--reward-url", exc) from None
+        raise bad_param("--reward-url", exc) from None
     console.print(" ".join(run.command()))
     if dry_run:
         return
@@ -334,58 +240,6 @@ def positive_control_cmd(
         console.print(f"{ph.name} control: {res.monitors['verdict']}")
     if not verdict.passed:
         raise typer.Exit(1)
-
-
-@app.command("rft", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def rft_cmd(
-    ctx: typer.Context,
-    golden: Path = typer.Option(..., exists=True, file_okay=False, help="Golden folder."),
-    stage: str = typer.Option("schema", help="schema | pipeline (π1, trains as A1) or table (π2, trains as A2)."),
-    policy_url: str = typer.Option(..., help="Executor serving the policy to sample from."),
-    policy_model: str = typer.Option(..., help="Served model name of the policy."),
-    start_model: str | None = typer.Option(
-        None, help="HF dir fine-tuned on the kept samples (default: skip training)."
-    ),
-    reward_url: str = typer.Option(..., help="Reward API URL."),
-    out: Path = typer.Option(Path("runs/rft"), help="Output folder."),
-    k: int = typer.Option(4, min=1, help="Samples per prompt."),
-    threshold: float = typer.Option(0.5, help="Keep the best sample only if its reward ≥ this."),
-    temperature: float = typer.Option(1.0, help="Sampling temperature."),
-    max_tokens: int = typer.Option(256, help="max_tokens per sample."),
-    limit: int | None = typer.Option(None, min=1, help="First N training examples."),
-    profile: str = ProfileOpt,
-) -> None:
-    """Sample k, score via reward_api, keep the best ≥ threshold, write SFT parquet, train with the SFT launcher."""
-    from trainer.rft import SFT_PHASE, RftConfig, build_rft_data
-
-    if stage not in SFT_PHASE:
-        raise typer.BadParameter(f"must be one of {list(SFT_PHASE)}, got {stage!r}", param_hint="--stage")
-    try:
-        cfg = RftConfig(k=k, threshold=threshold, temperature=temperature, max_tokens=max_tokens)
-        prof = check_profile(profile)
-    except ValueError as exc:
-        raise _bad("--k/--threshold/--profile", exc) from None
-    report = build_rft_data(golden, out, stage, policy_url, policy_model, reward_url, cfg, limit)  # type: ignore[arg-type]
-    table = Table("stage", "prompts", "samples", "kept", "mean best reward")
-    table.add_row(
-        report.stage, str(report.prompts), str(report.samples), str(report.kept), f"{report.mean_best_reward:.3f}"
-    )
-    console.print(table)
-    if start_model:
-        run = PhaseRun(
-            phase=get_phase(SFT_PHASE[stage]),
-            profile=prof,
-            data_dir=out / "data",
-            out_dir=out / "sft",
-            model_path=start_model,
-            overrides=tuple(ctx.args),
-        )
-        res = run_phase(run)
-        console.print(
-            f"RFT model: {res.hf_dir} (status {res.status}); compare: trainer evaluate pipeline --setting rft=..."
-        )
-        if res.status != "ok":
-            raise typer.Exit(res.exit_code or 1)
 
 
 @app.command("export")
@@ -403,7 +257,7 @@ def export_cmd(
 
 
 def register(main_app: typer.Typer) -> None:
-    """Add ``run``, ``loop``, ``rft`` and ``export`` to the main ``python -m trainer`` app."""
+    """Add ``run``, ``preflight*``, ``positive-control`` and ``export`` to the main ``python -m trainer`` app."""
     main_app.registered_commands.extend(app.registered_commands)
 
 

@@ -19,7 +19,7 @@ a step the state already holds (VERL re-validates the resumed step) changes noth
 patience.
 
 The state is a JSON file written after every validation, so a resumed run continues the count and
-the loop knows which checkpoint to export. :mod:`trainer.phases.early_stopping_verl` hooks it into VERL.
+the loop knows which checkpoint to export. :mod:`trainer.in_verl.phase_trainer` hooks it into VERL.
 """
 
 from __future__ import annotations

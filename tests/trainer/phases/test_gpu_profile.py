@@ -8,14 +8,15 @@ from typing import Any
 import pytest
 
 from tests.trainer.phases.test_launch import composed, env  # noqa: F401  (env is a fixture)
-from trainer.phases.launch import PhaseRun, get_phase
+from trainer.phases.launch import PhaseRun
+from trainer.phases.registry import get_phase
 
 
 def composed_command(run: PhaseRun) -> Any:
     """The config that the phase's command line composes: its ``--config-name`` and Hydra overrides,
-    exactly as ``run.command()`` passes them to ``trainer.phases.verl_main``."""
+    exactly as ``run.command()`` passes them to ``trainer.in_verl.verl_main``."""
     cmd = run.command()
-    assert cmd[1:3] == ["-m", "trainer.phases.verl_main"]
+    assert cmd[1:3] == ["-m", "trainer.in_verl.verl_main"]
     name = cmd[cmd.index("--config-name") + 1]
     return composed(name, *cmd[cmd.index("--config-name") + 2 :])
 
@@ -151,7 +152,8 @@ def test_sft_gpu_matches_the_hf_baseline_budget(env: None, phase: str) -> None: 
 def test_tensorboard_writes_under_the_phase_folder(tmp_path: object) -> None:
     from pathlib import Path
 
-    from trainer.phases.launch import PhaseRun, get_phase
+    from trainer.phases.launch import PhaseRun
+    from trainer.phases.registry import get_phase
 
     out = Path(str(tmp_path)) / "c1"
     run = PhaseRun(get_phase("c1"), "gpu", Path("/data"), out, "/m", reward_url="http://127.0.0.1:1")

@@ -15,14 +15,13 @@ from trainer.phases.export import ExportError, check_hf_dir, fsdp_dir, merge_com
 from trainer.phases.launch import (
     CONFIG_DIR,
     CPU_ENV,
-    PHASES,
     REPO_ROOT,
     PhaseResult,
     PhaseRun,
     check_profile,
-    get_phase,
     read_result,
 )
+from trainer.phases.registry import PHASES, get_phase
 
 ENV = {
     "TRAINER_DATA_DIR": "/data",
@@ -64,7 +63,7 @@ def test_grpo_configs(env: None, phase: str, profile: str) -> None:
     assert arr.actor.use_kl_loss is True and arr.actor.kl_loss_type == "low_var_kl" and arr.actor.kl_loss_coef > 0
     assert arr.actor.strategy == "fsdp2" and arr.ref.strategy == "fsdp2"
     # the reward function is configured under reward.* (the top-level key is silently ignored)
-    assert c.reward.custom_reward_function.path == f"{REPO_ROOT}/trainer/reward_fn.py"
+    assert c.reward.custom_reward_function.path == f"{REPO_ROOT}/trainer/in_verl/reward_fn.py"
     assert c.reward.custom_reward_function.name == "compute_score"
     assert c.reward.custom_reward_function.reward_kwargs.url == "http://127.0.0.1:8123"
     assert c.get("custom_reward_function") is None or c.custom_reward_function.path is None
@@ -77,8 +76,7 @@ def test_grpo_configs(env: None, phase: str, profile: str) -> None:
         == f"{c.trainer.default_local_dir}/reward_failures.jsonl"
     )
     assert c.phase.name == phase
-    expected_ds = {"b1": "schema", "b2": "table", "c1": "pipeline", "c2": "table"}[phase]
-    assert c.early_stopping.data_source == expected_ds
+    assert c.early_stopping.data_source == get_phase(phase).reward
     if profile == "cpu-smoke":
         assert c.trainer.device == "cpu" and c.trainer.n_gpus_per_node == 1
         for role in (arr.actor, arr.ref):
@@ -121,10 +119,10 @@ def test_cli_override_wins(env: None) -> None:
 def test_phase_run_command_and_env(tmp_path: Path) -> None:
     run = PhaseRun(get_phase("c1"), "cpu-smoke", tmp_path / "d", tmp_path / "o", "/m", "http://r", ("a.b=1",))
     cmd = run.command()
-    assert cmd[1:] == ["-m", "trainer.phases.verl_main", "--config-name", "c1_grpo", "profile=cpu-smoke", "a.b=1"]
+    assert cmd[1:] == ["-m", "trainer.in_verl.verl_main", "--config-name", "c1_grpo", "profile=cpu-smoke", "a.b=1"]
     env = run.env({"PATH": "/bin"})
     for k, v in CPU_ENV.items():
-        assert env[k] == (f"{v},trainer.phases.fast_logprobs" if k == "VERL_USE_EXTERNAL_MODULES" else v)
+        assert env[k] == (f"{v},trainer.in_verl.fast_logprobs" if k == "VERL_USE_EXTERNAL_MODULES" else v)
     assert env["REWARD_API_URL"] == "http://r" and env["POLICY_MODEL_PATH"] == "/m"
     assert env["TRAINER_DATA_DIR"] == str((tmp_path / "d").resolve())
     assert env["VERL_FILE_LOGGER_PATH"] == str((tmp_path / "o" / "metrics.jsonl").resolve())

@@ -111,7 +111,8 @@ def test_run_phase_puts_the_monitors_into_the_phase_result(tmp_path: Path, monke
     import shutil
 
     from trainer.phases import launch
-    from trainer.phases.launch import PhaseRun, get_phase, read_result, run_phase
+    from trainer.phases.launch import PhaseRun, read_result, run_phase
+    from trainer.phases.registry import get_phase
 
     def fake_launch(run: PhaseRun, log_path: Path | None = None, timeout_s: float | None = None) -> int:
         shutil.copy(RECORDED, run.out_dir / "metrics.jsonl")  # what VERL's file logger wrote

@@ -12,8 +12,9 @@ from typer.testing import CliRunner
 from tests.trainer.phases.test_gpu_profile import composed_command
 from tests.trainer.phases.test_launch import env  # noqa: F401  (a fixture)
 from tests.trainer.phases.test_monitors import RECORDED
-from trainer.phases.launch import get_phase, read_metrics
+from trainer.phases.launch import read_metrics
 from trainer.phases.positive_control import ControlConfig, control_run, greedy_rewards, judge, pick_prompts
+from trainer.phases.registry import get_phase
 
 
 def _val(step: int, **by_source: float) -> dict[str, Any]:
@@ -93,7 +94,7 @@ def test_positive_control_dry_run_prints_the_command(tmp_path: Path) -> None:
                                    "trainer.n_gpus_per_node=1"])  # fmt: skip
     assert res.exit_code == 0, res.output
     out = " ".join(res.output.split())
-    assert "trainer.phases.verl_main --config-name b1_grpo profile=gpu" in out
+    assert "trainer.in_verl.verl_main --config-name b1_grpo profile=gpu" in out
     assert "early_stopping.enabled=false" in out and out.endswith("trainer.n_gpus_per_node=1")
     bad = CliRunner().invoke(app, ["positive-control", "a1", "--prompts", str(tmp_path / "imp.parquet"), "--dry-run"])
     assert bad.exit_code == 2 and "GRPO phase" in " ".join(bad.output.replace("│", " ").split())

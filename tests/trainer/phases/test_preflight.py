@@ -9,7 +9,6 @@ import pytest
 from typer.testing import CliRunner
 
 from trainer.phases.preflight import (
-    PHASE_STAGE,
     PromptOutcome,
     SweepPoint,
     build_report,
@@ -23,6 +22,7 @@ from trainer.phases.preflight import (
     read_sweep,
     sample_per_source,
 )
+from trainer.phases.registry import reward_of
 
 
 def test_all_equal_groups_are_not_informative() -> None:
@@ -42,10 +42,6 @@ def test_groups_need_two_samples(bad: list[list[float]]) -> None:
         group_stats(bad)
 
 
-def test_every_grpo_phase_has_a_stage() -> None:
-    assert PHASE_STAGE == {"b1": "schema", "b2": "table", "c1": "pipeline", "c2": "table"}
-
-
 @pytest.mark.vllm
 @pytest.mark.service
 def test_advantage_check_through_a_real_policy_and_reward_api(cpu_executor: object, tmp_path: object) -> None:
@@ -60,7 +56,7 @@ def test_advantage_check_through_a_real_policy_and_reward_api(cpu_executor: obje
             SAMPLE_DIR, "schema", cpu_executor.url, cpu_executor.served_model_name, api.url,  # type: ignore[attr-defined]
             n=2, prompts=1, max_tokens=32, min_informative=0.5, min_improvable=0.0,
         )  # fmt: skip
-    assert (rep.stage, rep.n) == ("schema", 2) and rep.prompts == len(rep.per_source) >= 1
+    assert (rep.reward, rep.n) == ("schema", 2) and rep.prompts == len(rep.per_source) >= 1
     assert 0 <= rep.informative_groups <= 2 and rep.ok == (rep.informative_share >= 0.5 and rep.headroom)
     assert rep.informative_share == pytest.approx(
         sum(s["informative_share"] for s in rep.per_source.values()) / len(rep.per_source), abs=1e-4
@@ -76,7 +72,7 @@ def _report(
     folder: Path, phase: str, t: float, share: float, mean: float = 0.9, improvable: float | None = None
 ) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    rep = {"stage": PHASE_STAGE[phase], "prompts": 64, "n": 8, "temperature": t, "informative_groups": int(share * 64),
+    rep = {"reward": reward_of(phase), "prompts": 64, "n": 8, "temperature": t, "informative_groups": int(share * 64),
            "informative_share": share, "mean_reward": mean, "mean_group_std": 0.01, "min_informative": 0.0, "ok": True}
     if improvable is not None:
         rep |= {"improvable_share": improvable, "best_minus_greedy": 0.1, "invalid_share": 0.05}

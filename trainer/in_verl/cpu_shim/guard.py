@@ -25,7 +25,7 @@ def check_versions(lookup: Callable[[str], str | None] = _installed) -> None:
     if wrong:
         found = ", ".join(f"{d}=={v or 'not installed'} (needs {PINNED[d]})" for d, v in wrong.items())
         raise CpuShimVersionError(
-            f"trainer.cpu_shim refuses to load: {found}. Its patches target exactly "
+            f"trainer.in_verl.cpu_shim refuses to load: {found}. Its patches target exactly "
             f"{', '.join(f'{d}=={v}' for d, v in PINNED.items())}; re-check every patch against the "
             "new source before changing the pin (shared/notes/verl-cpu.md)."
         )

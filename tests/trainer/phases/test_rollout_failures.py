@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.phases.failures import (
+from trainer.phases.rollout_failures import (
     FailureCount,
     FailurePolicy,
     RewardFailureLog,
@@ -85,8 +85,8 @@ def closed_port() -> int:
 
 def test_reward_fn_records_the_client_error_with_its_endpoint_then_raises(tmp_path: Path) -> None:
     """VERL's compute_score call: a dead reward API raises (no invented score) and leaves the cause."""
-    from trainer.reward_client import RewardServiceError
-    from trainer.reward_fn import compute_score
+    from trainer.in_verl.reward_client import RewardServiceError
+    from trainer.in_verl.reward_fn import compute_score
 
     url = f"http://127.0.0.1:{closed_port()}"
     log = tmp_path / "reward_failures.jsonl"

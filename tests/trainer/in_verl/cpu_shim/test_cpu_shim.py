@@ -1,7 +1,7 @@
 """The CPU shim: version guard, each of the seven patches applied, and never on the GPU path.
 
 Patch tests run in a fresh interpreter loaded the way the CPU profile loads the shim
-(``VERL_USE_EXTERNAL_MODULES=trainer.cpu_shim``, ``VERL_PLATFORM=cpu``), so they see exactly
+(``VERL_USE_EXTERNAL_MODULES=trainer.in_verl.cpu_shim``, ``VERL_PLATFORM=cpu``), so they see exactly
 what VERL's workers see.
 """
 
@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from trainer.cpu_shim.guard import PINNED, CpuShimVersionError, check_versions
-from trainer.phases.launch import CPU_ENV, PhaseRun, get_phase
+from trainer.in_verl.cpu_shim.guard import PINNED, CpuShimVersionError, check_versions
+from trainer.phases.launch import CPU_ENV, PhaseRun
+from trainer.phases.registry import get_phase
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 
 
 def run_py(code: str, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -65,7 +66,7 @@ def test_import_refuses_before_patching_when_versions_differ() -> None:
         real = md.version
         md.version = lambda d: "0.9.0" if d == "verl" else real(d)
         try:
-            import trainer.cpu_shim
+            import trainer.in_verl.cpu_shim
             print(json.dumps({"raised": False}))
         except Exception as exc:
             print(json.dumps({"raised": type(exc).__name__, "msg": str(exc),
@@ -84,11 +85,11 @@ def test_every_patch_applied_through_verl_external_modules() -> None:
     proc = run_py(
         """
         import json, tempfile, os
-        import verl  # loads trainer.cpu_shim through VERL_USE_EXTERNAL_MODULES
+        import verl  # loads trainer.in_verl.cpu_shim through VERL_USE_EXTERNAL_MODULES
         import torch, torch.nn.functional as F, torch.distributed as dist
         import importlib.metadata as md
-        from trainer.cpu_shim import APPLIED, PATCHES
-        from trainer.cpu_shim.patches import pending
+        from trainer.in_verl.cpu_shim import APPLIED, PATCHES
+        from trainer.in_verl.cpu_shim.patches import pending
         from verl.utils.device import get_device_name, get_device_id, get_nccl_backend, get_torch_device
         from verl.utils.distributed import initialize_global_process_group_ray
         out = {"applied_before_targets": sorted(APPLIED), "pending": sorted(pending())}
@@ -172,15 +173,15 @@ def test_original_tied_check_raises_without_the_shim() -> None:
 @pytest.mark.verl
 def test_gpu_path_never_imports_the_shim() -> None:
     env = PhaseRun(get_phase("c1"), "gpu", Path("d"), Path("o"), "m", reward_url="http://x").env(
-        {**os.environ, "VERL_USE_EXTERNAL_MODULES": "trainer.cpu_shim", "VERL_PLATFORM": "cpu"}
+        {**os.environ, "VERL_USE_EXTERNAL_MODULES": "trainer.in_verl.cpu_shim", "VERL_PLATFORM": "cpu"}
     )
-    assert env["VERL_USE_EXTERNAL_MODULES"] == "trainer.phases.fast_logprobs" and "VERL_PLATFORM" not in env
+    assert env["VERL_USE_EXTERNAL_MODULES"] == "trainer.in_verl.fast_logprobs" and "VERL_PLATFORM" not in env
     proc = run_py(
         """
         import json, sys
-        import verl, trainer.phases.launch, trainer.phases.cli, trainer.phases.early_stopping_verl
+        import verl, trainer.phases.launch, trainer.phases.cli, trainer.in_verl.phase_trainer
         import trainer.loop, trainer.rft
-        print(json.dumps({"shim": any(m.startswith("trainer.cpu_shim") for m in sys.modules)}))
+        print(json.dumps({"shim": any(m.startswith("trainer.in_verl.cpu_shim") for m in sys.modules)}))
         """,
         {k: v for k, v in env.items() if k.startswith(("VERL_", "PYTHONPATH"))},
     )

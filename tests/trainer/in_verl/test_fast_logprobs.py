@@ -1,4 +1,4 @@
-"""trainer.phases.fast_logprobs: VERL's token log-probabilities without its per-row Python loop.
+"""trainer.in_verl.fast_logprobs: VERL's token log-probabilities without its per-row Python loop.
 
 Checked against VERL 0.9.1's own ``logprobs_from_logits_v2`` (values and gradients, fp32 and bf16,
 2-D unpadded and 3-D padded logits, blocks that do not divide the rows), and that every VERL process
@@ -18,8 +18,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("verl")
 
-from trainer.phases import fast_logprobs  # noqa: E402
-from trainer.phases.launch import FAST_LOGPROBS, PhaseRun, external_modules, get_phase  # noqa: E402
+from trainer.in_verl import fast_logprobs  # noqa: E402
+from trainer.phases.launch import FAST_LOGPROBS, PhaseRun, external_modules  # noqa: E402
+from trainer.phases.registry import get_phase  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -84,10 +85,10 @@ def test_verls_entry_point_uses_it_after_install() -> None:
     ("profile", "inherited", "expected"),
     [
         ("gpu", "", FAST_LOGPROBS),
-        ("gpu", "trainer.cpu_shim", FAST_LOGPROBS),
-        ("gpu", "my_plugin, trainer.phases.fast_logprobs", f"my_plugin,{FAST_LOGPROBS}"),
-        ("cpu-smoke", "", f"trainer.cpu_shim,{FAST_LOGPROBS}"),
-        ("cpu-smoke", "my_plugin", f"trainer.cpu_shim,my_plugin,{FAST_LOGPROBS}"),
+        ("gpu", "trainer.in_verl.cpu_shim", FAST_LOGPROBS),
+        ("gpu", "my_plugin, trainer.in_verl.fast_logprobs", f"my_plugin,{FAST_LOGPROBS}"),
+        ("cpu-smoke", "", f"trainer.in_verl.cpu_shim,{FAST_LOGPROBS}"),
+        ("cpu-smoke", "my_plugin", f"trainer.in_verl.cpu_shim,my_plugin,{FAST_LOGPROBS}"),
     ],
 )
 def test_external_modules(profile: str, inherited: str, expected: str) -> None:
@@ -102,7 +103,7 @@ def test_every_verl_process_of_a_phase_loads_it(profile: str) -> None:
     code = (
         "import json, verl, verl.utils.torch_functional as tf, sys\n"
         "print(json.dumps({'module': tf.logprobs_from_logits_v2.__module__,"
-        " 'shim': 'trainer.cpu_shim' in sys.modules}))\n"
+        " 'shim': 'trainer.in_verl.cpu_shim' in sys.modules}))\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=300, check=False

@@ -1,5 +1,6 @@
-"""VERL hook of the GRPO phases: VERL 0.9.1's own synchronous trainer plus early stopping and the
-failure policy of :mod:`trainer.phases.failures`.
+"""The trainer of the GRPO phases, :class:`PhaseTrainer`: VERL 0.9.1's own synchronous trainer plus the
+phase's rules (early stopping of :mod:`trainer.phases.early_stopping`, the failure policy of
+:mod:`trainer.phases.rollout_failures`, the dynamic-sampling budget and monitors of :mod:`trainer.phases.monitors`).
 
 Why this shape. VERL takes its synchronous path only when ``trainer.v1.trainer_mode`` is exactly
 ``"sync"``: ``PPOTrainer._build_replay_buffer`` picks ``ReplayBuffer`` (not ``ReplayBufferAsync``)
@@ -10,9 +11,9 @@ re-issues in-flight prompts only when the mode is not ``"sync"``; ``trainer.v1.<
 mode's own settings. A trainer registered under another mode name therefore runs VERL's async
 semantics. So the mode stays ``"sync"``, and :func:`install` points VERL's registry entry
 ``"sync"`` (``trainer_base.TRAINER_REGISTRY``, read by ``get_trainer_cls`` in
-``TaskRunnerV1.run``) at :class:`EarlyStoppingPPOTrainer`, a subclass of VERL's ``PPOTrainerSync``.
+``TaskRunnerV1.run``) at :class:`PhaseTrainer`, a subclass of VERL's ``PPOTrainerSync``.
 It is a narrow patch: one dict entry, in the Ray task-runner process that builds the trainer
-(:mod:`trainer.phases.verl_main`), and every ``trainer_mode == "sync"`` branch of VERL still applies.
+(:mod:`trainer.in_verl.verl_main`), and every ``trainer_mode == "sync"`` branch of VERL still applies.
 ``register_trainer`` refuses to re-register a name, which is why the entry is set directly.
 
 Early stopping: every validation of ``PPOTrainer.fit`` goes through ``_validate()``
@@ -48,7 +49,14 @@ from verl.trainer.ppo.v1 import trainer_base
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from trainer.phases.early_stopping import STATE_FILE, Decision, EarlyStopper, EarlyStoppingConfig, prune_checkpoints
-from trainer.phases.failures import (
+from trainer.phases.monitors import (
+    DEFAULT_KL_FLOOR,
+    DynamicSamplingBudget,
+    DynamicSamplingExhaustedError,
+    valid_output_metrics,
+    write_monitor_config,
+)
+from trainer.phases.rollout_failures import (
     FAILURE_FILE,
     FailureCount,
     FailurePolicy,
@@ -58,13 +66,6 @@ from trainer.phases.failures import (
     judge,
     training_failures,
     validation_failures,
-)
-from trainer.phases.monitors import (
-    DEFAULT_KL_FLOOR,
-    DynamicSamplingBudget,
-    DynamicSamplingExhaustedError,
-    valid_output_metrics,
-    write_monitor_config,
 )
 
 TRAINER_MODE = "sync"
@@ -106,19 +107,20 @@ def apply_decision(trainer: Any, decision: Decision) -> None:
 
 
 def install(config: DictConfig) -> type[PPOTrainerSync]:
-    """Make VERL's ``sync`` mode build :class:`EarlyStoppingPPOTrainer` in this process."""
+    """Make VERL's ``sync`` mode build :class:`PhaseTrainer` in this process."""
     mode = config.trainer.v1.trainer_mode
     if mode != TRAINER_MODE:
         raise ValueError(
             f"trainer.v1.trainer_mode must be {TRAINER_MODE!r} (VERL's synchronous path; early stopping and the "
             f"failure policy hook into it), got {mode!r}"
         )
-    trainer_base.TRAINER_REGISTRY[TRAINER_MODE] = EarlyStoppingPPOTrainer
-    return EarlyStoppingPPOTrainer
+    trainer_base.TRAINER_REGISTRY[TRAINER_MODE] = PhaseTrainer
+    return PhaseTrainer
 
 
-class EarlyStoppingPPOTrainer(PPOTrainerSync):
-    """VERL's PPOTrainerSync plus early stopping and the failure policy."""
+class PhaseTrainer(PPOTrainerSync):
+    """VERL's PPOTrainerSync plus the phase's rules: early stopping, the failure policy, the dynamic-sampling
+    budget and the monitors."""
 
     def __init__(self, config: DictConfig) -> None:
         super().__init__(config)

@@ -53,17 +53,17 @@ class _Batch:
 
 
 def scripted_trainer(config: Any, scores: list[float], total_steps: int, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """EarlyStoppingPPOTrainer with a scripted step/validation around VERL's real fit loop."""
+    """PhaseTrainer with a scripted step/validation around VERL's real fit loop."""
     from verl.trainer.ppo.v1 import trainer_base
 
-    from trainer.phases.early_stopping_verl import (
-        EarlyStoppingPPOTrainer,
+    from trainer.in_verl.phase_trainer import (
+        PhaseTrainer,
         failure_policy_from_config,
         stopper_from_config,
     )
-    from trainer.phases.failures import FAILURE_FILE, RewardFailureLog
+    from trainer.phases.rollout_failures import FAILURE_FILE, RewardFailureLog
 
-    t: Any = EarlyStoppingPPOTrainer.__new__(EarlyStoppingPPOTrainer)
+    t: Any = PhaseTrainer.__new__(PhaseTrainer)
     t.config = config
     t.early_stopper = stopper_from_config(config)
     t.failure_policy = failure_policy_from_config(config)
@@ -147,7 +147,7 @@ def test_no_plateau_runs_to_the_end(c1_config: Any, monkeypatch: pytest.MonkeyPa
 def test_save_freq_must_match_test_freq(c1_config: Any) -> None:
     from omegaconf import OmegaConf
 
-    from trainer.phases.early_stopping_verl import stopper_from_config
+    from trainer.in_verl.phase_trainer import stopper_from_config
 
     cfg: Any = OmegaConf.merge(c1_config, {"trainer": {"test_freq": 5, "save_freq": 10}})
     with pytest.raises(ValueError, match=r"save_freq must equal trainer\.test_freq"):

@@ -1,4 +1,5 @@
-"""Failures that stop a GRPO phase: the policy, the counts, and the cause that the error names.
+"""Failed rollouts and reward calls that stop a GRPO phase: the policy, the counts, and the cause that the error
+names. (The reward service's own failure policy is ``services/reward_api/failures.py``.)
 
 Policy, stated once (docs/training.md repeats it):
 

@@ -50,7 +50,7 @@ def _mem_get_info(*_args: Any, **_kwargs: Any) -> tuple[int, int]:
 
 def _device_module() -> types.ModuleType:
     """What VERL calls on ``get_torch_device()``; memory queries answer from host RAM or 0."""
-    mod = types.ModuleType("trainer.cpu_shim.device")
+    mod = types.ModuleType("trainer.in_verl.cpu_shim.device")
     funcs: dict[str, Any] = {
         "is_available": lambda: True,
         "device_count": lambda: 1,

@@ -44,7 +44,7 @@ class GenerationConfig:
     max_attempts: int = 3
 
 
-class ExecutorClient:
+class GenerationClient:
     """``POST /v1/chat/completions`` for many message lists, concurrently, results in input order."""
 
     def __init__(self, url: str, model: str, gen: GenerationConfig | None = None) -> None:

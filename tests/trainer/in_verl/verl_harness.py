@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
-REWARD_FN = REPO / "trainer" / "reward_fn.py"
+REPO = Path(__file__).resolve().parents[3]
+REWARD_FN = REPO / "trainer" / "in_verl" / "reward_fn.py"
 
 
 def compose_ppo_config(model_dir: Path, overrides: Sequence[str] = ()) -> Any:

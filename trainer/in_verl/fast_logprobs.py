@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 __all__ = ["BLOCK_ELEMENTS", "MODULE", "install", "installed", "logprobs_by_row_blocks"]
 
-MODULE = "trainer.phases.fast_logprobs"
+MODULE = "trainer.in_verl.fast_logprobs"
 # Logits per block: 2^27 elements are 256 MiB in bf16 (2,730 rows of a 49,152-token vocabulary).
 BLOCK_ELEMENTS = 1 << 27
 

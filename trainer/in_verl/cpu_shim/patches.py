@@ -31,7 +31,7 @@ def _mark(name: str) -> None:
 def patch_platform() -> None:
     from verl.plugin.platform.platform_manager import PlatformRegistry
 
-    from trainer.cpu_shim.platform import PLATFORM_NAME, PlatformCPU
+    from trainer.in_verl.cpu_shim.platform import PLATFORM_NAME, PlatformCPU
 
     PlatformRegistry.register(platform=PLATFORM_NAME)(PlatformCPU)
     _mark("platform")

@@ -28,7 +28,7 @@ from shared import (
     read_golden,
 )
 from tests.helpers.servers import RewardApiServer
-from tests.trainer.verl_harness import (
+from tests.trainer.in_verl.verl_harness import (
     REWARD_FN,
     compose_ppo_config,
     reward_overrides,
@@ -36,7 +36,7 @@ from tests.trainer.verl_harness import (
     run_reward_worker,
 )
 from trainer.data.sample_data import SAMPLE_DIR
-from trainer.reward_client import SCORE_KEYS
+from trainer.in_verl.reward_client import SCORE_KEYS
 
 pytestmark = [pytest.mark.verl, pytest.mark.service, pytest.mark.slow]
 VAL = read_golden(SAMPLE_DIR / golden_filename("validation"))

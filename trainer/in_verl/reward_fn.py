@@ -3,13 +3,13 @@
 Point VERL 0.9 at this file with the ``reward.*`` keys (the old top-level
 ``custom_reward_function.*`` keys are silently ignored by ``main_ppo``)::
 
-    reward.custom_reward_function.path=trainer/reward_fn.py
+    reward.custom_reward_function.path=trainer/in_verl/reward_fn.py
     reward.custom_reward_function.name=compute_score
     +reward.custom_reward_function.reward_kwargs.url=http://127.0.0.1:8000
     +reward.custom_reward_function.reward_kwargs.max_batch=64
 
 VERL calls ``compute_score`` once per sample, concurrently on one event loop per reward worker;
-:mod:`trainer.reward_client` coalesces those calls into batched POSTs, enforces the deadline and
+:mod:`trainer.in_verl.reward_client` coalesces those calls into batched POSTs, enforces the deadline and
 the retries, and raises rather than invent a score (its docstring states the failure policy).
 The endpoint is chosen by the reward kind of ``data_source`` ("schema", "table" or "pipeline", optionally
 tagged with the golden source, "table:wikitabletext": see :mod:`trainer.data_source`).
@@ -17,15 +17,15 @@ tagged with the golden source, "table:wikitabletext": see :mod:`trainer.data_sou
 When the call fails, the error is appended to ``reward_kwargs.failure_log`` (if set) and re-raised.
 VERL then marks the prompt group ``failure`` and keeps the exception in the rollout worker's log
 only; the phase's trainer reads this file to name the cause when it stops the phase
-(:mod:`trainer.phases.failures`).
+(:mod:`trainer.phases.rollout_failures`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from trainer.phases.failures import record_reward_failure
-from trainer.reward_client import client_config_from_kwargs, score_one
+from trainer.in_verl.reward_client import client_config_from_kwargs, score_one
+from trainer.phases.rollout_failures import record_reward_failure
 
 
 async def compute_score(

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from shared import compute_schema_reward_single
-from tests.trainer.faulty_reward_api import Faults, FaultyRewardApi
-from trainer.reward_client import (
+from tests.trainer.in_verl.faulty_reward_api import Faults, FaultyRewardApi
+from trainer.in_verl.reward_client import (
     SCORE_KEYS,
     RewardClientConfig,
     RewardServiceError,
@@ -21,7 +21,7 @@ from trainer.reward_client import (
     score_dict,
     score_one,
 )
-from trainer.reward_fn import compute_score
+from trainer.in_verl.reward_fn import compute_score
 
 GOLD = {"schema": {"columns": [{"name": "name"}, {"name": "area"}, {"name": "price_range"}]}}
 PREDS = [
@@ -182,7 +182,7 @@ def test_score_keys_do_not_depend_on_the_result() -> None:
 def test_prompt_too_long_is_its_own_part_and_says_what_to_do(caplog: pytest.LogCaptureFixture) -> None:
     ok = {"reward": 0.0, "valid_json": True, "schema_reward": 1, "table_reward": -1, "f1": 1, "cell_accuracy": 0.0,
           "table_score": 0.0, "error": "prompt_too_long", "prompt_tokens": 5000, "prompt_limit": 2048}
-    with caplog.at_level("WARNING", logger="trainer.reward_client"):
+    with caplog.at_level("WARNING", logger="trainer.in_verl.reward_client"):
         parts = score_dict("pipeline", ok)
     assert list(parts) == list(SCORE_KEYS["pipeline"])
     assert parts["prompt_too_long"] == 1.0 and parts["executor_failed"] == 0.0
@@ -194,7 +194,7 @@ def test_executor_truncated_is_its_own_part_and_says_what_to_do(caplog: pytest.L
     """Issue 26: a table cut at the executor's max_tokens is counted apart, never as a plain low score."""
     cut = {"reward": 0.0, "valid_json": True, "schema_reward": 1.0, "table_reward": -1.0, "f1": 1.0,
            "cell_accuracy": 0.0, "table_score": 0.0, "error": "executor_truncated"}  # fmt: skip
-    with caplog.at_level("WARNING", logger="trainer.reward_client"):
+    with caplog.at_level("WARNING", logger="trainer.in_verl.reward_client"):
         parts = score_dict("pipeline", cut)
     assert list(parts) == list(SCORE_KEYS["pipeline"])
     assert parts["executor_truncated"] == 1.0 and parts["executor_failed"] == 0.0 and parts["prompt_too_long"] == 0.0

@@ -1,0 +1,107 @@
+"""C2's training data: Stage-2 prompts on the schemas π1 predicted (``trainer data precompute-schemas``).
+
+The phase registry gives C2 the prompt ``stage2_predicted``: its rows need π1's schemas, which only a served
+model can write. This module builds the rows from those predictions; the caller passes the predictor
+(``predict_schemas``: a split's documents → π1's schema texts, e.g.
+:func:`trainer.evaluation.inference.schema_predictor` over a served π1), so the data builders never talk to
+an executor. Invalid predicted schemas are counted, then skipped or replaced by the gold schema.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from shared import GoldenExample, build_stage2_messages, read_golden
+from trainer.data.datasets import RL_SCHEMA, rl_row, update_manifest, write_parquet
+from trainer.data.prompt_fit import Stage2Fit
+
+T = TypeVar("T")
+# A split's documents (and the split's name, for progress) → π1's schema texts, one per document, in order.
+SchemaPredictor = Callable[[Sequence[GoldenExample], str], Sequence[str]]
+
+
+@dataclass
+class PrecomputeReport:
+    """Per split: rows written, invalid predicted schemas (skipped or replaced by gold)."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    invalid: dict[str, int] = field(default_factory=dict)
+    invalid_ids: dict[str, list[str]] = field(default_factory=dict)
+    too_long_ids: dict[str, list[str]] = field(default_factory=dict)  # Stage-2 prompt past the context: dropped
+
+
+def seeded_sample(items: Sequence[T], n: int, seed: int) -> list[T]:
+    """``n`` of ``items`` drawn at random with ``seed``, kept in their original order (all if fewer)."""
+    if n >= len(items):
+        return list(items)
+    return [items[i] for i in sorted(random.Random(seed).sample(range(len(items)), n))]
+
+
+def precompute_c2(
+    golden: Path,
+    out: Path,
+    predict_schemas: SchemaPredictor,
+    schema_model: str,
+    splits: Sequence[str] = ("train", "validation"),
+    on_invalid: Literal["skip", "gold"] = "skip",
+    limit: int | None = None,
+    stage2_fit: Stage2Fit | None = None,
+    sample: Mapping[str, int] | None = None,
+    seed: int = 0,
+) -> PrecomputeReport:
+    """π1's schemas for each split (``predict_schemas``; ``schema_model`` names π1 in the manifest), then
+    ``out/c2/<split>.parquet``: Stage-2 prompts on the *predicted* schema, ground truth = gold table. Invalid
+    schemas are counted, then skipped or given the gold one.
+    With ``stage2_fit``, rows whose Stage-2 prompt cannot fit that context are counted and dropped.
+    ``sample`` (split → n): a seeded random n documents of that split, in file order (all if it has fewer)."""
+    if sample:
+        unknown = sorted(set(sample) - set(splits))
+        if unknown:
+            raise ValueError(f"sample: splits {unknown} are not among {list(splits)}")
+        bad_n = {k: n for k, n in sample.items() if n < 1}
+        if bad_n:
+            raise ValueError(f"sample: sizes must be >= 1, got {bad_n}")
+    report = PrecomputeReport()
+    sources = []
+    for split in splits:
+        src = golden / f"common_{split}_schemas.jsonl"
+        if not src.is_file():
+            raise FileNotFoundError(f"--golden: {src} is missing")
+        sources.append(src)
+        examples = read_golden(src, limit)
+        if sample and split in sample:
+            examples = seeded_sample(examples, sample[split], seed)
+        schemas = predict_schemas(examples, split)
+        if len(schemas) != len(examples):
+            raise ValueError(f"{split}: {len(schemas)} predicted schemas for {len(examples)} documents")
+        rows: list[dict[str, Any]] = []
+        bad: list[str] = []
+        for ex, schema_text in zip(examples, schemas, strict=True):
+            try:
+                prompt = build_stage2_messages(ex.text, schema_text)
+            except ValueError:
+                bad.append(ex.id)
+                if on_invalid == "skip":
+                    continue
+                prompt = build_stage2_messages(ex.text, ex.schema_dict())
+            if stage2_fit is not None and not stage2_fit.fits(prompt):
+                report.too_long_ids.setdefault(split, []).append(ex.id)
+                continue
+            rows.append(rl_row("c2", ex, len(rows), split, prompt=prompt))
+        report.counts[split] = write_parquet(rows, out / "c2" / f"{split}.parquet", RL_SCHEMA)
+        report.invalid[split] = len(bad)
+        report.invalid_ids[split] = bad
+    c2: dict[str, Any] = {
+        "schema_model": schema_model, "on_invalid": on_invalid, "invalid_schemas": report.invalid, "limit": limit,
+        "sample": dict(sample or {}), "seed": seed,
+    }  # fmt: skip
+    if stage2_fit is not None:
+        c2 |= stage2_fit.describe()
+        c2["stage2_too_long"] = {k: len(v) for k, v in report.too_long_ids.items()}
+        c2["stage2_too_long_ids"] = report.too_long_ids
+    update_manifest(out, {"c2": report.counts}, sources, c2=c2)
+    return report
