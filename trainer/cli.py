@@ -30,6 +30,7 @@ from trainer.evaluation.phase_d import (
     write_outputs,
 )
 from trainer.phases.cli import register as register_phases
+from trainer.serving.shutdown import exit_on_sigterm
 
 console = Console()
 
@@ -237,4 +238,5 @@ def demo_cmd(
 
 
 def main() -> None:
+    exit_on_sigterm()  # a SIGTERM (Slurm, Kubernetes) stops every server we started, as Ctrl-C does
     app()

@@ -86,3 +86,61 @@ def test_evaluation_never_imports_verl() -> None:
         names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert not any(n.split(".")[0] in ("verl", "ray", "vllm") for n in names), path
+
+
+# ---- one concept, one owner (issue 24) ----------------------------------------------------------
+
+REPO = TRAINER.parent
+SERVING = TRAINER / "serving"
+
+
+def python_files(*exclude: Path) -> list[Path]:
+    """trainer/ and bench/, but not ``exclude`` (files or folders)."""
+    files = [*TRAINER.rglob("*.py"), *(REPO / "bench").rglob("*.py")]
+    return [p for p in files if not any(p == e or e in p.parents for e in exclude)]
+
+
+def calls(tree: ast.AST, names: set[str]) -> list[ast.Call]:
+    def name(func: ast.expr) -> str:
+        return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and name(n.func) in names]
+
+
+def test_servers_are_built_only_in_the_serving_package() -> None:
+    """Executors and reward APIs are constructed in trainer/serving/ only (it owns GPU slots, model
+    identity, settings and the child processes); everyone else asks it for a URL."""
+    servers = {"CpuExecutor", "GpuExecutor", "RewardApiProcess"}
+    for path in python_files(SERVING):
+        found = calls(ast.parse(path.read_text()), servers)
+        assert not found, f"{path.relative_to(REPO)}:{found[0].lineno} starts a server outside trainer/serving/"
+
+
+def code_strings(tree: ast.AST) -> list[str]:
+    """The string constants of the code (docstrings are documentation, not code)."""
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
+    ]
+
+
+def test_reward_api_settings_are_never_spelled_by_hand() -> None:
+    """The reward API's environment comes from its typed settings (trainer/serving/reward_api_env.py).
+    Exempt: the reward client (it runs inside VERL's workers and imports only ``shared``), which reads
+    the token its service also reads and names MAX_TOKENS in its advice."""
+    from services.reward_api.settings import Settings
+
+    variables = {f"REWARD_API_{f.upper()}" for f in Settings.model_fields}
+    for path in python_files(SERVING, TRAINER / "reward_client.py"):
+        named = {v for t in code_strings(ast.parse(path.read_text())) for v in variables if v in t}
+        assert not named, f"{path.relative_to(REPO)} spells {sorted(named)}; use trainer.serving.reward_api_env"
+

@@ -30,7 +30,6 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from services.reward_api.process import RewardApiProcess
 from shared import PROMPT_VERSION, GoldenExample, build_stage1_messages, build_stage2_messages, read_golden
 from trainer.data.datasets import build_datasets
 from trainer.demo.debug_view import call_pipeline_debug, render_pipeline_debug
@@ -40,29 +39,26 @@ from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig,
 from trainer.evaluation.inference import messages_hash
 from trainer.evaluation.phase_d import write_outputs
 from trainer.phases.launch import PhaseResult, PhaseRun, get_phase, read_result, run_phase
+from trainer.serving.endpoint import Endpoint
+from trainer.serving.executors import serve_model
+from trainer.serving.reward_api import reward_api_process
 
-SERVED = "policy"
 STAGES = 7
 SUMMARY_KEYS = ("schema_valid", "schema_f1", "table_valid", "cell_accuracy", "aligned_cell_f1")
 
 
 @contextlib.contextmanager
-def _executor(model_dir: str, log: Path, console: Console, what: str) -> Iterator[str]:
-    from services.executor_vllm.cpu_launcher import CpuExecutor
-
-    ex = CpuExecutor(model_dir, served_model_name=SERVED, log_path=log, max_model_len=2048)
-    try:
+def _executor(model_dir: str, log: Path, console: Console, what: str) -> Iterator[Endpoint]:
+    with contextlib.ExitStack() as stack:
         with console.status(f"starting the vLLM-CPU executor for {what} (about 1 min; log {log})"):
-            ex.start(timeout=900)
-        yield ex.url
-    finally:
-        ex.stop()
+            ep = stack.enter_context(serve_model(model_dir, log, max_model_len=2048))
+        yield ep
 
 
 def _generate(
-    url: str, prompts: Sequence[Sequence[Message]], gen: GenerationConfig, console: Console, desc: str
+    ep: Endpoint, prompts: Sequence[Sequence[Message]], gen: GenerationConfig, console: Console, desc: str
 ) -> list[str]:
-    client = ExecutorClient(url, SERVED, gen)
+    client = ExecutorClient(ep.url, ep.served_name, gen)
     with progress(console) as bar:
         task = bar.add_task(desc, total=len(prompts))
         return asyncio.run(client.generate(prompts, on_done=lambda: bar.advance(task)))
@@ -120,12 +116,12 @@ class Demo:
 
     def phase_d_base(self, base: str, examples: Sequence[GoldenExample]) -> list[dict[str, Any]]:
         with self.clock.stage("Phase D: base", "π1 = π2 = the base model"):
-            with _executor(base, self.logs / "executor_base.log", self.console, "base") as url:
+            with _executor(base, self.logs / "executor_base.log", self.console, "base") as ep:
                 s1 = [build_stage1_messages(ex.text) for ex in examples]
-                schemas = _generate(url, s1, self.gen, self.console, "base π1 schemas")
+                schemas = _generate(ep, s1, self.gen, self.console, "base π1 schemas")
                 s2 = _stage2_prompts(examples, schemas)
                 order = sorted(s2)
-                outs = _generate(url, [s2[i] for i in order], self.gen, self.console, "base π2 tables") if order else []
+                outs = _generate(ep, [s2[i] for i in order], self.gen, self.console, "base π2 tables") if order else []
             self.console.print(f"{len(order)} of {len(examples)} base schemas were valid JSON (Stage 2 ran on those)")
         return _records("base", examples, schemas, dict(zip(order, outs, strict=True)), (base, base))
 
@@ -171,31 +167,26 @@ class Demo:
     def phase_d_sft(self, pi1: str, pi2: str, examples: Sequence[GoldenExample]) -> tuple[list[dict[str, Any]], Any]:
         with (
             self.clock.stage("Phase D: sft π1", "the A1 model writes the schemas"),
-            _executor(pi1, self.logs / "executor_sft_pi1.log", self.console, "π1 sft") as url,
+            _executor(pi1, self.logs / "executor_sft_pi1.log", self.console, "π1 sft") as ep,
         ):
             s1 = [build_stage1_messages(ex.text) for ex in examples]
-            schemas = _generate(url, s1, self.gen, self.console, "sft π1 schemas")
+            schemas = _generate(ep, s1, self.gen, self.console, "sft π1 schemas")
         s2 = _stage2_prompts(examples, schemas)
         order = sorted(s2)
         with (
             self.clock.stage("Phase D: sft π2 + /reward/pipeline", "the A2 model writes the tables"),
-            _executor(pi2, self.logs / "executor_sft_pi2.log", self.console, "π2 sft") as url,
+            _executor(pi2, self.logs / "executor_sft_pi2.log", self.console, "π2 sft") as ep,
         ):
-            outs = _generate(url, [s2[i] for i in order], self.gen, self.console, "sft π2 tables") if order else []
-            debug = self._pipeline_debug(url, examples, schemas, order)
+            outs = _generate(ep, [s2[i] for i in order], self.gen, self.console, "sft π2 tables") if order else []
+            debug = self._pipeline_debug(ep, examples, schemas, order)
         preds = _records("sft", examples, schemas, dict(zip(order, outs, strict=True)), (pi1, pi2))
         return preds, debug
 
     def _pipeline_debug(
-        self, executor_url: str, examples: Sequence[GoldenExample], schemas: Sequence[str], valid: Sequence[int]
+        self, executor: Endpoint, examples: Sequence[GoldenExample], schemas: Sequence[str], valid: Sequence[int]
     ) -> dict[str, Any]:
         i = valid[0] if valid else 0
-        env = {
-            "REWARD_API_EXECUTOR_URLS": executor_url,
-            "REWARD_API_EXECUTOR_MODEL": SERVED,
-            "REWARD_API_MAX_TOKENS": str(self.s.max_tokens),
-        }
-        api_proc = RewardApiProcess(env, log_path=self.logs / "reward_api.log")
+        api_proc = reward_api_process(self.logs / "reward_api.log", executors=[executor], max_tokens=self.s.max_tokens)
         with self.console.status("starting reward_api"), api_proc as api:
             response = call_pipeline_debug(api.url, examples[i], schemas[i])
         self.console.rule("[bold]one /reward/pipeline call with debug on[/bold]")

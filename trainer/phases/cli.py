@@ -133,7 +133,7 @@ def loop_cmd(
 ) -> None:
     """(A1, A2 →) B1 → B2 → C1 → C2 → Phase-D evaluation; Hydra overrides after the options apply to every RL phase."""
     from trainer.loop import STAGE_GROUPS, Loop, LoopConfig
-    from trainer.phases.gpus import GpuPlanError, visible_gpus
+    from trainer.serving.gpus import GpuPlanError, visible_gpus
 
     try:
         prof = check_profile(profile)

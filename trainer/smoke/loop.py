@@ -21,6 +21,7 @@ from typing import Any
 
 import typer
 
+from trainer.serving.shutdown import exit_on_sigterm
 from trainer.smoke.grpo import SAMPLE_DIR, Checks, MemorySampler, finish
 
 PHASE_DIRS = ("a1", "a2", "b1", "b2", "c1", "c2")
@@ -109,4 +110,5 @@ def main(
     raise typer.Exit(finish(out, checks, summary, mem, "smoke_loop_result.json", (report,)))
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     typer.run(main)

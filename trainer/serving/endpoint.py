@@ -1,0 +1,16 @@
+"""What a served model is to its clients: a base URL and the model name requests carry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainer.serving.identity import ServedModel
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A model being served. ``identity`` is what an external URL proved it serves (None: we serve it)."""
+
+    url: str
+    served_name: str
+    identity: ServedModel | None = None
