@@ -42,12 +42,11 @@ from bench.common import (
 from shared import (
     GoldenExample,
     PipelineSchemaRewardConfig,
-    build_stage2_messages,
     combine_pipeline_reward,
     compute_schema_reward_single,
     compute_table_reward_single,
-    stage2_template,
 )
+from trainer.evaluation.two_stage import stage2_on_prediction
 
 CEILING_RATIO = 0.9
 SEQUENTIAL_FACTOR = 10.0
@@ -98,7 +97,11 @@ def build_items(examples: list[GoldenExample], seed: int = 0) -> list[dict[str, 
 
 
 def messages_for(item: dict[str, Any]) -> list[dict[str, str]]:
-    return build_stage2_messages(item["text"], item["prediction"], stage2_template())
+    """The Stage-2 prompt the service sends for this item (its prediction is a valid schema)."""
+    messages = stage2_on_prediction(item["text"], item["prediction"])
+    if messages is None:
+        raise ValueError(f"item {item['id']}: its prediction is no valid schema, so it gets no Stage-2 call")
+    return messages
 
 
 def expected_reward(item: dict[str, Any], output: str) -> float:

@@ -43,7 +43,6 @@ entries record what was served.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime as dt
 import hashlib
@@ -65,6 +64,7 @@ from trainer.phases.launch import (
     read_result,
     run_phase,
 )
+from trainer.serving.endpoint import Endpoint
 from trainer.serving.executors import replica_logs, serve_model
 from trainer.serving.gpus import ExecutorSlot, GpuPlan, Placement, waves
 from trainer.serving.identity import fingerprint
@@ -468,40 +468,15 @@ class Loop:
         self, name: str, pi1: str, pi2: str, examples: Sequence[Any], slot: ExecutorSlot | None = None
     ) -> list[dict[str, Any]]:
         """Stage 1 with π1 served alone, then Stage 2 with π2 on the predicted schemas (on ``slot``)."""
-        from shared import PROMPT_VERSION, build_stage1_messages, build_stage2_messages
-        from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig
-        from trainer.evaluation.inference import messages_hash
+        from trainer.evaluation.executor_client import GenerationConfig
+        from trainer.evaluation.two_stage import PromptStage, generate_quietly, run_two_stage
+
+        def serve(model: str, stage: PromptStage) -> contextlib.AbstractContextManager[Endpoint]:
+            log = self.out / "logs" / f"executor_eval_{name}_{'pi1' if stage == 'stage1' else 'pi2'}.log"
+            return serve_model(model, log, slot, eager=self.cfg.executor_eager)
 
         gen = GenerationConfig(max_tokens=self.cfg.eval_max_tokens)
-        logs = self.out / "logs"
-        eager = self.cfg.executor_eager
-        s1 = [build_stage1_messages(ex.text) for ex in examples]
-        with serve_model(pi1, logs / f"executor_eval_{name}_pi1.log", slot, eager=eager) as ep:
-            schemas = asyncio.run(ExecutorClient(ep.url, ep.served_name, gen).generate(s1))
-        s2: dict[int, list[dict[str, str]]] = {}
-        for i, (ex, text) in enumerate(zip(examples, schemas, strict=True)):
-            with contextlib.suppress(ValueError):
-                s2[i] = build_stage2_messages(ex.text, text)
-        order = sorted(s2)
-        tables: dict[int, str] = {}
-        if order:
-            with serve_model(pi2, logs / f"executor_eval_{name}_pi2.log", slot, eager=eager) as ep:
-                outs = asyncio.run(ExecutorClient(ep.url, ep.served_name, gen).generate([s2[i] for i in order]))
-            tables = dict(zip(order, outs, strict=True))
-        return [
-            {
-                "id": ex.id,
-                "setting": name,
-                "schema_prediction": schemas[i],
-                "table_prediction": tables.get(i),
-                "stage1_messages_sha256": messages_hash(s1[i]),
-                "stage2_messages_sha256": messages_hash(s2[i]) if i in s2 else None,
-                "schema_model": pi1,
-                "table_model": pi2,
-                "prompt_version": PROMPT_VERSION,
-            }
-            for i, ex in enumerate(examples)
-        ]
+        return run_two_stage(name, pi1, pi2, examples, serve, gen, generate_quietly)
 
     def run(self) -> dict[str, Any]:
         """The whole loop, or up to ``until``'s stage group; a rerun goes on from the last finished stage."""

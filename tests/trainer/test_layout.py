@@ -144,3 +144,15 @@ def test_reward_api_settings_are_never_spelled_by_hand() -> None:
         named = {v for t in code_strings(ast.parse(path.read_text())) for v in variables if v in t}
         assert not named, f"{path.relative_to(REPO)} spells {sorted(named)}; use trainer.serving.reward_api_env"
 
+
+def test_only_the_two_stage_runner_builds_stage2_prompts_on_predicted_schemas() -> None:
+    """Everywhere else a Stage-2 prompt is built on a gold schema (``<example>.schema_dict()``)."""
+    for path in python_files(TRAINER / "evaluation" / "two_stage.py"):
+        for call in calls(ast.parse(path.read_text()), {"build_stage2_messages"}):
+            schema = call.args[1] if len(call.args) > 1 else None
+            gold = (
+                isinstance(schema, ast.Call)
+                and isinstance(schema.func, ast.Attribute)
+                and schema.func.attr == "schema_dict"
+            )
+            assert gold, f"{path.relative_to(REPO)}:{call.lineno}: a Stage-2 prompt on a predicted schema"

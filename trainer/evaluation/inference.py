@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import random
 from collections.abc import Mapping, Sequence
@@ -11,21 +10,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from tqdm import tqdm
-
 from shared import PROMPT_VERSION, GoldenExample, build_stage1_messages, build_stage2_messages, read_golden
 from trainer.data.datasets import RL_SCHEMA, rl_row, update_manifest, write_parquet
 from trainer.data.prompt_fit import Stage2Fit
-from trainer.evaluation.executor_client import ExecutorClient, GenerationConfig, Message
+from trainer.evaluation.executor_client import (
+    ExecutorClient,
+    GenerationConfig,
+    Message,
+    generate_with_progress,
+    messages_hash,
+)
+from trainer.evaluation.two_stage import PromptStage, stage2_on_prediction
 
-Stage = Literal["stage1", "stage2"]
+Stage = PromptStage
 
 T = TypeVar("T")
-
-
-def messages_hash(messages: Sequence[Message]) -> str:
-    """sha256 of the messages as canonical JSON: ties a prediction to the exact prompt."""
-    return hashlib.sha256(json.dumps(list(messages), sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
 def stage_messages(stage: Stage, ex: GoldenExample) -> list[Message]:
@@ -33,11 +32,6 @@ def stage_messages(stage: Stage, ex: GoldenExample) -> list[Message]:
     if stage == "stage1":
         return build_stage1_messages(ex.text)
     return build_stage2_messages(ex.text, ex.schema_dict())
-
-
-async def generate_with_progress(client: ExecutorClient, prompts: Sequence[Sequence[Message]], desc: str) -> list[str]:
-    with tqdm(total=len(prompts), desc=desc, unit="ex", leave=False) as bar:
-        return await client.generate(prompts, on_done=lambda: bar.update(1))
 
 
 def infer(
@@ -136,9 +130,8 @@ def precompute_c2(
         rows: list[dict[str, Any]] = []
         bad: list[str] = []
         for ex, schema_text in zip(examples, schemas, strict=True):
-            try:
-                prompt = build_stage2_messages(ex.text, schema_text)
-            except ValueError:
+            prompt = stage2_on_prediction(ex.text, schema_text)
+            if prompt is None:
                 bad.append(ex.id)
                 if on_invalid == "skip":
                     continue
