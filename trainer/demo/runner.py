@@ -14,7 +14,7 @@ On the bundled E2E sample (real public data, ``trainer/data/e2e_sample``), on CP
 7. report: ``metrics.json`` (settings.base, settings.sft), ``report.md`` and plots side by side,
    the targets, and ``demo_summary.json`` with every stage's time.
 
-Everything it starts (executors, reward_api, torchrun) is stopped, also on error or Ctrl-C.
+Everything it starts (executors, reward_api, torchrun) is stopped, also on error, Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations

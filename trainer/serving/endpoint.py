@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from trainer.serving.identity import ServedModel
+if TYPE_CHECKING:  # only a type here: the two-stage runner imports Endpoint without the identity check's deps
+    from trainer.serving.identity import ServedModel
 
 
 @dataclass(frozen=True)
