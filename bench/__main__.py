@@ -116,7 +116,7 @@ def gpu_scaling(
     items: Annotated[int, typer.Option(min=1, help="Distinct Stage-2 prompts per configuration.")] = 2000,
     clients: Annotated[int, typer.Option(min=1, help="Concurrent clients.")] = 16,
     batch: Annotated[int, typer.Option(min=1, help="Items per /reward/pipeline request.")] = 32,
-    max_in_flight: Annotated[int, typer.Option(min=1, help="REWARD_API_MAX_IN_FLIGHT per worker.")] = 256,
+    max_in_flight: Annotated[int, typer.Option(min=1, help="reward_api max_in_flight setting, per worker.")] = 256,
     max_tokens: Annotated[int | None, typer.Option(help="Default: gold NDJSON p99 tokens + 25%.")] = None,
     tokenizer: Annotated[str | None, typer.Option(help="Model dir whose tokenizer counts gold tokens.")] = None,
     quick: Quick = False,
@@ -146,7 +146,7 @@ def pipeline_cpu_cost(
     batch: Annotated[int, typer.Option(min=1, help="Items per /reward/pipeline request.")] = 16,
     max_tokens: Annotated[int, typer.Option(min=1, help="Executor max_tokens (small: the service is measured).")] = 8,
     rounds: Annotated[int, typer.Option(min=1, help="Measured rounds per service (median reported).")] = 3,
-    max_in_flight: Annotated[int, typer.Option(min=1, help="REWARD_API_MAX_IN_FLIGHT.")] = 256,
+    max_in_flight: Annotated[int, typer.Option(min=1, help="reward_api max_in_flight setting.")] = 256,
     quick: Quick = False,
     golden: Golden = None,
     executor_url: ExecutorUrl = None,
@@ -211,4 +211,7 @@ def _report(payload: dict[str, object]) -> None:
 
 
 if __name__ == "__main__":
+    from trainer.serving.shutdown import exit_on_sigterm
+
+    exit_on_sigterm()  # a stopped benchmark stops the executors and reward APIs it started
     app()

@@ -245,22 +245,22 @@ def perturb_table(ex: GoldenExample, rng: random.Random) -> str:
     return "\n".join(json.dumps(row, ensure_ascii=False) for row in out)
 
 
-def bench_reward_api_env(
+def bench_reward_api_settings(
     urls: Sequence[str], model: str, max_tokens: int, max_in_flight: int, executor_timeout_s: int, deadline_s: int
-) -> dict[str, str]:
-    """reward_api settings of the pipeline benchmarks: greedy, seeded, cache off (every item costs one
-    executor call), quiet logs."""
+) -> dict[str, Any]:
+    """reward_api settings of the pipeline benchmarks (``trainer.serving.reward_api`` field names): greedy,
+    seeded, cache off (every item costs one executor call), quiet logs."""
     return {
-        "REWARD_API_EXECUTOR_URLS": ",".join(u.rstrip("/") for u in urls),
-        "REWARD_API_EXECUTOR_MODEL": model,
-        "REWARD_API_MAX_TOKENS": str(max_tokens),
-        "REWARD_API_TEMPERATURE": "0",
-        "REWARD_API_SEED": "0",
-        "REWARD_API_CACHE_SIZE": "0",
-        "REWARD_API_MAX_IN_FLIGHT": str(max_in_flight),
+        "executor_urls": [u.rstrip("/") for u in urls],
+        "executor_model": model,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "seed": 0,
+        "cache_size": 0,
+        "max_in_flight": max_in_flight,
         # The benches set the process's budget; the per-replica cap (default 64) must not lower it.
-        "REWARD_API_MAX_IN_FLIGHT_PER_EXECUTOR": str(max_in_flight),
-        "REWARD_API_EXECUTOR_TIMEOUT_S": str(executor_timeout_s),
-        "REWARD_API_REQUEST_DEADLINE_S": str(deadline_s),
-        "REWARD_API_LOG_LEVEL": "WARNING",
+        "max_in_flight_per_executor": max_in_flight,
+        "executor_timeout_s": executor_timeout_s,
+        "request_deadline_s": deadline_s,
+        "log_level": "WARNING",
     }

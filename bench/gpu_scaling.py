@@ -4,7 +4,7 @@
         [--replicas 1,2,4] [--workers 1,4,8] [--api-replicas 1] [--items 2000] [--clients 16] [--batch 32]
 
 The executors are started once (bench/gpu/scaling.sh: one vLLM per GPU with CUDA_VISIBLE_DEVICES) and
-reused; only reward_api is restarted per configuration, with ``REWARD_API_EXECUTOR_URLS`` set to the
+reused; only reward_api is restarted per configuration, its executor URLs set to the
 first ``r`` URLs and ``--workers w`` uvicorn workers; ``--api-replicas k`` starts ``k`` such reward_api
 processes (each with ``w`` workers, as replicas behind a load balancer would be) and spreads the clients
 over them round-robin. Load: distinct Stage-2 prompts from the golden
@@ -35,7 +35,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import (
-    bench_reward_api_env,
+    bench_reward_api_settings,
     golden_dir,
     header_md,
     md_table,
@@ -81,9 +81,9 @@ def plan(
     ]
 
 
-def reward_api_env(urls: Sequence[str], model: str, max_tokens: int, max_in_flight: int) -> dict[str, str]:
+def reward_api_settings(urls: Sequence[str], model: str, max_tokens: int, max_in_flight: int) -> dict[str, Any]:
     """reward_api settings for one configuration: cache off, so every item costs one executor call."""
-    return bench_reward_api_env(urls, model, max_tokens, max_in_flight, executor_timeout_s=600, deadline_s=1800)
+    return bench_reward_api_settings(urls, model, max_tokens, max_in_flight, executor_timeout_s=600, deadline_s=1800)
 
 
 def build_items(examples: Sequence[GoldenExample], n: int) -> list[dict[str, Any]]:
@@ -200,12 +200,15 @@ def measure(
     batch: int,
     max_in_flight: int,
 ) -> dict[str, Any]:
-    from services.reward_api.process import RewardApiProcess
+    from trainer.serving.reward_api import reward_api_process
 
     used = list(urls[: cfg.replicas])
-    env = reward_api_env(used, model, max_tokens, max_in_flight)
+    settings = reward_api_settings(used, model, max_tokens, max_in_flight)
     with contextlib.ExitStack() as stack:
-        apis = [stack.enter_context(RewardApiProcess(env, workers=cfg.workers)) for _ in range(cfg.api_replicas)]
+        apis = [
+            stack.enter_context(reward_api_process(None, workers=cfg.workers, **settings))
+            for _ in range(cfg.api_replicas)
+        ]
         api_urls = [a.url for a in apis]
         asyncio.run(_load(api_urls, warmup, clients, max(1, len(warmup) // clients)))  # connections, first calls
         before = scrape(used)

@@ -82,19 +82,19 @@ def run(
     model: str = DEFAULT_MODEL,
     seed: int = 0,
 ) -> dict[str, Any]:
-    from services.reward_api.process import RewardApiProcess
+    from trainer.serving.reward_api import reward_api_process
 
     record = run_record(quick)
     n_prompts, k = (4, 4) if quick else (16, 8)
     items = grpo_batch(n_prompts, k, golden, seed)
     distinct, raw, invalid = distinct_pairs(items)
-    env = {
-        "REWARD_API_EXECUTOR_URLS": url,
-        "REWARD_API_EXECUTOR_MODEL": model,
-        "REWARD_API_MAX_TOKENS": "32" if quick else "64",
-        "REWARD_API_EXECUTOR_TIMEOUT_S": "1800",
-        "REWARD_API_REQUEST_DEADLINE_S": "3600",
-        "REWARD_API_LOG_LEVEL": "WARNING",
+    settings: dict[str, Any] = {
+        "executor_urls": [url],
+        "executor_model": model,
+        "max_tokens": 32 if quick else 64,
+        "executor_timeout_s": 1800,
+        "request_deadline_s": 3600,
+        "log_level": "WARNING",
     }
     scenarios = []
     for name, parts, workers in (
@@ -102,7 +102,7 @@ def run(
         ("4 requests", 4, 1),
         ("4 requests, 2 workers, 2 clients", 4, 2),
     ):
-        with RewardApiProcess(env, workers=workers) as api, httpx.Client(timeout=1800) as client:
+        with reward_api_process(None, workers=workers, **settings) as api, httpx.Client(timeout=1800) as client:
             before = executor_calls(api.url)
             # Strided, so the k samples of a prompt are spread over all requests: duplicates must meet in
             # the cache or an in-flight call (or, with 2 workers, may land on the other worker's process).

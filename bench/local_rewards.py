@@ -188,15 +188,14 @@ def paired_ratios(num: dict[str, Any], den: dict[str, Any]) -> list[float]:
 def run(
     golden: str | Path | None = None, quick: bool = False, workers: int = 2, seed: int = 0, repeats: int | None = None
 ) -> dict[str, Any]:
-    from services.reward_api.process import RewardApiProcess
+    from trainer.serving.reward_api import reward_api_process
 
     record = run_record(quick)
     examples = load_examples(golden_dir(golden), 1024 if quick else 3000, seed=seed)
     counts = plan(quick)
     repeats = repeats or (1 if quick else 3)
-    env = {"REWARD_API_LOG_LEVEL": "WARNING"}
     rows: list[dict[str, Any]] = []
-    servers = {1: RewardApiProcess(env, workers=1), workers: RewardApiProcess(env, workers=workers)}
+    servers = {n: reward_api_process(None, workers=n, log_level="WARNING") for n in (1, workers)}
     try:
         for s in servers.values():
             s.start(timeout=120)

@@ -47,7 +47,7 @@ import psutil
 from bench import gpu_scaling as gs
 from bench.common import (
     REPO,
-    bench_reward_api_env,
+    bench_reward_api_settings,
     golden_dir,
     header_md,
     md_table,
@@ -226,7 +226,7 @@ def run(
     profile_rate: int = 200,
     quick: bool = False,
 ) -> dict[str, Any]:
-    from services.reward_api.process import RewardApiProcess
+    from trainer.serving.reward_api import reward_api_process
 
     if quick:
         n_items, rounds = min(n_items, 64), 1
@@ -238,11 +238,12 @@ def run(
         sampling = {"temperature": 0.0, "max_tokens": max_tokens, "seed": 0}
         payloads = [{"model": model, "messages": messages_for(it), **sampling} for it in pool]
         asyncio.run(ceiling(url, payloads))  # every prompt once: vLLM's prefix cache is warm for all rounds
-        env = bench_reward_api_env([url], model, max_tokens, max_in_flight, executor_timeout_s=1800, deadline_s=3600)
+        settings = bench_reward_api_settings([url], model, max_tokens, max_in_flight, executor_timeout_s=1800,
+                                             deadline_s=3600)  # fmt: skip
         variants: list[tuple[Variant, Any]] = []
         for label, rev in ([("before", before)] if before else []) + [("after", None)]:
             commit, folder = stack.enter_context(checkout(rev))
-            api = stack.enter_context(RewardApiProcess(env, workers=1, cwd=folder))
+            api = stack.enter_context(reward_api_process(None, cwd=folder, **settings))
             asyncio.run(gs._load(api.url, warmup, clients, max(1, len(warmup) // clients)))
             variants.append((Variant(label, commit, folder), api))
         for _ in range(rounds):

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 
 from bench.common import (
-    bench_reward_api_env,
+    bench_reward_api_settings,
     golden_dir,
     header_md,
     load_examples,
@@ -42,12 +42,11 @@ from bench.common import (
 from shared import (
     GoldenExample,
     PipelineSchemaRewardConfig,
-    build_stage2_messages,
     combine_pipeline_reward,
     compute_schema_reward_single,
     compute_table_reward_single,
-    stage2_template,
 )
+from trainer.evaluation.two_stage import stage2_on_prediction
 
 CEILING_RATIO = 0.9
 SEQUENTIAL_FACTOR = 10.0
@@ -60,11 +59,13 @@ def executor(url: str | None) -> Iterator[str]:
     if url:
         yield url.rstrip("/")
         return
-    from services.executor_vllm.cpu_launcher import CpuExecutor
+    from services.executor_vllm.cpu_launcher import DEFAULT_SERVED_NAME
     from services.executor_vllm.default_model import convert
+    from trainer.serving.executors import serve_model
 
-    with CpuExecutor(convert(), max_model_len=2048) as ex:
-        yield ex.url
+    model = str(convert())
+    with serve_model(model, None, served_name=DEFAULT_SERVED_NAME, max_model_len=2048) as ep:
+        yield ep.url
 
 
 def build_items(examples: list[GoldenExample], seed: int = 0) -> list[dict[str, Any]]:
@@ -96,7 +97,11 @@ def build_items(examples: list[GoldenExample], seed: int = 0) -> list[dict[str, 
 
 
 def messages_for(item: dict[str, Any]) -> list[dict[str, str]]:
-    return build_stage2_messages(item["text"], item["prediction"], stage2_template())
+    """The Stage-2 prompt the service sends for this item (its prediction is a valid schema)."""
+    messages = stage2_on_prediction(item["text"], item["prediction"])
+    if messages is None:
+        raise ValueError(f"item {item['id']}: its prediction is no valid schema, so it gets no Stage-2 call")
+    return messages
 
 
 def expected_reward(item: dict[str, Any], output: str) -> float:
@@ -161,7 +166,7 @@ def run(
     seed: int = 0,
     sequential_binding: bool = False,
 ) -> dict[str, Any]:
-    from services.reward_api.process import RewardApiProcess
+    from trainer.serving.reward_api import reward_api_process
 
     record = run_record(quick)
     n = n_items or (8 if quick else 48)
@@ -172,11 +177,12 @@ def run(
     payloads = [{"model": model, "messages": messages_for(it), **sampling} for it in items]
 
     asyncio.run(ceiling(url, payloads))  # warm-up: prefix cache and first-request costs for every mode
-    env = bench_reward_api_env([url], model, max_tokens, max_in_flight, executor_timeout_s=1800, deadline_s=3600)
+    settings = bench_reward_api_settings([url], model, max_tokens, max_in_flight, executor_timeout_s=1800,
+                                         deadline_s=3600)  # fmt: skip
     ceil_s, ours_s, calls = [], [], []
     ceil_outs: list[str] = []
     last: dict[str, Any] = {}
-    with RewardApiProcess(env, workers=1) as api:
+    with reward_api_process(None, **settings) as api:
         ours(api.url, items[:2])  # warm-up of the service's client
         for _ in range(repeats):
             t, ceil_outs = asyncio.run(ceiling(url, payloads))

@@ -36,6 +36,7 @@ from trainer.phases.cli import ProfileOpt, bad_param
 from trainer.phases.cli import register as register_phases
 from trainer.phases.launch import PhaseRun, check_profile, run_phase
 from trainer.phases.registry import BUILD_PHASES, REWARD_KINDS, get_phase, sft_phase_for
+from trainer.serving.shutdown import exit_on_sigterm
 
 console = Console()
 
@@ -303,4 +304,5 @@ def demo_cmd(
 
 
 def main() -> None:
+    exit_on_sigterm()  # a SIGTERM (Slurm, Kubernetes) stops every server we started, as Ctrl-C does
     app()

@@ -6,10 +6,10 @@
   the cpu-smoke default is SmolLM2-135M-Instruct) and uses their exports as π1ˢ and π2ˢ.
 - B1 trains π1ˢ → π1ʳ-local and B2 trains π2ˢ → π2ʳ-local (reward_api without executor).
 - C1 trains π1ʳ-local → π1ʳ-pipe; the reward_api's executor serves the frozen π2ʳ-local.
-  Locally (no ``--c1-reward-url``) the loop starts a CpuExecutor on π2ʳ-local and a reward_api
+  Locally (no ``--c1-reward-url``) the loop starts a vLLM-CPU executor on π2ʳ-local and a reward_api
   pointed at it; on a cluster, pass the URL of a reward_api whose executor serves π2ʳ-local.
 - Before C2, π1ʳ-pipe precomputes the C2 schemas (``trainer.data.precompute.precompute_c2``), served by
-  a local CpuExecutor or ``--pi1-pipe-url``.
+  a local vLLM-CPU executor or ``--pi1-pipe-url``.
 - C2 trains π2ʳ-local → π2ʳ-pipe. Phase D scores sft / local / pipe end to end on the test split
   (each model served in turn, one vLLM server at a time) and applies the loop-2 rule.
 - ``--rft``: the RFT baseline beside RL (``trainer.rft``): π1ˢ and π2ˢ, each served locally,
@@ -19,9 +19,9 @@
   pipe policies (π2ʳ-pipe as the frozen executor) and Phase D compares pipe2 with pipe.
 
 GPU nodes (``--profile gpu``; ``--gpus`` or ``CUDA_VISIBLE_DEVICES``, else every GPU): phases are placed
-by :mod:`trainer.phases.gpus`: A1 beside A2 and B1 beside B2 on disjoint halves, the C1 executors of
+by :mod:`trainer.serving.gpus`: A1 beside A2 and B1 beside B2 on disjoint halves, the C1 executors of
 π2 on GPUs of their own beside the trainer (one GPU: a shared card, memory split), Phase-D settings
-side by side. Executors start through ``services.executor_vllm`` (GpuExecutor / CpuExecutor) only.
+side by side. Executors and reward APIs start through :mod:`trainer.serving` only.
 ``--until sft|local|c1|c2|eval`` stops after that part of the loop, so each documented command fits a
 time-limited job; the next command goes on from there.
 
@@ -37,18 +37,16 @@ command), checkpoint, exported model and metric, and is rewritten after every st
 External URLs are checked before use: ``--pi1-pipe-url`` must serve π1ʳ-pipe, and
 ``--c1-reward-url``'s executor must serve the π2 of this round (π2ʳ-local in loop 1, π2ʳ-pipe in
 loop 2), by folder (``/v1/models`` ``root``) or by the content hash in the served name
-(:mod:`trainer.phases.model_identity`). A mismatch stops the loop; the manifest's ``served:*``
+(:mod:`trainer.serving.identity`). A mismatch stops the loop; the manifest's ``served:*``
 entries record what was served.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime as dt
 import hashlib
 import json
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -57,25 +55,26 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.phases.gpus import ExecutorSlot, GpuPlan, Placement, waves
 from trainer.phases.launch import (
     CONFIG_DIR,
     PhaseResult,
     PhaseRun,
     Profile,
     read_result,
-    repo_first,
     run_phase,
 )
-from trainer.phases.model_identity import check_executor_url, check_reward_api_url, fingerprint
 from trainer.phases.registry import BUILD_PHASES, SFT_PHASES, get_phase, reward_of, sft_phase_for
+from trainer.serving.endpoint import Endpoint
+from trainer.serving.executors import replica_logs, serve_model
+from trainer.serving.gpus import ExecutorSlot, GpuPlan, Placement, waves
+from trainer.serving.identity import fingerprint
+from trainer.serving.reward_api import serve_reward_api
 
 MANIFEST = "loop_manifest.json"
 # content keys of reused results: C2's precomputed data and Phase D's scores (see precompute_key, eval_key)
 PRECOMPUTE_KEY = "precompute_key.json"
 EVAL_KEY = "eval_key.json"
 PHASE_INPUTS = "phase_inputs.json"
-SERVED_NAME = "policy"
 # The loop's parts, in order (``--until``): a run stops after the named part; a rerun goes on from there.
 # (The manifest keeps its keys ``done:<part>`` / ``time:<part>``; bench/gpu/loop_node.sh reads them.)
 PARTS = ("sft", "local", "c1", "c2", "eval")
@@ -108,7 +107,7 @@ class LoopConfig:
     rft: bool = False
     rft_k: int = 4
     rft_threshold: float = 0.5
-    # GPU ids of this node (the gpu profile): phases are placed by trainer/phases/gpus.py. Empty: CPU.
+    # GPU ids of this node (the gpu profile): phases are placed by trainer/serving/gpus.py. Empty: CPU.
     gpus: tuple[str, ...] = ()
     until: str | None = None
     reward_workers: int = 1
@@ -154,82 +153,6 @@ class Manifest:
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text(json.dumps(self.data, indent=2, ensure_ascii=False, default=str) + "\n")
             tmp.replace(self.path)
-
-
-# ---- local services (CPU / single machine) ------------------------------------------------------
-
-
-def make_executor(model_dir: str, log: Path, slot: ExecutorSlot | None = None, eager: bool = True) -> Any:
-    """An executor serving ``model_dir`` as ``SERVED_NAME``: on ``slot``'s GPU (eager unless ``eager`` is
-    False), else vLLM-CPU. Not started."""
-    from services.executor_vllm.cpu_launcher import CpuExecutor
-    from services.executor_vllm.gpu_launcher import GpuExecutor
-
-    if slot is None:
-        return CpuExecutor(model_dir, served_model_name=SERVED_NAME, log_path=log)
-    return GpuExecutor(
-        model_dir, slot.gpus, SERVED_NAME, gpu_memory_utilization=slot.memory, log_path=log, enforce_eager=eager
-    )
-
-
-@contextlib.contextmanager
-def local_executor(model_dir: str, log: Path, slot: ExecutorSlot | None = None, eager: bool = True) -> Iterator[str]:
-    """An executor serving ``model_dir`` as ``SERVED_NAME`` (on ``slot``'s GPU, else vLLM-CPU);
-    yields its URL, always stops it."""
-    with local_executors(model_dir, [log], [slot], eager) as url:
-        yield url
-
-
-def replica_logs(prefix: Path, n: int) -> list[Path]:
-    """One log per executor replica: ``<prefix>_<i>.log``."""
-    return [prefix.with_name(f"{prefix.name}_{i}.log") for i in range(n)]
-
-
-@contextlib.contextmanager
-def local_executors(
-    model_dir: str, logs: Sequence[Path], slots: Sequence[ExecutorSlot | None], eager: bool = True
-) -> Iterator[str]:
-    """One executor per slot (replicas of one model, each logged to its entry of ``logs``), started at once
-    (each on its own GPU); yields their URLs comma-separated for reward_api. All are stopped at the end,
-    also when one fails to start."""
-    executors = [make_executor(model_dir, log, slot, eager) for log, slot in zip(logs, slots, strict=True)]
-    try:
-        with ThreadPoolExecutor(max_workers=max(1, len(executors))) as pool:
-            started = [pool.submit(ex.start, 900) for ex in executors]
-            for f in started:
-                f.result()  # the first start error, after every start has ended
-        yield ",".join(ex.url for ex in executors)
-    finally:
-        for ex in executors:
-            ex.stop()
-
-
-def reward_api_env(
-    executor_url: str | None = None, max_tokens: int = 256, base: dict[str, str] | None = None
-) -> dict[str, str]:
-    """What the loop's reward_api gets on top of the environment: the repository first on ``PYTHONPATH``,
-    then whatever the caller's held (an air-gapped GPU node keeps its wheels there: dropping it lost
-    uvicorn), and the executor of the C1 reward."""
-    env = {"PYTHONPATH": repo_first((os.environ if base is None else base).get("PYTHONPATH", ""))}
-    if executor_url:
-        env.update(
-            REWARD_API_EXECUTOR_URLS=executor_url,
-            REWARD_API_EXECUTOR_MODEL=SERVED_NAME,
-            REWARD_API_MAX_TOKENS=str(max_tokens),
-        )
-    return env
-
-
-@contextlib.contextmanager
-def local_reward_api(
-    log: Path, executor_url: str | None = None, max_tokens: int = 256, workers: int = 1
-) -> Iterator[str]:
-    """``python -m services.reward_api`` on a free loopback port; yields its URL, always stops it."""
-    from services.reward_api.process import RewardApiProcess
-
-    env = reward_api_env(executor_url, max_tokens)
-    with RewardApiProcess(env, log_path=log, workers=workers) as api:
-        yield api.url
 
 
 # ---- the loop -------------------------------------------------------------------------------------
@@ -388,11 +311,11 @@ class Loop:
 
         slot = ExecutorSlot(placement.gpus[:1], 0.3) if placement else None
         key = str(out_dir.relative_to(self.out))
-        with local_executor(
-            model, self.out / "logs" / f"executor_preflight_{name}.log", slot, self.cfg.executor_eager
-        ) as url:
+        with serve_model(
+            model, self.out / "logs" / f"executor_preflight_{name}.log", slot, eager=self.cfg.executor_eager
+        ) as ep:
             rep = advantage_check(
-                self.cfg.golden, reward_of(name), url, SERVED_NAME, reward_url,
+                self.cfg.golden, reward_of(name), ep.url, ep.served_name, reward_url,
                 min_informative=float(self.cfg.preflight_min or 0.0), max_tokens=self.cfg.eval_max_tokens,
             )  # fmt: skip
         write_report(rep, out_dir / "preflight.json")
@@ -415,29 +338,23 @@ class Loop:
         replica per slot, on its GPU; ``(None,)`` is one vLLM-CPU executor).
 
         An external reward API whose executor must serve ``executor_model`` is checked first
-        (:func:`~trainer.phases.model_identity.check_reward_api_url`); the manifest records what it serves.
+        (:func:`~trainer.serving.identity.check_reward_api_url`); the manifest records what it serves.
         """
-        if external:
-            if executor_model is not None:
-                served = check_reward_api_url(
-                    external, executor_model, f"{tag} reward API", token=os.environ.get("REWARD_API_TOKEN")
-                )
-                self.manifest.set(f"served:{tag}", served.as_dict())
-            yield external
-            return
         logs = self.out / "logs"
-        workers = self.cfg.reward_workers
-        if executor_model is None:
-            with local_reward_api(logs / f"reward_api_{tag}.log", workers=workers) as url:
-                yield url
-            return
-        with (
-            local_executors(
-                executor_model, replica_logs(logs / f"executor_{tag}", len(slots)), slots, self.cfg.executor_eager
-            ) as ex_urls,
-            local_reward_api(logs / f"reward_api_{tag}.log", ex_urls, self.cfg.executor_max_tokens, workers) as url,
-        ):
-            yield url
+        with serve_reward_api(
+            logs / f"reward_api_{tag}.log",
+            executor_model=executor_model,
+            executor_logs=replica_logs(logs / f"executor_{tag}", len(slots)),
+            slots=slots,
+            external=external,
+            what=f"{tag} reward API",
+            eager=self.cfg.executor_eager,
+            max_tokens=self.cfg.executor_max_tokens,
+            workers=self.cfg.reward_workers,
+        ) as api:
+            if api.identity is not None:
+                self.manifest.set(f"served:{tag}", api.identity.as_dict())
+            yield api.url
 
     def phase_inputs(self, name: str, model: str, data_dir: Path) -> dict[str, Any]:
         """What a phase's result depends on: its start model's content and its data files."""
@@ -474,30 +391,18 @@ class Loop:
         if (data_dir / "c2" / "train.parquet").is_file() and _read_json(key_path) == key:
             return
         gen = GenerationConfig(max_tokens=self.cfg.eval_max_tokens)
-
-        @contextlib.contextmanager
-        def serve() -> Iterator[str]:
-            if self.cfg.pi1_pipe_url:
-                yield self.cfg.pi1_pipe_url
-            else:
-                slot = ExecutorSlot(self.plan.gpus[:1]) if self.plan else None
-                with local_executor(
-                    pi1_pipe, self.out / "logs" / f"executor_precompute_{tag}.log", slot, self.cfg.executor_eager
-                ) as url:
-                    yield url
-
-        with serve() as url:
-            model = SERVED_NAME
-            served: dict[str, Any] | None = None
-            if self.cfg.pi1_pipe_url:
-                checked = check_executor_url(url, pi1_pipe, f"precompute {tag} (π1ʳ-pipe)")
-                model, served = checked.served_name, checked.as_dict()
+        slot = ExecutorSlot(self.plan.gpus[:1]) if self.plan else None
+        log = self.out / "logs" / f"executor_precompute_{tag}.log"
+        external, what = self.cfg.pi1_pipe_url, f"precompute {tag} (π1ʳ-pipe)"
+        with serve_model(pi1_pipe, log, slot, external=external, what=what, eager=self.cfg.executor_eager) as ep:
+            served = ep.identity.as_dict() if ep.identity else None
+            if served is not None:
                 self.manifest.set(f"served:precompute_{tag}", served)
             rep = precompute_c2(
                 self.cfg.golden,
                 data_dir,
-                schema_predictor(GenerationClient(url, model, gen)),
-                model,
+                schema_predictor(GenerationClient(ep.url, ep.served_name, gen)),
+                ep.served_name,
                 on_invalid="gold",
                 limit=self.cfg.limit,
                 sample={"train": self.cfg.c2_train_prompts} if self.cfg.c2_train_prompts else None,
@@ -566,39 +471,15 @@ class Loop:
         self, name: str, pi1: str, pi2: str, examples: Sequence[Any], slot: ExecutorSlot | None = None
     ) -> list[dict[str, Any]]:
         """Stage 1 with π1 served alone, then Stage 2 with π2 on the predicted schemas (on ``slot``)."""
-        from shared import PROMPT_VERSION, build_stage1_messages, build_stage2_messages
-        from trainer.evaluation.generation import GenerationClient, GenerationConfig
-        from trainer.evaluation.inference import messages_hash
+        from trainer.evaluation.generation import GenerationConfig
+        from trainer.evaluation.two_stage import PromptStage, generate_quietly, run_two_stage
+
+        def serve(model: str, stage: PromptStage) -> contextlib.AbstractContextManager[Endpoint]:
+            log = self.out / "logs" / f"executor_eval_{name}_{'pi1' if stage == 'stage1' else 'pi2'}.log"
+            return serve_model(model, log, slot, eager=self.cfg.executor_eager)
 
         gen = GenerationConfig(max_tokens=self.cfg.eval_max_tokens)
-        logs = self.out / "logs"
-        s1 = [build_stage1_messages(ex.text) for ex in examples]
-        with local_executor(pi1, logs / f"executor_eval_{name}_pi1.log", slot, self.cfg.executor_eager) as url:
-            schemas = asyncio.run(GenerationClient(url, SERVED_NAME, gen).generate(s1))
-        s2: dict[int, list[dict[str, str]]] = {}
-        for i, (ex, text) in enumerate(zip(examples, schemas, strict=True)):
-            with contextlib.suppress(ValueError):
-                s2[i] = build_stage2_messages(ex.text, text)
-        order = sorted(s2)
-        tables: dict[int, str] = {}
-        if order:
-            with local_executor(pi2, logs / f"executor_eval_{name}_pi2.log", slot, self.cfg.executor_eager) as url:
-                outs = asyncio.run(GenerationClient(url, SERVED_NAME, gen).generate([s2[i] for i in order]))
-            tables = dict(zip(order, outs, strict=True))
-        return [
-            {
-                "id": ex.id,
-                "setting": name,
-                "schema_prediction": schemas[i],
-                "table_prediction": tables.get(i),
-                "stage1_messages_sha256": messages_hash(s1[i]),
-                "stage2_messages_sha256": messages_hash(s2[i]) if i in s2 else None,
-                "schema_model": pi1,
-                "table_model": pi2,
-                "prompt_version": PROMPT_VERSION,
-            }
-            for i, ex in enumerate(examples)
-        ]
+        return run_two_stage(name, pi1, pi2, examples, serve, gen, generate_quietly)
 
     def run(self) -> dict[str, Any]:
         """The whole loop, or up to ``until``'s part; a rerun goes on from the last finished part."""
@@ -650,10 +531,12 @@ class Loop:
             if phase_done(base / "sft") is None and not (base / "data" / phase / "train.parquet").is_file():
                 logs = self.out / "logs"
                 with (
-                    local_executor(start, logs / f"executor_rft_{reward}.log") as ex_url,
+                    serve_model(start, logs / f"executor_rft_{reward}.log") as ep,
                     self.reward_api(None, self.cfg.reward_url, f"rft_{reward}") as url,
                 ):
-                    rep = build_rft_data(self.cfg.golden, base, reward, ex_url, SERVED_NAME, url, gen, self.cfg.limit)
+                    rep = build_rft_data(
+                        self.cfg.golden, base, reward, ep.url, ep.served_name, url, gen, self.cfg.limit
+                    )
                 self.manifest.set(f"rft:{reward}", rep.as_dict() | {"policy": start})
             models[reward] = self.phase(phase, start, None, base / "sft", data_dir=base / "data")
         return models["schema"], models["table"]

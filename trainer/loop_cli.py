@@ -13,8 +13,8 @@ from rich.console import Console
 
 from trainer.loop import PARTS, Loop, LoopConfig
 from trainer.phases.cli import ProfileOpt, bad_param, default_model
-from trainer.phases.gpus import GpuPlanError, visible_gpus
 from trainer.phases.launch import check_profile
+from trainer.serving.gpus import GpuPlanError, visible_gpus
 
 console = Console()
 app = typer.Typer(help="The RL loop.", no_args_is_help=True)

@@ -4,9 +4,11 @@
     python3 -m bench.gpu.serve wait --ports 18201,18202
     python3 -m bench.gpu.serve stop --ports 18201,18202
 
-Each executor gets ``CUDA_VISIBLE_DEVICES=<its GPU>`` and port ``--port + i``; it runs in a session of
-its own (so it outlives the shell command that started it, as the device's runs need) and leaves
-``/tmp/stx-vllm-<port>.pid`` and ``.log`` behind; ``stop`` ends exactly those PIDs' process groups.
+Each executor gets ``CUDA_VISIBLE_DEVICES=<its GPU>`` and port ``--port + i``; it is built by
+:func:`trainer.serving.executors.executor_for` (the loop's executor) and launched detached: a session of
+its own, not ended with this command (it outlives the shell command that started it, as the device's
+runs need). It leaves ``/tmp/stx-vllm-<port>.pid`` and ``.log`` behind; ``stop`` ends exactly those
+PIDs' process groups.
 """
 
 from __future__ import annotations
@@ -14,26 +16,28 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
 
-from services.executor_vllm.gpu_launcher import GpuExecutor
+from services.executor_vllm.cpu_launcher import CpuExecutor
+from trainer.serving.executors import executor_for
+from trainer.serving.gpus import ExecutorSlot
 
 RUN_DIR = Path(os.environ.get("STX_VLLM_RUN_DIR", "/tmp"))
 
 
 def executor(
     model: str, name: str, gpu: str, port: int, mem: float, prefix_cache: bool = True, eager: bool = False
-) -> GpuExecutor:
-    """The executor's command and environment are GpuExecutor's (the loop's): bf16, seed 0, loopback,
-    NVLink multicast off, no flashinfer; this module only runs it detached and keeps its PID file."""
-    return GpuExecutor(
-        model, [gpu], name, port, mem, enforce_eager=eager, prefix_caching=prefix_cache,
-        log_path=RUN_DIR / f"stx-vllm-{port}.log",
+) -> CpuExecutor:
+    """The loop's GPU executor (bf16, seed 0, loopback, NVLink multicast off, no flashinfer), with a
+    compile cache of its own (executors that start together never race on one); this module only runs
+    it detached and keeps its PID file."""
+    return executor_for(
+        model, RUN_DIR / f"stx-vllm-{port}.log", ExecutorSlot((gpu,), mem), eager=eager, served_name=name,
+        port=port, prefix_caching=prefix_cache, extra_env={"VLLM_CACHE_ROOT": str(RUN_DIR / f"stx-vllm-cache-{port}")},
     )  # fmt: skip
 
 
@@ -50,15 +54,7 @@ def start(
     ports = []
     for gpu, p in assign(gpus, port):
         ex = executor(model, name, gpu, p, mem, prefix_cache, eager)
-        log = ex.log_path.open("ab")
-        proc = subprocess.Popen(
-            ex.command(),
-            # A compile cache of its own: executors that start together never race on one.
-            env={**ex.env(), "VLLM_CACHE_ROOT": str(RUN_DIR / f"stx-vllm-cache-{p}")},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        proc = ex.launch(die_with_parent=False, append_log=True)
         (RUN_DIR / f"stx-vllm-{p}.pid").write_text(str(proc.pid))
         print(f"vLLM {name} on GPU {gpu}: http://127.0.0.1:{p} (pid {proc.pid})", flush=True)
         ports.append(p)

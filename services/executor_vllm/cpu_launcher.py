@@ -15,13 +15,15 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
 import httpx
 import typer
+
+from services.child_process import spawn, stop_group
 
 DEFAULT_SERVED_NAME = "smollm2-135m-instruct"
 
@@ -80,6 +82,7 @@ class CpuExecutor:
         max_model_len: int = 4096,
         seed: int = 0,
         extra_args: Sequence[str] = (),
+        extra_env: Mapping[str, str] | None = None,
     ) -> None:
         self.model = str(model)
         self.served_model_name = served_model_name
@@ -89,6 +92,8 @@ class CpuExecutor:
         self.max_model_len = max_model_len
         self.seed = seed
         self.extra_args = list(extra_args)
+        # on top of env(): e.g. a compile cache of its own per server
+        self.extra_env = dict(extra_env or {})
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -129,16 +134,23 @@ class CpuExecutor:
         except OSError:
             return "(no log)"
 
-    def start(self, timeout: float = 600.0) -> Self:
+    def launch(self, die_with_parent: bool = True, append_log: bool = False) -> subprocess.Popen[bytes]:
+        """Start the server process without waiting for it (see :mod:`services.child_process`: a session
+        of its own, so stop() ends exactly its tree; with ``die_with_parent`` it also ends with the thread
+        that launched it). The log is rewritten unless ``append_log``."""
         if self.proc is not None:
             raise RuntimeError("executor already started")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("wb")
-        # A new session gives the server its own process group, so stop() ends exactly its tree.
-        self.proc = subprocess.Popen(
-            self.command(), env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        log.close()
+        with self.log_path.open("ab" if append_log else "wb") as log:
+            self.proc = spawn(
+                self.command(), env={**self.env(), **self.extra_env}, stdout=log, die_with_parent=die_with_parent
+            )
+        return self.proc
+
+    def wait_ready(self, timeout: float = 600.0) -> Self:
+        """Wait until ``/v1/models`` lists the model; stops the server if it does not in time."""
+        if self.proc is None:
+            raise RuntimeError("executor not launched")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -155,19 +167,16 @@ class CpuExecutor:
             f"vLLM did not list {self.served_model_name!r} within {timeout:.0f} s; log:\n{self.log_tail()}"
         )
 
+    def start(self, timeout: float = 600.0) -> Self:
+        """:meth:`launch`, then :meth:`wait_ready`."""
+        self.launch()
+        return self.wait_ready(timeout)
+
     def stop(self, grace: float = 30.0) -> None:
         """SIGTERM the server's process group, then SIGKILL after ``grace`` seconds."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        except ProcessLookupError:
-            pass
+        if proc is not None:
+            stop_group(proc, grace)
 
     def kill(self) -> None:
         """SIGKILL the whole server at once (fault tests)."""

@@ -68,8 +68,12 @@ class GpuExecutor(CpuExecutor):
         enforce_eager: bool = False,
         extra_args: Sequence[str] = (),
         prefix_caching: bool = True,
+        extra_env: Mapping[str, str] | None = None,
     ) -> None:
-        super().__init__(model, served_model_name, port, log_path=log_path, max_model_len=max_model_len, seed=seed)
+        super().__init__(
+            model, served_model_name, port, log_path=log_path, max_model_len=max_model_len, seed=seed,
+            extra_env=extra_env,
+        )  # fmt: skip
         self.gpus = [str(g) for g in gpus]
         if not self.gpus or len(set(self.gpus)) != len(self.gpus):
             raise ValueError(f"gpus: need distinct GPU ids, got {self.gpus}")

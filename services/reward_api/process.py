@@ -1,10 +1,10 @@
 """Run the reward service as a child process on 127.0.0.1: the demo, the training loop, the GRPO
-smoke, the benchmarks and the tests all start it this way (``python -m services.reward_api``)."""
+smoke, the benchmarks and the tests all start it this way (``python -m services.reward_api``), an
+owned child of :mod:`services.child_process` (a session of its own; it ends with its starter)."""
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,14 +13,18 @@ from types import TracebackType
 
 import httpx
 
+from services.child_process import spawn, stop_group
 from services.executor_vllm.cpu_launcher import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 class RewardApiProcess:
-    """``python -m services.reward_api`` with the given ``REWARD_API_*`` settings, in its own process
-    group so that ``stop()`` ends exactly its tree (uvicorn workers included)."""
+    """``python -m services.reward_api`` with the given environment (its settings), in its own process
+    group so that ``stop()`` ends exactly its tree (uvicorn workers included).
+
+    The service runs from ``cwd`` (this checkout unless told otherwise), first on ``PYTHONPATH``; the
+    inherited entries stay after it (an air-gapped GPU node keeps its wheels there)."""
 
     def __init__(
         self,
@@ -36,6 +40,8 @@ class RewardApiProcess:
         self.cwd = Path(cwd) if cwd else REPO
         self.workers = workers
         self.env = {**os.environ, **(env or {})}
+        inherited = self.env.get("PYTHONPATH", "")
+        self.env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.cwd), inherited) if p)
         self.log_path = Path(log_path) if log_path else Path(f"/tmp/stx-reward-api-{self.port}.log")
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -55,9 +61,7 @@ class RewardApiProcess:
         cmd += ["--workers", str(self.workers)]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                cmd, cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+            self.proc = spawn(cmd, env=self.env, stdout=log, cwd=self.cwd)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -83,14 +87,8 @@ class RewardApiProcess:
     def stop(self) -> None:
         """SIGTERM the process group, SIGKILL after 20 s."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        if proc is not None:
+            stop_group(proc, 20)
 
     def __enter__(self) -> RewardApiProcess:
         return self.start()

@@ -41,7 +41,9 @@ def test_plan_refuses_more_replicas_than_urls() -> None:
 
 
 def test_reward_api_env_lists_the_urls_and_turns_the_cache_off() -> None:
-    env = gs.reward_api_env(["http://127.0.0.1:1/", "http://127.0.0.1:2"], "m", 160, 256)
+    from trainer.serving.reward_api_env import reward_api_env
+
+    env = reward_api_env(**gs.reward_api_settings(["http://127.0.0.1:1/", "http://127.0.0.1:2"], "m", 160, 256))
     assert env["REWARD_API_EXECUTOR_URLS"] == "http://127.0.0.1:1,http://127.0.0.1:2"
     assert env["REWARD_API_CACHE_SIZE"] == "0"
     assert env["REWARD_API_MAX_TOKENS"] == "160" and env["REWARD_API_MAX_IN_FLIGHT"] == "256"
@@ -167,6 +169,7 @@ def test_vllm_command_serves_on_loopback_with_the_loops_flags() -> None:
     assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.3"
     assert "--no-enable-prefix-caching" in cmd and "--enforce-eager" in cmd
     assert ex.log_path == serve.RUN_DIR / "stx-vllm-18201.log"
+    assert ex.extra_env == {"VLLM_CACHE_ROOT": str(serve.RUN_DIR / "stx-vllm-cache-18201")}  # a cache of its own
     default = serve.executor("/m", "pi2", "0", 1, 0.3).command()
     assert "--no-enable-prefix-caching" not in default and "--enforce-eager" not in default
     assert cmd[:10] == GpuExecutor("/m", ["0"], "pi2", 18201, 0.3).command()[:10]
@@ -251,14 +254,14 @@ def test_load_spreads_over_two_real_reward_api_replicas() -> None:
     the load generator's clients reach both, and every item comes back scored."""
     import asyncio
 
-    from services.reward_api.process import RewardApiProcess
     from shared import gold_ndjson
     from tests.helpers.faulty_executor import FaultyExecutor
+    from trainer.serving.reward_api import reward_api_process
 
     items = gs.build_items(read_split(GOLDEN, "test"), 12)
     with FaultyExecutor("ok", content=gold_ndjson(items[0]["gold_table"])) as fx:
-        env = gs.reward_api_env([fx.url], "smollm2-135m-instruct", 16, 8)
-        with RewardApiProcess(env) as a, RewardApiProcess(env) as b:
+        settings = gs.reward_api_settings([fx.url], "smollm2-135m-instruct", 16, 8)
+        with reward_api_process(None, **settings) as a, reward_api_process(None, **settings) as b:
             seconds, latencies, failed = asyncio.run(gs._load([a.url, b.url], items, clients=4, batch=3))
             served = [gs.metric_sum(api.metrics_text(), "reward_api_items_total") for api in (a, b)]
     assert failed == 0 and len(latencies) == 4 and seconds > 0

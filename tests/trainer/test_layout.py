@@ -211,10 +211,89 @@ def test_nothing_outside_in_verl_imports_it() -> None:
 def test_the_checker_catches_a_forbidden_import(tmp_path: Path) -> None:
     """A table that forbids what the code does is reported with file and line."""
     text = DOC.read_text().replace(
-        "| `shared`, `trainer.data_source`, `trainer.phases.registry` |", "| `shared`, `trainer.data_source` |", 1
+        "| `shared`, `trainer.data_source`, `trainer.phases.registry`, `trainer.evaluation.two_stage` |",
+        "| `shared`, `trainer.data_source`, `trainer.evaluation.two_stage` |",
+        1,
     )
     assert text != DOC.read_text()
     bad = violations(layout_rows(text))
     assert any(b.startswith("trainer/data/datasets.py:") and "trainer.phases.registry" in b for b in bad), bad
     with pytest.raises(AssertionError, match="only `module` entries and VERL"):
         parse_may_import("`shared`, anything else")
+
+
+def test_evaluation_never_imports_verl() -> None:
+    for path in (TRAINER / "evaluation").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not any(n.split(".")[0] in ("verl", "ray", "vllm") for n in names), path
+
+
+# ---- one concept, one owner (issue 24) ----------------------------------------------------------
+
+SERVING = TRAINER / "serving"
+
+
+def python_files(*exclude: Path) -> list[Path]:
+    """trainer/ and bench/, but not ``exclude`` (files or folders)."""
+    files = [*TRAINER.rglob("*.py"), *(REPO / "bench").rglob("*.py")]
+    return [p for p in files if not any(p == e or e in p.parents for e in exclude)]
+
+
+def calls(tree: ast.AST, names: set[str]) -> list[ast.Call]:
+    def name(func: ast.expr) -> str:
+        return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and name(n.func) in names]
+
+
+def test_servers_are_built_only_in_the_serving_package() -> None:
+    """Executors and reward APIs are constructed in trainer/serving/ only (it owns GPU slots, model
+    identity, settings and the child processes); everyone else asks it for a URL."""
+    servers = {"CpuExecutor", "GpuExecutor", "RewardApiProcess"}
+    for path in python_files(SERVING):
+        found = calls(ast.parse(path.read_text()), servers)
+        assert not found, f"{path.relative_to(REPO)}:{found[0].lineno} starts a server outside trainer/serving/"
+
+
+def code_strings(tree: ast.AST) -> list[str]:
+    """The string constants of the code (docstrings are documentation, not code)."""
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
+    ]
+
+
+def test_reward_api_settings_are_never_spelled_by_hand() -> None:
+    """The reward API's environment comes from its typed settings (trainer/serving/reward_api_env.py).
+    Exempt: the reward client (it runs inside VERL's workers and imports only ``shared``), which reads
+    the token its service also reads and names MAX_TOKENS in its advice."""
+    from services.reward_api.settings import Settings
+
+    variables = {f"REWARD_API_{f.upper()}" for f in Settings.model_fields}
+    for path in python_files(SERVING, TRAINER / "in_verl" / "reward_client.py"):
+        named = {v for t in code_strings(ast.parse(path.read_text())) for v in variables if v in t}
+        assert not named, f"{path.relative_to(REPO)} spells {sorted(named)}; use trainer.serving.reward_api_env"
+
+
+def test_only_the_two_stage_runner_builds_stage2_prompts_on_predicted_schemas() -> None:
+    """Everywhere else a Stage-2 prompt is built on a gold schema (``<example>.schema_dict()``)."""
+    for path in python_files(TRAINER / "evaluation" / "two_stage.py"):
+        for call in calls(ast.parse(path.read_text()), {"build_stage2_messages"}):
+            schema = call.args[1] if len(call.args) > 1 else None
+            gold = (
+                isinstance(schema, ast.Call)
+                and isinstance(schema.func, ast.Attribute)
+                and schema.func.attr == "schema_dict"
+            )
+            assert gold, f"{path.relative_to(REPO)}:{call.lineno}: a Stage-2 prompt on a predicted schema"

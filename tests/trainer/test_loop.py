@@ -12,7 +12,9 @@ import pytest
 
 from trainer.loop import EVAL_KEY, MANIFEST, PRECOMPUTE_KEY, Loop, LoopConfig, phase_done, redecide
 from trainer.phases.launch import PhaseResult, PhaseRun
-from trainer.phases.model_identity import ServedModelMismatch, fingerprint, short
+from trainer.serving.endpoint import Endpoint
+from trainer.serving.identity import ServedModelMismatch, fingerprint, short
+from trainer.serving.reward_api import reward_api_process
 
 SAMPLE = Path(__file__).resolve().parents[2] / "trainer" / "data" / "sample"
 
@@ -50,13 +52,8 @@ def test_phase_done_requires_ok_and_export(tmp_path: Path) -> None:
 @contextlib.contextmanager
 def c1_reward_api(tmp_path: Path, pi2: Path) -> Iterator[str]:
     """A real reward API whose executor model name carries π2's content hash (issue 17.3)."""
-    from services.reward_api.process import RewardApiProcess
-
-    env = {
-        "REWARD_API_EXECUTOR_URLS": "http://127.0.0.1:9",
-        "REWARD_API_EXECUTOR_MODEL": f"pi2-{short(fingerprint(pi2))}",
-    }
-    with RewardApiProcess(env, log_path=tmp_path / "c1_api.log") as api:
+    executor = Endpoint("http://127.0.0.1:9", f"pi2-{short(fingerprint(pi2))}")
+    with reward_api_process(tmp_path / "c1_api.log", executors=[executor]) as api:
         yield api.url
 
 

@@ -7,7 +7,6 @@ what the loop asks for: each phase's GPUs, its overrides, and which phases overl
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from pathlib import Path
@@ -52,16 +51,16 @@ def config(out: Path, gpus: tuple[str, ...], until: str | None = None) -> LoopCo
 
 
 def test_four_gpus_run_pairs_side_by_side_on_disjoint_halves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainer import loop as loop_mod
-    from trainer.phases.model_identity import ServedModel
+    from trainer.serving import reward_api
+    from trainer.serving.identity import ServedModel
 
     checked: list[tuple[str, str]] = []
 
     def served_as_expected(url: str, expected: str, what: str, **_: object) -> ServedModel:
-        checked.append((url, expected))  # the identity check itself is tested in tests/trainer/phases
+        checked.append((url, expected))  # the identity check itself is tested in tests/trainer/serving
         return ServedModel(url, "pi2-x", None, "test", expected, "x")
 
-    monkeypatch.setattr(loop_mod, "check_reward_api_url", served_as_expected)
+    monkeypatch.setattr(reward_api, "check_reward_api_url", served_as_expected)
     out = tmp_path / "loop"
     runner = RecordingRunnerForTests()
     manifest = Loop(config(out, ("0", "1", "2", "3"), until="local"), runner=runner).run()
@@ -118,7 +117,7 @@ def test_loop_cli_names_bad_gpu_options(tmp_path: Path, monkeypatch: pytest.Monk
     from typer.testing import CliRunner
 
     from trainer.cli import app
-    from trainer.phases import gpus
+    from trainer.serving import gpus
 
     monkeypatch.setattr(gpus, "_nvidia_smi_count", lambda: 0)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -138,6 +137,7 @@ def test_preflight_stops_the_loop_before_a_phase_whose_groups_teach_nothing(
 
     from trainer import loop as loop_mod
     from trainer.phases import preflight
+    from trainer.serving.endpoint import Endpoint
 
     out = tmp_path / "loop"
     for p in ("a1", "a2"):
@@ -149,7 +149,8 @@ def test_preflight_stops_the_loop_before_a_phase_whose_groups_teach_nothing(
         return preflight.PreflightReport(reward, 32, 8, 1.0, 2, 0.0625, 0.9, 0.01, 0.25, False)
 
     monkeypatch.setattr(preflight, "advantage_check", fake_check)
-    monkeypatch.setattr(loop_mod, "local_executor", lambda *a, **k: contextlib.nullcontext("http://127.0.0.1:1"))
+    served = Endpoint("http://127.0.0.1:1", "policy")
+    monkeypatch.setattr(loop_mod, "serve_model", lambda *a, **k: contextlib.nullcontext(served))
     cfg = config(out, ("0",))
     cfg = LoopConfig(**{**cfg.__dict__, "preflight_min": 0.25})
     runner = RecordingRunnerForTests(0.01)
@@ -169,82 +170,6 @@ def test_preflight_stops_the_loop_before_a_phase_whose_groups_teach_nothing(
     assert "b1" not in runner.runs
     saved = json.loads((out / "b1" / "preflight.json").read_text())
     assert saved["informative_share"] == 1.0 and saved["headroom"] is False and saved["ok"] is False
-
-
-def test_reward_api_keeps_the_callers_pythonpath() -> None:
-    """On the air-gapped node the wheels live on PYTHONPATH (/tmp/site): the loop's reward_api lost them."""
-    from trainer.loop import SERVED_NAME, reward_api_env
-    from trainer.phases.launch import REPO_ROOT
-
-    env = reward_api_env(base={"PYTHONPATH": "/tmp/site"})
-    assert env == {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), "/tmp/site"])}
-    assert reward_api_env(base={})["PYTHONPATH"] == str(REPO_ROOT)
-    c1 = reward_api_env("http://127.0.0.1:1", 384, base={})
-    assert c1["REWARD_API_EXECUTOR_URLS"] == "http://127.0.0.1:1" and c1["REWARD_API_EXECUTOR_MODEL"] == SERVED_NAME
-    assert c1["REWARD_API_MAX_TOKENS"] == "384"
-
-
-class SlowStartExecutorForTests:
-    """Fault injection for the executors' start: each start takes ``seconds``; ``fail`` makes it raise."""
-
-    def __init__(self, log: Path, seconds: float, fail: bool, spans: dict[str, tuple[float, float]]) -> None:
-        self.log, self.seconds, self.fail, self.spans = log, seconds, fail, spans
-        self.url = f"http://127.0.0.1:{9000 + len(spans)}/{log.name}"
-        self.stopped = False
-
-    def start(self, timeout: float) -> SlowStartExecutorForTests:
-        t0 = time.monotonic()
-        time.sleep(self.seconds)
-        self.spans[self.log.name] = (t0, time.monotonic())
-        if self.fail:
-            raise RuntimeError(f"{self.log.name}: engine core initialisation failed")
-        return self
-
-    def stop(self) -> None:
-        self.stopped = True
-
-
-def test_executor_replicas_start_at_once_and_all_stop_when_one_fails(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from trainer import loop as loop_mod
-    from trainer.phases.gpus import ExecutorSlot
-
-    made: list[SlowStartExecutorForTests] = []
-    spans: dict[str, tuple[float, float]] = {}
-
-    def make(model: str, log: Path, slot: ExecutorSlot | None, eager: bool, fail_on: str = "") -> object:
-        made.append(SlowStartExecutorForTests(log, 0.3, log.name == fail_on, spans))
-        return made[-1]
-
-    monkeypatch.setattr(loop_mod, "make_executor", make)
-    slots = [ExecutorSlot(("2",)), ExecutorSlot(("3",))]
-    with loop_mod.local_executors("/m", loop_mod.replica_logs(tmp_path / "executor_c1", 2), slots) as urls:
-        assert urls.split(",") == [m.url for m in made] and not any(m.stopped for m in made)
-    (s0, e0), (s1, e1) = spans["executor_c1_0.log"], spans["executor_c1_1.log"]
-    assert s0 < e1 and s1 < e0  # started side by side, not one after the other
-    assert all(m.stopped for m in made)
-    made.clear()
-    monkeypatch.setattr(loop_mod, "make_executor", lambda *a: make(*a, fail_on="executor_c1_1.log"))
-    with (
-        pytest.raises(RuntimeError, match=r"executor_c1_1\.log: engine core"),
-        loop_mod.local_executors("/m", loop_mod.replica_logs(tmp_path / "executor_c1", 2), slots),
-    ):
-        pytest.fail("must not yield when a replica failed to start")
-    assert len(made) == 2 and all(m.stopped for m in made)  # the one that did start is stopped too
-
-
-def test_gpu_executors_are_eager_unless_asked_for_cuda_graphs(tmp_path: Path) -> None:
-    from trainer.loop import make_executor
-    from trainer.phases.gpus import ExecutorSlot
-
-    slot = ExecutorSlot(("1",), 0.3)
-    eager = make_executor("/m", tmp_path / "e.log", slot).command()
-    graphs = make_executor("/m", tmp_path / "e.log", slot, eager=False).command()
-    assert "--enforce-eager" in eager and "--enforce-eager" not in graphs
-    assert eager[eager.index("--gpu-memory-utilization") + 1] == "0.3"
-    cpu = make_executor("/m", tmp_path / "e.log", None)
-    assert type(cpu).__name__ == "CpuExecutor" and "--gpu-memory-utilization" not in cpu.command()
 
 
 def test_loop_cli_passes_the_c2_sample_and_executor_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeVar
 from shared import GoldenExample, build_stage2_messages, read_golden
 from trainer.data.datasets import RL_SCHEMA, rl_row, update_manifest, write_parquet
 from trainer.data.prompt_fit import Stage2Fit
+from trainer.evaluation.two_stage import stage2_on_prediction
 
 T = TypeVar("T")
 # A split's documents (and the split's name, for progress) → π1's schema texts, one per document, in order.
@@ -81,9 +82,8 @@ def precompute_c2(
         rows: list[dict[str, Any]] = []
         bad: list[str] = []
         for ex, schema_text in zip(examples, schemas, strict=True):
-            try:
-                prompt = build_stage2_messages(ex.text, schema_text)
-            except ValueError:
+            prompt = stage2_on_prediction(ex.text, schema_text)
+            if prompt is None:
                 bad.append(ex.id)
                 if on_invalid == "skip":
                     continue

@@ -14,12 +14,11 @@ On the bundled E2E sample (real public data, ``trainer/data/e2e_sample``), on CP
 7. report: ``metrics.json`` (settings.base, settings.sft), ``report.md`` and plots side by side,
    the targets, and ``demo_summary.json`` with every stage's time.
 
-Everything it starts (executors, reward_api, torchrun) is stopped, also on error or Ctrl-C.
+Everything it starts (executors, reward_api, torchrun) is stopped, also on error, Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import shutil
@@ -30,72 +29,22 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from services.reward_api.process import RewardApiProcess
-from shared import PROMPT_VERSION, GoldenExample, build_stage1_messages, build_stage2_messages, read_golden
+from shared import GoldenExample, read_golden
 from trainer.data.datasets import build_datasets
 from trainer.demo.debug_view import call_pipeline_debug, render_pipeline_debug
 from trainer.demo.settings import TARGETS, DemoSettings
 from trainer.demo.stages import StageClock, progress, run_with_step_bar
 from trainer.evaluation.generation import GenerationClient, GenerationConfig, Message
-from trainer.evaluation.inference import messages_hash
 from trainer.evaluation.phase_d import write_outputs
+from trainer.evaluation.two_stage import PromptStage, run_two_stage
 from trainer.phases.launch import PhaseResult, PhaseRun, read_result, run_phase
 from trainer.phases.registry import get_phase
+from trainer.serving.endpoint import Endpoint
+from trainer.serving.executors import serve_model
+from trainer.serving.reward_api import reward_api_process
 
-SERVED = "policy"
 STAGES = 7
 SUMMARY_KEYS = ("schema_valid", "schema_f1", "table_valid", "cell_accuracy", "aligned_cell_f1")
-
-
-@contextlib.contextmanager
-def _executor(model_dir: str, log: Path, console: Console, what: str) -> Iterator[str]:
-    from services.executor_vllm.cpu_launcher import CpuExecutor
-
-    ex = CpuExecutor(model_dir, served_model_name=SERVED, log_path=log, max_model_len=2048)
-    try:
-        with console.status(f"starting the vLLM-CPU executor for {what} (about 1 min; log {log})"):
-            ex.start(timeout=900)
-        yield ex.url
-    finally:
-        ex.stop()
-
-
-def _generate(
-    url: str, prompts: Sequence[Sequence[Message]], gen: GenerationConfig, console: Console, desc: str
-) -> list[str]:
-    client = GenerationClient(url, SERVED, gen)
-    with progress(console) as bar:
-        task = bar.add_task(desc, total=len(prompts))
-        return asyncio.run(client.generate(prompts, on_done=lambda: bar.advance(task)))
-
-
-def _stage2_prompts(examples: Sequence[GoldenExample], schemas: Sequence[str]) -> dict[int, list[Message]]:
-    """Stage-2 prompts on each *predicted* schema; an invalid schema gets none (scored 0, as in Phase D)."""
-    out: dict[int, list[Message]] = {}
-    for i, (ex, schema) in enumerate(zip(examples, schemas, strict=True)):
-        with contextlib.suppress(ValueError):
-            out[i] = build_stage2_messages(ex.text, schema)
-    return out
-
-
-def _records(
-    name: str, examples: Sequence[GoldenExample], schemas: Sequence[str], tables: dict[int, str], pi: tuple[str, str]
-) -> list[dict[str, Any]]:
-    s2 = _stage2_prompts(examples, schemas)
-    return [
-        {
-            "id": ex.id,
-            "setting": name,
-            "schema_prediction": schemas[i],
-            "table_prediction": tables.get(i),
-            "stage1_messages_sha256": messages_hash(build_stage1_messages(ex.text)),
-            "stage2_messages_sha256": messages_hash(s2[i]) if i in s2 else None,
-            "schema_model": pi[0],
-            "table_model": pi[1],
-            "prompt_version": PROMPT_VERSION,
-        }
-        for i, ex in enumerate(examples)
-    ]
 
 
 class Demo:
@@ -120,15 +69,16 @@ class Demo:
         return base, examples
 
     def phase_d_base(self, base: str, examples: Sequence[GoldenExample]) -> list[dict[str, Any]]:
-        with self.clock.stage("Phase D: base", "π1 = π2 = the base model"):
-            with _executor(base, self.logs / "executor_base.log", self.console, "base") as url:
-                s1 = [build_stage1_messages(ex.text) for ex in examples]
-                schemas = _generate(url, s1, self.gen, self.console, "base π1 schemas")
-                s2 = _stage2_prompts(examples, schemas)
-                order = sorted(s2)
-                outs = _generate(url, [s2[i] for i in order], self.gen, self.console, "base π2 tables") if order else []
-            self.console.print(f"{len(order)} of {len(examples)} base schemas were valid JSON (Stage 2 ran on those)")
-        return _records("base", examples, schemas, dict(zip(order, outs, strict=True)), (base, base))
+        with (
+            self.clock.stage("Phase D: base", "π1 = π2 = the base model"),
+            self._served(base, "executor_base.log", "base") as ep,
+        ):
+            # one executor for both stages: the runner's "URL for this model" is this one, twice
+            preds = run_two_stage("base", base, base, examples, lambda _m, _s: contextlib.nullcontext(ep),
+                                  self.gen, self._generate)  # fmt: skip
+            valid = sum(p["stage2_messages_sha256"] is not None for p in preds)
+            self.console.print(f"{valid} of {len(examples)} base schemas were valid JSON (Stage 2 ran on those)")
+        return preds
 
     def sft(self, phase: str, base: str) -> str:
         out = self.out / "runs" / phase
@@ -170,33 +120,56 @@ class Demo:
             return res.hf_dir
 
     def phase_d_sft(self, pi1: str, pi2: str, examples: Sequence[GoldenExample]) -> tuple[list[dict[str, Any]], Any]:
-        with (
-            self.clock.stage("Phase D: sft π1", "the A1 model writes the schemas"),
-            _executor(pi1, self.logs / "executor_sft_pi1.log", self.console, "π1 sft") as url,
-        ):
-            s1 = [build_stage1_messages(ex.text) for ex in examples]
-            schemas = _generate(url, s1, self.gen, self.console, "sft π1 schemas")
-        s2 = _stage2_prompts(examples, schemas)
-        order = sorted(s2)
-        with (
-            self.clock.stage("Phase D: sft π2 + /reward/pipeline", "the A2 model writes the tables"),
-            _executor(pi2, self.logs / "executor_sft_pi2.log", self.console, "π2 sft") as url,
-        ):
-            outs = _generate(url, [s2[i] for i in order], self.gen, self.console, "sft π2 tables") if order else []
-            debug = self._pipeline_debug(url, examples, schemas, order)
-        preds = _records("sft", examples, schemas, dict(zip(order, outs, strict=True)), (pi1, pi2))
+        with contextlib.ExitStack() as pi2_up:
+            # π2 stays served after Stage 2 (in its own stage) for one /reward/pipeline call with debug on
+            opened: list[Endpoint] = []
+
+            def serve_pi2() -> Endpoint:
+                if not opened:
+                    stage = self._stage_served(
+                        "Phase D: sft π2 + /reward/pipeline", "the A2 model writes the tables", pi2, "pi2"
+                    )
+                    opened.append(pi2_up.enter_context(stage))
+                return opened[0]
+
+            def serve(model: str, stage: PromptStage) -> contextlib.AbstractContextManager[Endpoint]:
+                if stage == "stage1":
+                    return self._stage_served("Phase D: sft π1", "the A1 model writes the schemas", model, "pi1")
+                return contextlib.nullcontext(serve_pi2())
+
+            preds = run_two_stage("sft", pi1, pi2, examples, serve, self.gen, self._generate)
+            schemas = [str(p["schema_prediction"]) for p in preds]
+            valid = [i for i, p in enumerate(preds) if p["stage2_messages_sha256"] is not None]
+            debug = self._pipeline_debug(serve_pi2(), examples, schemas, valid)
         return preds, debug
 
+    @contextlib.contextmanager
+    def _served(self, model: str, log_name: str, what: str) -> Iterator[Endpoint]:
+        """A vLLM-CPU executor of ``model`` while the block runs; a spinner while it starts."""
+        log = self.logs / log_name
+        with contextlib.ExitStack() as stack:
+            with self.console.status(f"starting the vLLM-CPU executor for {what} (about 1 min; log {log})"):
+                ep = stack.enter_context(serve_model(model, log, max_model_len=2048))
+            yield ep
+
+    @contextlib.contextmanager
+    def _stage_served(self, stage: str, note: str, model: str, pi: str) -> Iterator[Endpoint]:
+        """One timed demo stage during which ``model`` (π1 or π2 of the sft setting) is served alone."""
+        what = {"pi1": "π1 sft", "pi2": "π2 sft"}[pi]
+        with self.clock.stage(stage, note), self._served(model, f"executor_sft_{pi}.log", what) as ep:
+            yield ep
+
+    async def _generate(self, client: GenerationClient, prompts: Sequence[Sequence[Message]], desc: str) -> list[str]:
+        """One stage's generations with a progress bar."""
+        with progress(self.console) as bar:
+            task = bar.add_task(desc, total=len(prompts))
+            return await client.generate(prompts, on_done=lambda: bar.advance(task))
+
     def _pipeline_debug(
-        self, executor_url: str, examples: Sequence[GoldenExample], schemas: Sequence[str], valid: Sequence[int]
+        self, executor: Endpoint, examples: Sequence[GoldenExample], schemas: Sequence[str], valid: Sequence[int]
     ) -> dict[str, Any]:
         i = valid[0] if valid else 0
-        env = {
-            "REWARD_API_EXECUTOR_URLS": executor_url,
-            "REWARD_API_EXECUTOR_MODEL": SERVED,
-            "REWARD_API_MAX_TOKENS": str(self.s.max_tokens),
-        }
-        api_proc = RewardApiProcess(env, log_path=self.logs / "reward_api.log")
+        api_proc = reward_api_process(self.logs / "reward_api.log", executors=[executor], max_tokens=self.s.max_tokens)
         with self.console.status("starting reward_api"), api_proc as api:
             response = call_pipeline_debug(api.url, examples[i], schemas[i])
         self.console.rule("[bold]one /reward/pipeline call with debug on[/bold]")

@@ -11,11 +11,14 @@ retried (generation with temperature 0 and a seed is repeatable). A request that
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+from tqdm import tqdm
 
 Message = dict[str, str]
 
@@ -98,3 +101,15 @@ class GenerationClient:
         async with httpx.AsyncClient(timeout=httpx.Timeout(self.gen.timeout_s)) as client:
             calls = (self._choices(client, sem, p, n, self.gen.seed + i) for i, p in enumerate(prompts))
             return list(await asyncio.gather(*calls))
+
+
+def messages_hash(messages: Sequence[Message]) -> str:
+    """sha256 of the messages as canonical JSON: ties a prediction to the exact prompt."""
+    return hashlib.sha256(json.dumps(list(messages), sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+async def generate_with_progress(
+    client: GenerationClient, prompts: Sequence[Sequence[Message]], desc: str
+) -> list[str]:
+    with tqdm(total=len(prompts), desc=desc, unit="ex", leave=False) as bar:
+        return await client.generate(prompts, on_done=lambda: bar.update(1))

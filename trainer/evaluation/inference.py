@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
-
-from tqdm import tqdm
+from typing import Any
 
 from shared import PROMPT_VERSION, GoldenExample, build_stage1_messages, build_stage2_messages
-from trainer.evaluation.generation import GenerationClient, GenerationConfig, Message
+from trainer.evaluation.generation import (
+    GenerationClient,
+    GenerationConfig,
+    Message,
+    generate_with_progress,
+    messages_hash,
+)
+from trainer.evaluation.two_stage import PromptStage
 
-Stage = Literal["stage1", "stage2"]
-
-
-def messages_hash(messages: Sequence[Message]) -> str:
-    """sha256 of the messages as canonical JSON: ties a prediction to the exact prompt."""
-    return hashlib.sha256(json.dumps(list(messages), sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+Stage = PromptStage
 
 
 def stage_messages(stage: Stage, ex: GoldenExample) -> list[Message]:
@@ -27,13 +26,6 @@ def stage_messages(stage: Stage, ex: GoldenExample) -> list[Message]:
     if stage == "stage1":
         return build_stage1_messages(ex.text)
     return build_stage2_messages(ex.text, ex.schema_dict())
-
-
-async def generate_with_progress(
-    client: GenerationClient, prompts: Sequence[Sequence[Message]], desc: str
-) -> list[str]:
-    with tqdm(total=len(prompts), desc=desc, unit="ex", leave=False) as bar:
-        return await client.generate(prompts, on_done=lambda: bar.update(1))
 
 
 def infer(

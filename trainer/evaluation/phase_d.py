@@ -8,11 +8,11 @@ cannot gain by emitting nothing.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import statistics
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,16 +21,16 @@ from shared import (
     PROMPT_VERSION,
     AlignedMetrics,
     GoldenExample,
-    build_stage1_messages,
-    build_stage2_messages,
     compute_schema_reward_single,
     compute_table_reward_single,
 )
 from shared.golden import source_of
-from trainer.evaluation.generation import GenerationClient, GenerationConfig
-from trainer.evaluation.inference import generate_with_progress, messages_hash, read_jsonl, write_jsonl
+from trainer.evaluation.generation import GenerationConfig
+from trainer.evaluation.inference import read_jsonl, write_jsonl
 from trainer.evaluation.report import SCHEMA_METRICS, TABLE_METRICS, aligned_key, markdown_report, plot_metrics
 from trainer.evaluation.significance import intervals, paired_tests
+from trainer.evaluation.two_stage import PromptStage, run_two_stage
+from trainer.serving.endpoint import Endpoint
 
 # End-to-end, order-invariant aligned cell F1 (names normalised): the default table reward's number, so
 # training and report agree; the loop-2 rule and the paired tests read its macro mean over sources.
@@ -55,6 +55,11 @@ class Setting:
         if not sep or not name or len(parts) != 4 or not all(parts):
             raise ValueError(f"--setting {spec!r}: expected NAME=π1URL,π1MODEL,π2URL,π2MODEL")
         return cls(name, *parts)
+
+    def endpoint(self, model: str, stage: PromptStage) -> AbstractContextManager[Endpoint]:
+        """The runner's "URL for this model": the setting's own, by stage (π1 and π2 may share a name)."""
+        url = self.schema_url if stage == "stage1" else self.table_url
+        return nullcontext(Endpoint(url, model))
 
 
 def parse_named_path(spec: str) -> tuple[str, Path]:
@@ -145,34 +150,8 @@ def normalize_prediction_record(rec: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def run_pipeline(setting: Setting, examples: Sequence[GoldenExample], gen: GenerationConfig) -> list[dict[str, Any]]:
-    """Stage 1 with π1, then Stage 2 with π2 on each *predicted* schema (no call when it is invalid)."""
-    pi1 = GenerationClient(setting.schema_url, setting.schema_model, gen)
-    pi2 = GenerationClient(setting.table_url, setting.table_model, gen)
-    s1_prompts = [build_stage1_messages(ex.text) for ex in examples]
-    schemas = asyncio.run(generate_with_progress(pi1, s1_prompts, f"{setting.name} π1"))
-    s2_prompts: dict[int, list[dict[str, str]]] = {}
-    for i, (ex, schema_text) in enumerate(zip(examples, schemas, strict=True)):
-        try:
-            s2_prompts[i] = build_stage2_messages(ex.text, schema_text)
-        except ValueError:
-            continue
-    order = sorted(s2_prompts)
-    tables = asyncio.run(generate_with_progress(pi2, [s2_prompts[i] for i in order], f"{setting.name} π2"))
-    table_by_index = dict(zip(order, tables, strict=True))
-    return [
-        {
-            "id": ex.id,
-            "setting": setting.name,
-            "schema_prediction": schemas[i],
-            "table_prediction": table_by_index.get(i),
-            "stage1_messages_sha256": messages_hash(s1_prompts[i]),
-            "stage2_messages_sha256": messages_hash(s2_prompts[i]) if i in s2_prompts else None,
-            "schema_model": setting.schema_model,
-            "table_model": setting.table_model,
-            "prompt_version": PROMPT_VERSION,
-        }
-        for i, ex in enumerate(examples)
-    ]
+    """Stage 1 with π1, then Stage 2 with π2 on each *predicted* schema, both at the setting's URLs."""
+    return run_two_stage(setting.name, setting.schema_model, setting.table_model, examples, setting.endpoint, gen)
 
 
 # ---- decision and report ----------------------------------------------------------------------

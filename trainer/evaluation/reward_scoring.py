@@ -18,7 +18,7 @@ import httpx
 from shared import GoldenExample, build_stage1_messages, build_stage2_messages, canonical_schema_json, gold_ndjson
 from trainer.phases.registry import RewardKind, reward_prompt
 
-# Items per POST: well under reward_api's per-request item limit (REWARD_API_MAX_ITEMS, 4,096 by default).
+# Items per POST: well under reward_api's per-request item limit (its max_items setting, 4,096 by default).
 # A preflight of 200 prompts x 3 sources x 17 samples is 10,200 items: sent whole, it was a 413 on the GPU
 # node (issue 23's first A/B lease) and the sweep wrote no report.
 SCORE_BATCH = 1024

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from services.child_process import spawn
 from trainer.phases.registry import Phase
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -182,9 +183,8 @@ def launch(run: PhaseRun, log_path: Path | None = None, timeout_s: float | None 
     with log_path.open("ab") as log:
         log.write(f"\n# {dt.datetime.now(dt.UTC).isoformat()} {shlex.join(cmd)}\n".encode())
         log.flush()
-        proc = subprocess.Popen(
-            cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        # an owned child (services/child_process.py): its own session, ended with this thread or on SIGTERM
+        proc = spawn(cmd, env=env, stdout=log, cwd=REPO_ROOT)
         try:
             return proc.wait(timeout=timeout_s)
         except BaseException:

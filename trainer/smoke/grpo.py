@@ -42,6 +42,9 @@ import typer
 from services.reward_api.process import RewardApiProcess
 from trainer.phases.launch import REPO_ROOT, PhaseRun, run_phase
 from trainer.phases.registry import get_phase
+from trainer.serving.executors import serve_model
+from trainer.serving.reward_api import reward_api_process
+from trainer.serving.shutdown import exit_on_sigterm
 
 SAMPLE_DIR = REPO_ROOT / "trainer" / "data" / "sample"
 # Reward parts our reward function returns for data_source "pipeline" (trainer.in_verl.reward_client.SCORE_KEYS).
@@ -211,7 +214,6 @@ class Checks:
 def smoke(
     out: Path, steps: int, sft_steps: int, response_len: int, executor_max_tokens: int, kill_reward_api: bool = False
 ) -> int:
-    from services.executor_vllm.cpu_launcher import CpuExecutor
     from services.executor_vllm.default_model import convert
     from trainer.data.datasets import build_datasets
     from trainer.phases.export import check_hf_dir, export_checkpoint
@@ -254,45 +256,34 @@ def smoke(
                 return finish(out, checks, summary, mem)
             policy = sft_res.hf_dir
         t_services = time.monotonic()
-        executor = CpuExecutor(model_dir, log_path=out / "executor.log", max_model_len=2048).start(timeout=900)
-        try:
-            api = RewardApiProcess(
-                {
-                    "REWARD_API_EXECUTOR_URLS": executor.url,
-                    "REWARD_API_EXECUTOR_MODEL": executor.served_model_name,
-                    "REWARD_API_MAX_TOKENS": str(executor_max_tokens),
-                },
-                log_path=out / "reward_api.log",
-            ).start()
-            try:
-                summary["services_ready_s"] = round(time.monotonic() - t_services, 1)
-                run = PhaseRun(
-                    phase=get_phase("c1"),
-                    profile="cpu-smoke",
-                    data_dir=data_dir,
-                    out_dir=out / "c1",
-                    model_path=policy,
-                    reward_url=api.url,
-                    overrides=(
-                        f"trainer.total_training_steps={steps + 1 if kill_reward_api else steps}",
-                        f"data.max_response_length={response_len}",
-                    ),
-                )
-                t1 = time.monotonic()
-                state_path = run.out_dir / "checkpoints" / "early_stopping.json"
-                state_path.unlink(missing_ok=True)
-                killer = RewardApiKiller(api, state_path, after_step=steps)
-                if kill_reward_api:
-                    with killer:
-                        res = run_phase(run, timeout_s=3600)
-                else:
+        with (
+            serve_model(model_dir, out / "executor.log", max_model_len=2048) as executor,
+            reward_api_process(out / "reward_api.log", executors=[executor], max_tokens=executor_max_tokens) as api,
+        ):
+            summary["services_ready_s"] = round(time.monotonic() - t_services, 1)
+            run = PhaseRun(
+                phase=get_phase("c1"),
+                profile="cpu-smoke",
+                data_dir=data_dir,
+                out_dir=out / "c1",
+                model_path=policy,
+                reward_url=api.url,
+                overrides=(
+                    f"trainer.total_training_steps={steps + 1 if kill_reward_api else steps}",
+                    f"data.max_response_length={response_len}",
+                ),
+            )
+            t1 = time.monotonic()
+            state_path = run.out_dir / "checkpoints" / "early_stopping.json"
+            state_path.unlink(missing_ok=True)
+            killer = RewardApiKiller(api, state_path, after_step=steps)
+            if kill_reward_api:
+                with killer:
                     res = run_phase(run, timeout_s=3600)
-                summary["phase_s"] = round(time.monotonic() - t1, 1)
-                metrics_text = killer.metrics_text if killer.killed_at else api.metrics_text()
-            finally:
-                api.stop()
-        finally:
-            executor.stop()
+            else:
+                res = run_phase(run, timeout_s=3600)
+            summary["phase_s"] = round(time.monotonic() - t1, 1)
+            metrics_text = killer.metrics_text if killer.killed_at else api.metrics_text()
     summary.update(total_s=round(time.monotonic() - t0, 1), result=res.__dict__)
     logged = read_metrics(run.out_dir / "metrics.jsonl")
     if kill_reward_api:
@@ -431,4 +422,5 @@ def main(
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     typer.run(main)

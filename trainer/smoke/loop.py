@@ -22,6 +22,7 @@ from typing import Any
 import typer
 
 from trainer.phases.registry import PHASES
+from trainer.serving.shutdown import exit_on_sigterm
 from trainer.smoke.grpo import SAMPLE_DIR, Checks, MemorySampler, finish
 
 PHASE_DIRS = tuple(PHASES)
@@ -110,4 +111,5 @@ def main(
     raise typer.Exit(finish(out, checks, summary, mem, "smoke_loop_result.json", (report,)))
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     typer.run(main)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.phases import gpus as g
-from trainer.phases.gpus import ExecutorSlot, GpuPlan, GpuPlanError, Placement, visible_gpus, waves
+from trainer.serving import gpus as g
+from trainer.serving.gpus import ExecutorSlot, GpuPlan, GpuPlanError, Placement, visible_gpus, waves
 
 
 def ids(n: int) -> tuple[str, ...]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.phases.model_identity import (
+from trainer.serving.identity import (
     ServedModelMismatch,
     check_executor_url,
     check_reward_api_url,

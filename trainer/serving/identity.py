@@ -21,6 +21,8 @@ from typing import Any
 
 import httpx
 
+from trainer.serving.reward_api_env import env_name
+
 SHORT = 12
 _CHUNK = 1 << 20
 
@@ -141,5 +143,5 @@ def check_reward_api_url(
     raise ServedModelMismatch(
         f"{what}: the reward API at {url} sends its executor calls to model {name!r}, but this step expects "
         f"{expected_model} (fingerprint {short(fp)}). Serve that folder with "
-        f"`--served-model-name <name>-{short(fp)}` and set REWARD_API_EXECUTOR_MODEL to that name."
+        f"`--served-model-name <name>-{short(fp)}` and set {env_name('executor_model')} to that name."
     )

@@ -1,0 +1,98 @@
+"""The two-stage pipeline, run in one place: Stage 1 (document → schema) with π1, then Stage 2
+(document + the *predicted* schema → table) with π2, as Phase D scores it.
+
+``trainer evaluate pipeline``, the loop's Phase D and the demo all call :func:`run_two_stage`, and
+:func:`stage2_on_prediction` is the only trainer code that builds a Stage-2 prompt from a predicted
+schema (C2's precompute uses it too). A predicted schema that is no valid schema gets no Stage-2 call:
+its table scores 0.
+
+Where a model runs is the caller's business. ``serve(model, stage)`` is "give me a URL for this model":
+a context manager that yields an :class:`~trainer.serving.endpoint.Endpoint` while the model is served
+(an external URL, an executor started for that stage, or one the caller keeps up across both stages).
+π1's is closed before π2's is opened, so one server at a time is enough, and π2 is not served at all
+when no schema was valid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Literal, Protocol
+
+from shared import PROMPT_VERSION, GoldenExample, build_stage1_messages, build_stage2_messages
+from trainer.evaluation.generation import (
+    GenerationClient,
+    GenerationConfig,
+    Message,
+    generate_with_progress,
+    messages_hash,
+)
+from trainer.serving.endpoint import Endpoint
+
+PromptStage = Literal["stage1", "stage2"]
+
+
+class ServeModel(Protocol):
+    """Give me a URL for this model (for this prompt stage), valid while the context is open."""
+
+    def __call__(self, model: str, stage: PromptStage) -> AbstractContextManager[Endpoint]: ...
+
+
+# How one stage's prompts are sent: (client, prompts, progress label) → outputs in order.
+Generate = Callable[[GenerationClient, Sequence[Sequence[Message]], str], Coroutine[Any, Any, list[str]]]
+
+
+async def generate_quietly(client: GenerationClient, prompts: Sequence[Sequence[Message]], _desc: str) -> list[str]:
+    """No progress bar (the loop's Phase-D settings run side by side, where bars would interleave)."""
+    return await client.generate(prompts)
+
+
+def stage2_on_prediction(text: str, predicted_schema: str) -> list[Message] | None:
+    """The Stage-2 prompt on π1's predicted schema, or None when that is no valid schema."""
+    try:
+        return build_stage2_messages(text, predicted_schema)
+    except ValueError:
+        return None
+
+
+def run_two_stage(
+    setting: str,
+    pi1: str,
+    pi2: str,
+    examples: Sequence[GoldenExample],
+    serve: ServeModel,
+    gen: GenerationConfig,
+    generate: Generate = generate_with_progress,
+) -> list[dict[str, Any]]:
+    """One Phase-D setting: π1's schemas, then π2's tables on the valid ones; one record per example
+    (``schema_prediction``, ``table_prediction`` or None, the prompts' hashes, the models)."""
+    s1 = [build_stage1_messages(ex.text) for ex in examples]
+    with serve(pi1, "stage1") as ep:
+        schemas = asyncio.run(generate(GenerationClient(ep.url, ep.served_name, gen), s1, f"{setting} π1 schemas"))
+    s2 = {
+        i: prompt
+        for i, (ex, schema) in enumerate(zip(examples, schemas, strict=True))
+        if (prompt := stage2_on_prediction(ex.text, schema)) is not None
+    }
+    order = sorted(s2)
+    tables: dict[int, str] = {}
+    if order:
+        with serve(pi2, "stage2") as ep:
+            client = GenerationClient(ep.url, ep.served_name, gen)
+            outs = asyncio.run(generate(client, [s2[i] for i in order], f"{setting} π2 tables"))
+        tables = dict(zip(order, outs, strict=True))
+    return [
+        {
+            "id": ex.id,
+            "setting": setting,
+            "schema_prediction": schemas[i],
+            "table_prediction": tables.get(i),
+            "stage1_messages_sha256": messages_hash(s1[i]),
+            "stage2_messages_sha256": messages_hash(s2[i]) if i in s2 else None,
+            "schema_model": pi1,
+            "table_model": pi2,
+            "prompt_version": PROMPT_VERSION,
+        }
+        for i, ex in enumerate(examples)
+    ]
