@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 from trainer.loop import EVAL_KEY, MANIFEST, PRECOMPUTE_KEY, Loop, LoopConfig, phase_done, redecide
+from trainer.loop.manifest import eval_key, phase_inputs, precompute_key
+from trainer.loop.phase_d_step import evaluate_phase_d
+from trainer.loop.workspace import Workspace
 from trainer.phases.launch import PhaseResult, PhaseRun
 from trainer.serving.endpoint import Endpoint
 from trainer.serving.identity import ServedModelMismatch, fingerprint, short
@@ -86,7 +89,7 @@ def test_loop_resumes_and_records_manifest(tmp_path: Path) -> None:
     recorded(out / "c1", "c1", out / "c1" / "hf")
     (out / "data" / "c2").mkdir(parents=True)
     (out / "data" / "c2" / "train.parquet").write_bytes(b"")  # precompute output recorded, with its key
-    (out / "data" / "c2" / PRECOMPUTE_KEY).write_text(json.dumps(Loop(cfg).precompute_key(str(out / "c1" / "hf"))))
+    (out / "data" / "c2" / PRECOMPUTE_KEY).write_text(json.dumps(precompute_key(cfg, str(out / "c1" / "hf"))))
     runner2 = FaultyPhaseRunner()
     with c1_reward_api(tmp_path, out / "b2" / "hf") as c1_url2, pytest.raises(RuntimeError, match="phase c2 failed"):
         Loop(dataclasses.replace(cfg, c1_reward_url=c1_url2), runner=runner2).run()
@@ -185,16 +188,16 @@ def test_precompute_and_phase_d_are_reused_only_for_the_same_content(tmp_path: P
     pi1 = tmp_path / "c1_hf"
     pi1.mkdir()
     (pi1 / "model.safetensors").write_bytes(b"v1")
-    loop = Loop(LoopConfig(golden=golden, out=out, profile="cpu-smoke", pi1_sft="/a", pi2_sft="/b"))
-    key = loop.precompute_key(str(pi1))
+    cfg = LoopConfig(golden=golden, out=out, profile="cpu-smoke", pi1_sft="/a", pi2_sft="/b")
+    key = precompute_key(cfg, str(pi1))
     (pi1 / "model.safetensors").write_bytes(b"v2")  # C1 ran again
-    assert loop.precompute_key(str(pi1)) != key
+    assert precompute_key(cfg, str(pi1)) != key
     settings = {"pipe": (str(pi1), "/b")}
-    ekey = loop.eval_key(settings)
-    assert loop.eval_key(settings) == ekey
+    ekey = eval_key(cfg, settings)
+    assert eval_key(cfg, settings) == ekey
     with (golden / "common_test_schemas.jsonl").open("a") as fh:
         fh.write("\n")
-    assert loop.eval_key(settings) != ekey
+    assert eval_key(cfg, settings) != ekey
 
     # a recorded Phase D with a stale key is not reused: evaluation runs again (here: serving π1 fails)
     ev = out / "eval_loop1"
@@ -203,13 +206,12 @@ def test_precompute_and_phase_d_are_reused_only_for_the_same_content(tmp_path: P
     (ev / EVAL_KEY).write_text(json.dumps(ekey))
     calls: list[str] = []
 
-    def staged(name: str, *_a: object, **_k: object) -> list[dict[str, object]]:
+    def staged(_ws: object, name: str, *_a: object, **_k: object) -> list[dict[str, object]]:
         calls.append(name)
         raise RuntimeError("re-evaluated")
 
-    loop.staged_pipeline = staged  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match="re-evaluated"):
-        loop.evaluate(settings, "loop1", ("pipe", "pipe"))
+        evaluate_phase_d(Workspace.open(cfg), settings, "loop1", ("pipe", "pipe"), pipeline=staged)
     assert calls == ["pipe"]
 
 
@@ -223,7 +225,7 @@ def test_a_phase_result_from_other_inputs_is_not_reused(tmp_path: Path) -> None:
     (loop.data / "c2").mkdir(parents=True)
     (loop.data / "c2" / "train.parquet").write_bytes(b"schemas of the first pi1-pipe")
     recorded(out / "c2", "c2", out / "c2" / "hf")
-    (out / "c2" / PHASE_INPUTS).write_text(json.dumps(loop.phase_inputs("c2", "/b2", loop.data)))
+    (out / "c2" / PHASE_INPUTS).write_text(json.dumps(phase_inputs("c2", "/b2", loop.data)))
     assert loop.phase("c2", "/b2", "http://127.0.0.1:9", out / "c2") == str(out / "c2" / "hf")  # same inputs: reused
     (loop.data / "c2" / "train.parquet").write_bytes(b"schemas of a new pi1-pipe")
     with pytest.raises(StaleResultError, match=r"phase c2: its recorded result was trained from other inputs"):

@@ -15,6 +15,7 @@ import pytest
 
 from tests.trainer.test_loop import SAMPLE, recorded
 from trainer.loop import MANIFEST, PRECOMPUTE_KEY, Loop, LoopConfig
+from trainer.loop.manifest import precompute_key
 from trainer.phases.launch import PhaseResult, PhaseRun
 
 
@@ -83,7 +84,7 @@ def test_four_gpus_run_pairs_side_by_side_on_disjoint_halves(tmp_path: Path, mon
     # ... then (the precompute recorded with its content key) C2 on the whole node
     (out / "data" / "c2").mkdir(parents=True)
     (out / "data" / "c2" / "train.parquet").write_bytes(b"")
-    key = Loop(cfg_c1).precompute_key(str(out / "c1" / "hf"))
+    key = precompute_key(cfg_c1, str(out / "c1" / "hf"))
     (out / "data" / "c2" / PRECOMPUTE_KEY).write_text(json.dumps(key))
     runner3 = RecordingRunnerForTests(0.01)
     manifest = Loop(config(out, ("0", "1", "2", "3"), until="c2"), runner=runner3).run()
@@ -135,7 +136,7 @@ def test_preflight_stops_the_loop_before_a_phase_whose_groups_teach_nothing(
 ) -> None:
     import contextlib
 
-    from trainer import loop as loop_mod
+    from trainer.loop import phase_step
     from trainer.phases import preflight
     from trainer.serving.endpoint import Endpoint
 
@@ -150,7 +151,7 @@ def test_preflight_stops_the_loop_before_a_phase_whose_groups_teach_nothing(
 
     monkeypatch.setattr(preflight, "advantage_check", fake_check)
     served = Endpoint("http://127.0.0.1:1", "policy")
-    monkeypatch.setattr(loop_mod, "serve_model", lambda *a, **k: contextlib.nullcontext(served))
+    monkeypatch.setattr(phase_step, "serve_model", lambda *a, **k: contextlib.nullcontext(served))
     cfg = config(out, ("0",))
     cfg = LoopConfig(**{**cfg.__dict__, "preflight_min": 0.25})
     runner = RecordingRunnerForTests(0.01)

@@ -1,0 +1,166 @@
+"""The loop's settings, declared once: :class:`LoopConfig`'s fields with their help text are the options of
+``python -m trainer loop`` (``trainer/loop_cli.py`` builds them from here) and the manifest records the
+config whole (``manifest.py``).
+
+A field's metadata (:func:`cli_meta`, as TRL's ``field(metadata={"help": ...})``): ``help`` (the option's
+help), and where the option differs from the field: ``option`` (the parameter name, so the flag is
+``--option-name``), ``cli_type`` / ``cli_default`` (what the command line gives; the command turns it into
+the field's value), ``typer`` (Typer's checks: ``min``, ``max``, ``exists`` ...). ``cli=False`` marks the
+one field that is not an option (the trailing Hydra overrides).
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainer.phases.launch import PROFILES, Profile
+
+# The loop's parts, in order (``--until``): a run stops after the named part; a rerun goes on from there.
+# (The manifest keeps its keys ``done:<part>`` / ``time:<part>``; bench/gpu/loop_node.sh reads them.)
+PARTS = ("sft", "local", "c1", "c2", "eval")
+
+
+def cli_meta(
+    *,
+    help: str,
+    option: str | None = None,
+    cli_type: Any = None,
+    cli_default: Any = MISSING,
+    cli: bool = True,
+    **typer: Any,
+) -> dict[str, Any]:
+    """A :class:`LoopConfig` field's metadata: its help text and how it appears on the command line."""
+    return {
+        "help": help,
+        "option": option,
+        "cli_type": cli_type,
+        "cli_default": cli_default,
+        "cli": cli,
+        "typer": typer,
+    }
+
+
+@dataclass
+class LoopConfig:
+    golden: Path = field(
+        metadata=cli_meta(help="Golden folder (common_{split}_schemas.jsonl).", exists=True, file_okay=False)
+    )
+    out: Path = field(default=Path("runs/loop"), metadata=cli_meta(help="Loop folder (resumable)."))
+    profile: Profile = field(
+        default="gpu", metadata=cli_meta(help=f"One of {list(PROFILES)} (cpu-smoke loads the CPU shim).", cli_type=str)
+    )
+    pi1_sft: str | None = field(
+        default=None, metadata=cli_meta(help="π1ˢ (an A1 output). Default: run A1 from --base-model.")
+    )
+    pi2_sft: str | None = field(
+        default=None, metadata=cli_meta(help="π2ˢ (an A2 output). Default: run A2 from --base-model.")
+    )
+    base_model: str | None = field(
+        default=None,
+        metadata=cli_meta(
+            help="Start model of A1/A2 when no SFT checkpoint is given. cpu-smoke default: SmolLM2-135M-Instruct."
+        ),
+    )
+    sft_overrides: tuple[str, ...] = field(
+        default=(),
+        metadata=cli_meta(
+            help="Hydra override for A1/A2 (repeatable); the trailing overrides go to RL phases.",
+            option="sft_override",
+            cli_type=list[str],
+            cli_default=[],
+        ),
+    )
+    reward_url: str | None = field(
+        default=None, metadata=cli_meta(help="Reward API for B1/B2/C2 (default: start one locally).")
+    )
+    c1_reward_url: str | None = field(
+        default=None, metadata=cli_meta(help="Reward API whose executor serves π2ʳ-local (cluster).")
+    )
+    pi1_pipe_url: str | None = field(
+        default=None, metadata=cli_meta(help="Executor serving π1ʳ-pipe for C2 precompute (cluster).")
+    )
+    limit: int | None = field(default=None, metadata=cli_meta(help="First N examples per split (data).", min=1))
+    eval_limit: int | None = field(default=None, metadata=cli_meta(help="First N test examples in Phase D.", min=1))
+    loops: int = field(
+        default=1, metadata=cli_meta(help="2: run C1→C2 again if loop 1 gained ≥ --min-gain.", min=1, max=2)
+    )
+    min_gain: float = field(
+        default=1.0, metadata=cli_meta(help="Loop-2 rule: stop when the end-to-end gain is below this (points).")
+    )
+    # = trainer.evaluation.phase_d.DEFAULT_DECISION_METRIC (not imported: the config stays light)
+    decision_metric: str = field(
+        default="aligned_cell_f1",
+        metadata=cli_meta(help="Loop-2 rule: the macro metric whose gain decides (as `evaluate pipeline`)."),
+    )
+    overrides: tuple[str, ...] = field(
+        default=(), metadata=cli_meta(help="Hydra overrides of every RL phase (after the options).", cli=False)
+    )
+    executor_max_tokens: int = field(
+        default=256,
+        metadata=cli_meta(help="Max new tokens of the reward API's executor (C1's Stage 2 with the frozen π2).", min=1),
+    )
+    eval_max_tokens: int = field(
+        default=256,
+        metadata=cli_meta(
+            help="Max new tokens of the loop's own generation: Phase D, C2 precompute, preflight, RFT.", min=1
+        ),
+    )
+    rft: bool = field(
+        default=False, metadata=cli_meta(help="Also train the RFT baseline from π1ˢ/π2ˢ and add it to Phase D.")
+    )
+    rft_k: int = field(default=4, metadata=cli_meta(help="RFT: samples per prompt.", min=1))
+    rft_threshold: float = field(
+        default=0.5, metadata=cli_meta(help="RFT: keep the best sample if reward ≥ this.", min=-1.0, max=1.0)
+    )
+    # GPU ids of this node (the gpu profile): phases are placed by trainer/serving/gpus.py. Empty: CPU.
+    gpus: tuple[str, ...] = field(
+        default=(),
+        metadata=cli_meta(
+            help="gpu profile: GPU ids to use (default: CUDA_VISIBLE_DEVICES, else every GPU nvidia-smi lists).",
+            cli_type=str | None,
+            cli_default=None,
+        ),
+    )
+    until: str | None = field(
+        default=None,
+        metadata=cli_meta(help=f"Stop after this part of the loop ({', '.join(PARTS)}); a rerun goes on from there."),
+    )
+    reward_workers: int = field(
+        default=1, metadata=cli_meta(help="uvicorn workers of the reward_api the loop starts.", min=1)
+    )
+    # Before each GRPO phase: the share of groups whose rewards differ (trainer/phases/preflight.py);
+    # below it, the phase is not started. None: no check.
+    preflight_min: float | None = field(
+        default=None,
+        metadata=cli_meta(
+            help="Before each GRPO phase: stop unless this share of groups has rewards that differ and at least 10% of "
+            "prompts (macro over sources) have a sample that beats the greedy answer (no headroom otherwise).",
+            min=0.0,
+            max=1.0,
+        ),
+    )
+    # C2's precompute: a seeded random sample of this many train documents (None: the whole split). VERL
+    # draws data.train_max_samples prompts from the C2 train file; schemas for the rest are never used.
+    c2_train_prompts: int | None = field(
+        default=None,
+        metadata=cli_meta(
+            help="C2 precompute: a seeded random N train documents (default: all; VERL uses train_max_samples).",
+            min=1,
+        ),
+    )
+    # GPU executors (C1's frozen π2, the C2 precompute, Phase D) without CUDA graphs / torch.compile: each
+    # starts in well under a minute, where compilation costs more than it saves for a 135M model.
+    executor_eager: bool = field(
+        default=True,
+        metadata=cli_meta(
+            help="GPU executors with CUDA graphs + torch.compile (slower start; for larger models). Default: eager.",
+            option="executor_cuda_graphs",  # the option says the opposite: --executor-cuda-graphs = not eager
+            cli_default=False,
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.until is not None and self.until not in PARTS:
+            raise ValueError(f"until: must be one of {list(PARTS)}, got {self.until!r}")

@@ -1,0 +1,100 @@
+"""The loop's Phase D: each setting's π1 then π2 served in turn (settings side by side on GPUs, one each),
+scored end to end on the test split, and the loop-2 decision; reused only for the same content key, with
+the decision taken again by the current rule."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from trainer.loop.manifest import EVAL_KEY, eval_key, read_json
+from trainer.loop.workspace import Workspace
+from trainer.serving.endpoint import Endpoint
+from trainer.serving.executors import serve_model
+from trainer.serving.gpus import ExecutorSlot, waves
+
+# (workspace, setting, π1, π2, examples, slot) → the setting's pipeline records
+Pipeline = Callable[[Workspace, str, str, str, Sequence[Any], ExecutorSlot | None], list[dict[str, Any]]]
+
+
+def staged_pipeline(
+    ws: Workspace, name: str, pi1: str, pi2: str, examples: Sequence[Any], slot: ExecutorSlot | None = None
+) -> list[dict[str, Any]]:
+    """Stage 1 with π1 served alone, then Stage 2 with π2 on the predicted schemas (on ``slot``)."""
+    from trainer.evaluation.generation import GenerationConfig
+    from trainer.evaluation.two_stage import PromptStage, generate_quietly, run_two_stage
+
+    def serve(model: str, stage: PromptStage) -> contextlib.AbstractContextManager[Endpoint]:
+        log = ws.logs / f"executor_eval_{name}_{'pi1' if stage == 'stage1' else 'pi2'}.log"
+        return serve_model(model, log, slot, eager=ws.cfg.executor_eager)
+
+    gen = GenerationConfig(max_tokens=ws.cfg.eval_max_tokens)
+    return run_two_stage(name, pi1, pi2, examples, serve, gen, generate_quietly)
+
+
+def evaluate_phase_d(
+    ws: Workspace,
+    settings: dict[str, tuple[str, str]],
+    tag: str,
+    compare: tuple[str, str],
+    pipeline: Pipeline | None = None,
+) -> dict[str, Any]:
+    """Phase D: each setting's π1 then π2, served one at a time; returns the loop-2 decision.
+
+    ``compare`` = (previous, last): the loop-2 rule's gain is ``last`` over ``previous``.
+    """
+    from shared import read_golden
+    from trainer.evaluation.phase_d import write_outputs
+
+    cfg, run = ws.cfg, pipeline or staged_pipeline
+    out = ws.out / f"eval_{tag}"
+    key = eval_key(cfg, settings)
+    if (out / "metrics.json").is_file() and read_json(out / EVAL_KEY) == key:
+        recorded = json.loads((out / "metrics.json").read_text())
+        if set(recorded["settings"]) == set(settings):
+            # scores are reused; the decision follows the current rule (metric, min gain, pair)
+            decision = redecide(out, recorded, f"Phase D ({tag})", cfg.decision_metric, cfg.min_gain, compare)
+            ws.manifest.set(f"eval:{tag}", {"dir": str(out), "loop2": decision})
+            return decision
+    examples = read_golden(cfg.golden / "common_test_schemas.jsonl", cfg.eval_limit)
+    preds: dict[str, list[dict[str, Any]]] = {}
+    if ws.plan is None:
+        preds = {name: run(ws, name, pi1, pi2, examples, None) for name, (pi1, pi2) in settings.items()}
+    else:
+        # settings side by side, one GPU each (π1 then π2 on it), in waves of at most one per GPU
+        slots = ws.plan.eval_slots(len(settings))
+        for wave in waves(list(settings), len(slots)):
+            with ThreadPoolExecutor(max_workers=len(wave)) as pool:
+                futures = {
+                    name: pool.submit(run, ws, name, *settings[name], examples, slot)
+                    for name, slot in zip(wave, slots, strict=False)
+                }
+                preds.update({name: f.result() for name, f in futures.items()})
+        preds = {name: preds[name] for name in settings}  # report order = settings order
+    res = write_outputs(out, examples, preds, f"Phase D ({tag})", cfg.decision_metric, cfg.min_gain, compare=compare)
+    (out / EVAL_KEY).write_text(json.dumps(key, indent=2) + "\n")
+    ws.manifest.set(
+        f"eval:{tag}",
+        {"dir": str(out), "settings": settings, "metrics": str(res.metrics_path), "loop2": res.decision},
+    )
+    return res.decision
+
+
+def redecide(
+    out: Path, recorded: dict[str, Any], title: str, metric: str, min_gain: float, compare: tuple[str, str]
+) -> dict[str, Any]:
+    """The loop-2 decision over recorded Phase-D metrics; rewrites metrics.json and report.md if it changed."""
+    from trainer.evaluation.phase_d import loop2_decision
+    from trainer.evaluation.report import markdown_report
+
+    decision = loop2_decision(recorded["settings"], metric, min_gain, compare)
+    if decision != recorded.get("loop2"):
+        recorded["loop2"] = decision
+        (out / "metrics.json").write_text(json.dumps(recorded, indent=2) + "\n")
+        report = markdown_report(recorded["settings"], decision, title, recorded.get("paired_tests"))
+        (out / "report.md").write_text(report)
+    return decision

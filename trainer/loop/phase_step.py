@@ -1,0 +1,108 @@
+"""One phase of the loop: reused when its recorded result was trained from the same inputs, else (after
+the optional advantage preflight) launched, recorded in the manifest, and its exported model returned."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+from trainer.loop.manifest import PHASE_INPUTS, phase_inputs, read_json
+from trainer.loop.workspace import Workspace
+from trainer.phases.launch import PhaseResult, PhaseRun, read_result
+from trainer.phases.registry import get_phase, reward_of
+from trainer.serving.executors import serve_model
+from trainer.serving.gpus import ExecutorSlot, Placement
+
+PhaseRunner = Callable[[PhaseRun], PhaseResult]
+
+
+class StaleResultError(RuntimeError):
+    """A recorded phase result was trained from other inputs than this run would give it."""
+
+
+def phase_done(out_dir: Path) -> PhaseResult | None:
+    """The recorded result if the phase finished and its exported model is present."""
+    res = read_result(out_dir)
+    if res is None or res.status != "ok" or not res.hf_dir or not Path(res.hf_dir).exists():
+        return None
+    return res
+
+
+def run_phase_step(
+    ws: Workspace,
+    runner: PhaseRunner,
+    name: str,
+    model: str,
+    reward_url: str | None,
+    out_dir: Path,
+    data_dir: Path | None = None,
+    placement: Placement | None = None,
+) -> str:
+    """Run one phase unless its recorded output exists; record it; the exported HF directory.
+
+    ``placement`` (GPU profile): the phase's GPUs and the overrides they imply; the user's
+    overrides come after them and win.
+    """
+    cfg = ws.cfg
+    data_dir = data_dir or ws.data
+    key = str(out_dir.relative_to(ws.out))
+    inputs = phase_inputs(name, model, data_dir)
+    done = phase_done(out_dir)
+    recorded_inputs = read_json(out_dir / PHASE_INPUTS)
+    if done is not None and recorded_inputs is not None and recorded_inputs != inputs:
+        raise StaleResultError(
+            f"phase {key}: its recorded result was trained from other inputs (recorded {recorded_inputs}, "
+            f"now {inputs}); move {out_dir} aside to train it again from the current ones"
+        )
+    if done is None:
+        sft = get_phase(name).kind == "sft"
+        if not sft and cfg.preflight_min is not None and reward_url:
+            preflight(ws, name, model, reward_url, out_dir, placement)
+        placed: tuple[str, ...] = ()
+        if placement is not None:
+            placed = placement.sft_overrides() if sft else placement.grpo_overrides()
+        run = PhaseRun(
+            phase=get_phase(name),
+            profile=cfg.profile,
+            data_dir=data_dir,
+            out_dir=out_dir,
+            model_path=model,
+            reward_url=reward_url,
+            overrides=(*placed, *(cfg.sft_overrides if sft else cfg.overrides)),
+            nproc=placement.nproc if placement else 1,
+            gpus=placement.gpus if placement else (),
+        )
+        done = runner(run)
+        if done.status != "ok" or not done.hf_dir:
+            ws.manifest.set(f"phase:{key}", asdict(done))
+            why = f": {done.error}" if done.error else ""
+            raise RuntimeError(f"phase {key} failed (exit {done.exit_code}){why}; log {out_dir / 'train.log'}")
+        (out_dir / PHASE_INPUTS).write_text(json.dumps(inputs, indent=2) + "\n")
+    ws.manifest.set(f"phase:{key}", asdict(done))
+    assert done.hf_dir is not None
+    return done.hf_dir
+
+
+def preflight(
+    ws: Workspace, name: str, model: str, reward_url: str, out_dir: Path, placement: Placement | None
+) -> None:
+    """The advantage check of ``name``'s start policy; stops the loop when its groups teach too little."""
+    from trainer.phases.preflight import advantage_check, write_report
+
+    cfg = ws.cfg
+    slot = ExecutorSlot(placement.gpus[:1], 0.3) if placement else None
+    key = str(out_dir.relative_to(ws.out))
+    with serve_model(model, ws.logs / f"executor_preflight_{name}.log", slot, eager=cfg.executor_eager) as ep:
+        rep = advantage_check(
+            cfg.golden, reward_of(name), ep.url, ep.served_name, reward_url,
+            min_informative=float(cfg.preflight_min or 0.0), max_tokens=cfg.eval_max_tokens,
+        )  # fmt: skip
+    write_report(rep, out_dir / "preflight.json")
+    ws.manifest.set(f"preflight:{key}", rep.as_dict())
+    if not rep.ok:
+        raise RuntimeError(
+            f"phase {key}: {rep.verdict()} Raise the rollout temperature or n, filter the prompts "
+            f"(trainer preflight-filter), or start from another policy (report: {out_dir / 'preflight.json'})"
+        )

@@ -1,0 +1,68 @@
+"""What every step of the loop works in: its config, its folder and manifest, the node's GPU plan, and the
+reward APIs it asks :mod:`trainer.serving` for."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.loop.config import LoopConfig
+from trainer.loop.manifest import MANIFEST, Manifest
+from trainer.serving.executors import replica_logs
+from trainer.serving.gpus import ExecutorSlot, GpuPlan
+from trainer.serving.reward_api import serve_reward_api
+
+
+@dataclass
+class Workspace:
+    cfg: LoopConfig
+    manifest: Manifest
+    plan: GpuPlan | None  # the gpu profile's placement; None: CPU
+
+    @classmethod
+    def open(cls, cfg: LoopConfig) -> Workspace:
+        return cls(cfg, Manifest.open(cfg.out / MANIFEST), GpuPlan(cfg.gpus) if cfg.gpus else None)
+
+    @property
+    def out(self) -> Path:
+        return self.cfg.out
+
+    @property
+    def data(self) -> Path:
+        """Loop 1's data (every phase; loop 2 has a C2 of its own)."""
+        return self.cfg.out / "data"
+
+    @property
+    def logs(self) -> Path:
+        return self.cfg.out / "logs"
+
+    @contextlib.contextmanager
+    def reward_api(
+        self,
+        executor_model: str | None,
+        external: str | None,
+        tag: str,
+        slots: Sequence[ExecutorSlot | None] = (None,),
+    ) -> Iterator[str]:
+        """The external URL if given, else local services (executors only when a model is given: one
+        replica per slot, on its GPU; ``(None,)`` is one vLLM-CPU executor).
+
+        An external reward API whose executor must serve ``executor_model`` is checked first
+        (:func:`~trainer.serving.identity.check_reward_api_url`); the manifest records what it serves.
+        """
+        with serve_reward_api(
+            self.logs / f"reward_api_{tag}.log",
+            executor_model=executor_model,
+            executor_logs=replica_logs(self.logs / f"executor_{tag}", len(slots)),
+            slots=slots,
+            external=external,
+            what=f"{tag} reward API",
+            eager=self.cfg.executor_eager,
+            max_tokens=self.cfg.executor_max_tokens,
+            workers=self.cfg.reward_workers,
+        ) as api:
+            if api.identity is not None:
+                self.manifest.set(f"served:{tag}", api.identity.as_dict())
+            yield api.url
