@@ -1,18 +1,24 @@
-"""``python -m trainer loop``: the loop's command, beside the loop (``trainer/loop.py``).
+"""``python -m trainer loop``: the loop's command, beside the loop (``trainer/loop/``).
 
-Mounted on the main app by :func:`register` (``trainer/cli.py``).
+Its options are :class:`~trainer.loop.config.LoopConfig`'s fields, built from the field declarations
+(help text, Typer's checks, and where the command line differs from the field, its name, type and
+default): a field added to the config is an option without a line here. Hydra overrides after the
+options go to every RL phase (``overrides``, the one field that is not an option). Mounted on the main
+app by :func:`register` (``trainer/cli.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
-from pathlib import Path
+from typing import Any, get_type_hints
 
 import typer
 from rich.console import Console
 
 from trainer.loop import PARTS, Loop, LoopConfig
-from trainer.phases.cli import ProfileOpt, bad_param, default_model
+from trainer.phases.cli import bad_param, default_model
 from trainer.phases.launch import check_profile
 from trainer.serving.gpus import GpuPlanError, visible_gpus
 
@@ -20,96 +26,67 @@ console = Console()
 app = typer.Typer(help="The RL loop.", no_args_is_help=True)
 
 
-@app.command("loop", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def loop_cmd(
-    ctx: typer.Context,
-    golden: Path = typer.Option(
-        ..., exists=True, file_okay=False, help="Golden folder (common_{split}_schemas.jsonl)."
-    ),
-    out: Path = typer.Option(Path("runs/loop"), help="Loop folder (resumable)."),
-    profile: str = ProfileOpt,
-    pi1_sft: str | None = typer.Option(None, help="π1ˢ (an A1 output). Default: run A1 from --base-model."),
-    pi2_sft: str | None = typer.Option(None, help="π2ˢ (an A2 output). Default: run A2 from --base-model."),
-    base_model: str | None = typer.Option(
-        None, help="Start model of A1/A2 when no SFT checkpoint is given. cpu-smoke default: SmolLM2-135M-Instruct."
-    ),
-    sft_override: list[str] = typer.Option(
-        [], "--sft-override", help="Hydra override for A1/A2 (repeatable); the trailing overrides go to RL phases."
-    ),
-    reward_url: str | None = typer.Option(None, help="Reward API for B1/B2/C2 (default: start one locally)."),
-    c1_reward_url: str | None = typer.Option(None, help="Reward API whose executor serves π2ʳ-local (cluster)."),
-    pi1_pipe_url: str | None = typer.Option(None, help="Executor serving π1ʳ-pipe for C2 precompute (cluster)."),
-    limit: int | None = typer.Option(None, min=1, help="First N examples per split (data)."),
-    eval_limit: int | None = typer.Option(None, min=1, help="First N test examples in Phase D."),
-    loops: int = typer.Option(1, min=1, max=2, help="2: run C1→C2 again if loop 1 gained ≥ --min-gain."),
-    min_gain: float = typer.Option(1.0, help="Loop-2 rule: stop when the end-to-end gain is below this (points)."),
-    rft: bool = typer.Option(False, help="Also train the RFT baseline from π1ˢ/π2ˢ and add it to Phase D."),
-    rft_k: int = typer.Option(4, min=1, help="RFT: samples per prompt."),
-    rft_threshold: float = typer.Option(0.5, min=-1.0, max=1.0, help="RFT: keep the best sample if reward ≥ this."),
-    gpus: str | None = typer.Option(
-        None, help="gpu profile: GPU ids to use (default: CUDA_VISIBLE_DEVICES, else every GPU nvidia-smi lists)."
-    ),
-    until: str | None = typer.Option(
-        None, help=f"Stop after this part of the loop ({', '.join(PARTS)}); a rerun goes on from there."
-    ),
-    reward_workers: int = typer.Option(1, min=1, help="uvicorn workers of the reward_api the loop starts."),
-    preflight_min: float | None = typer.Option(
-        None, min=0.0, max=1.0,
-        help="Before each GRPO phase: stop unless this share of groups has rewards that differ and at least 10% of "
-        "prompts (macro over sources) have a sample that beats the greedy answer (no headroom otherwise).",
-    ),
-    c2_train_prompts: int | None = typer.Option(
-        None,
-        min=1,
-        help="C2 precompute: a seeded random N train documents (default: all; VERL uses train_max_samples).",
-    ),
-    executor_cuda_graphs: bool = typer.Option(
-        False, help="GPU executors with CUDA graphs + torch.compile (slower start; for larger models). Default: eager."
-    ),
-) -> None:
-    """(A1, A2 →) B1 → B2 → C1 → C2 → Phase-D evaluation; Hydra overrides after the options apply to every RL phase."""
+def cli_fields() -> list[dataclasses.Field[Any]]:
+    """The fields of :class:`LoopConfig` that are options of ``trainer loop``."""
+    return [f for f in dataclasses.fields(LoopConfig) if f.metadata["cli"]]
+
+
+def option_name(f: dataclasses.Field[Any]) -> str:
+    """The parameter behind a field's option (``--option-name``)."""
+    return f.metadata["option"] or f.name
+
+
+def options() -> list[inspect.Parameter]:
+    """One keyword parameter per option, as Typer reads a command's signature."""
+    hints = get_type_hints(LoopConfig)
+    params = []
+    for f in cli_fields():
+        meta = f.metadata
+        default = meta["cli_default"] if meta["cli_default"] is not dataclasses.MISSING else f.default
+        required = default is dataclasses.MISSING
+        opt = typer.Option(... if required else default, help=meta["help"], **meta["typer"])
+        annotation = meta["cli_type"] or hints[f.name]
+        params.append(
+            inspect.Parameter(option_name(f), inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=annotation)
+        )
+    return params
+
+
+def to_config(ctx: typer.Context, given: dict[str, Any]) -> LoopConfig:
+    """The config of the options given; the command line's own forms are turned into the fields' values."""
+    values = {f.name: given[option_name(f)] for f in cli_fields()}
     try:
-        prof = check_profile(profile)
+        values["profile"] = check_profile(values["profile"])
     except ValueError as exc:
         raise bad_param("--profile", exc) from None
+    until = values["until"]
     if until is not None and until not in PARTS:
         raise bad_param("--until", ValueError(f"must be one of {list(PARTS)}, got {until!r}"))
     try:
-        gpu_ids = visible_gpus(gpus) if prof == "gpu" else ()
+        values["gpus"] = visible_gpus(values["gpus"]) if values["profile"] == "gpu" else ()
     except GpuPlanError as exc:
         raise bad_param("--gpus", exc) from None
-    base = base_model or (None if (pi1_sft and pi2_sft) else default_model(prof, "--base-model"))
-    cfg = LoopConfig(
-        golden=golden,
-        out=out,
-        profile=prof,
-        pi1_sft=pi1_sft,
-        pi2_sft=pi2_sft,
-        base_model=base,
-        sft_overrides=tuple(sft_override),
-        reward_url=reward_url,
-        c1_reward_url=c1_reward_url,
-        pi1_pipe_url=pi1_pipe_url,
-        limit=limit,
-        eval_limit=eval_limit,
-        loops=loops,
-        min_gain=min_gain,
-        overrides=tuple(ctx.args),
-        rft=rft,
-        rft_k=rft_k,
-        rft_threshold=rft_threshold,
-        gpus=gpu_ids,
-        until=until,
-        reward_workers=reward_workers,
-        preflight_min=preflight_min,
-        c2_train_prompts=c2_train_prompts,
-        executor_eager=not executor_cuda_graphs,
-    )
+    if not values["base_model"] and not (values["pi1_sft"] and values["pi2_sft"]):
+        values["base_model"] = default_model(values["profile"], "--base-model")
+    values["sft_overrides"] = tuple(values["sft_overrides"])
+    values["executor_eager"] = not values["executor_eager"]  # the option is --executor-cuda-graphs
+    return LoopConfig(**values, overrides=tuple(ctx.args))
+
+
+def loop_cmd(ctx: typer.Context, **given: Any) -> None:
+    """(A1, A2 →) B1 → B2 → C1 → C2 → Phase-D evaluation; Hydra overrides after the options apply to every RL phase."""
+    cfg = to_config(ctx, given)
     manifest = Loop(cfg).run()
     if manifest.get("stopped_after"):
         console.print(f"stopped after {manifest['stopped_after']!r} (--until); rerun to go on")
-    console.print(f"manifest: {out / 'loop_manifest.json'}")
+    console.print(f"manifest: {cfg.out / 'loop_manifest.json'}")
     console.print_json(json.dumps(manifest.get("final_decision", {})))
+
+
+ctx_param = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
+loop_cmd.__signature__ = inspect.Signature([ctx_param, *options()])  # type: ignore[attr-defined]
+loop_cmd.__annotations__ = {p.name: p.annotation for p in loop_cmd.__signature__.parameters.values()}  # type: ignore[attr-defined]
+app.command("loop", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(loop_cmd)
 
 
 def register(main_app: typer.Typer) -> None:

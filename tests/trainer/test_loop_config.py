@@ -1,0 +1,115 @@
+"""The loop's config is declared once: every LoopConfig field is an option of ``trainer loop`` (with its
+help text) and the manifest records the config whole."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.trainer.test_loop import SAMPLE
+from trainer.loop import MANIFEST, LoopConfig, Manifest
+from trainer.loop.manifest import record_inputs
+
+# Not options, and why: the Hydra overrides of the RL phases are the command's trailing arguments.
+NOT_OPTIONS = {"overrides"}
+
+
+def option_names() -> dict[str, str]:
+    """The loop command's options: parameter name → help."""
+    from typer.main import get_command
+
+    from trainer.cli import app
+
+    click_cmd = get_command(app).commands["loop"]  # type: ignore[attr-defined]
+    return {p.name: getattr(p, "help", "") or "" for p in click_cmd.params if p.name}
+
+
+def test_every_config_field_is_an_option_with_help() -> None:
+    options = option_names()
+    for f in dataclasses.fields(LoopConfig):
+        assert f.metadata.get("help"), f"LoopConfig.{f.name} has no help text"
+        if f.name in NOT_OPTIONS:
+            assert f.metadata["cli"] is False and (f.metadata["option"] or f.name) not in options
+            continue
+        name = f.metadata["option"] or f.name
+        assert name in options, f"LoopConfig.{f.name} is no option of `trainer loop`"
+        assert options[name] == f.metadata["help"], f.name
+    # the options the command had before they were generated (names kept), and the ones it lacked
+    before = {
+        "golden", "out", "profile", "pi1_sft", "pi2_sft", "base_model", "sft_override", "reward_url",
+        "c1_reward_url", "pi1_pipe_url", "limit", "eval_limit", "loops", "min_gain", "rft", "rft_k",
+        "rft_threshold", "gpus", "until", "reward_workers", "preflight_min", "c2_train_prompts",
+        "executor_cuda_graphs",
+    }  # fmt: skip
+    assert before | {"decision_metric", "executor_max_tokens", "eval_max_tokens"} == set(options)
+
+
+def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each option lands in its field, the fields unreachable before included; the defaults are the config's."""
+    from trainer import loop_cli
+    from trainer.cli import app
+
+    seen: list[LoopConfig] = []
+
+    class CapturingLoop:
+        def __init__(self, cfg: LoopConfig) -> None:
+            seen.append(cfg)
+
+        def run(self) -> dict[str, object]:
+            return {}
+
+    monkeypatch.setattr(loop_cli, "Loop", CapturingLoop)
+    base = ["loop", "--golden", str(SAMPLE), "--out", str(tmp_path), "--profile", "cpu-smoke"]
+    res = CliRunner().invoke(app, [*base, "--pi1-sft", "/p1", "--pi2-sft", "/p2"])
+    assert res.exit_code == 0, res.output
+    defaults = LoopConfig(golden=SAMPLE, out=tmp_path, profile="cpu-smoke", pi1_sft="/p1", pi2_sft="/p2")
+    assert seen[-1] == defaults
+    given = [
+        "--pi1-sft", "/p1", "--pi2-sft", "/p2", "--base-model", "/b", "--sft-override", "a=1", "--sft-override",
+        "b=2", "--reward-url", "http://r", "--c1-reward-url", "http://c1", "--pi1-pipe-url", "http://p",
+        "--limit", "5", "--eval-limit", "3", "--loops", "2", "--min-gain", "0.5", "--decision-metric",
+        "cell_accuracy", "--executor-max-tokens", "384", "--eval-max-tokens", "128", "--rft", "--rft-k", "2",
+        "--rft-threshold", "0.25", "--until", "c1", "--reward-workers", "2", "--preflight-min", "0.3",
+        "--c2-train-prompts", "7", "--executor-cuda-graphs", "x=1", "y=2",
+    ]  # fmt: skip
+    res = CliRunner().invoke(app, [*base, *given])
+    assert res.exit_code == 0, res.output
+    assert seen[-1] == LoopConfig(
+        golden=SAMPLE, out=tmp_path, profile="cpu-smoke", pi1_sft="/p1", pi2_sft="/p2", base_model="/b",
+        sft_overrides=("a=1", "b=2"), reward_url="http://r", c1_reward_url="http://c1", pi1_pipe_url="http://p",
+        limit=5, eval_limit=3, loops=2, min_gain=0.5, decision_metric="cell_accuracy", overrides=("x=1", "y=2"),
+        executor_max_tokens=384, eval_max_tokens=128, rft=True, rft_k=2, rft_threshold=0.25, gpus=(),
+        until="c1", reward_workers=2, preflight_min=0.3, executor_eager=False, c2_train_prompts=7,
+    )  # fmt: skip
+    # every field was given something other than its default above (gpus: the cpu-smoke profile has none)
+    changed = {f.name for f in dataclasses.fields(LoopConfig) if getattr(seen[-1], f.name) != getattr(defaults, f.name)}
+    assert changed | {"golden", "out", "profile", "pi1_sft", "pi2_sft", "gpus"} == {
+        f.name for f in dataclasses.fields(LoopConfig)
+    }
+
+
+def test_the_manifest_records_the_config_whole(tmp_path: Path) -> None:
+    cfg = LoopConfig(
+        golden=SAMPLE, out=tmp_path, profile="gpu", pi1_sft="/p1", pi2_sft="/p2", sft_overrides=("a=1",),
+        decision_metric="cell_accuracy", eval_max_tokens=128, gpus=("0", "1"), rft=True, rft_k=3,
+    )  # fmt: skip
+    record_inputs(Manifest.open(tmp_path / MANIFEST), cfg)
+    m = json.loads((tmp_path / MANIFEST).read_text())
+    config = m["config"]
+    assert set(config) == {f.name for f in dataclasses.fields(LoopConfig)}
+    # read back, it is the same config
+    hints = {"golden": Path, "out": Path}
+    tuples = {f.name for f in dataclasses.fields(LoopConfig) if isinstance(f.default, tuple)}
+    back = {k: hints[k](v) if k in hints else tuple(v) if k in tuples else v for k, v in config.items()}
+    assert LoopConfig(**back) == cfg
+    # inputs keep the keys earlier manifests had: the golden files by content, the RFT settings as one entry
+    inputs = m["inputs"]
+    assert set(inputs["golden"]) == {str(p) for p in SAMPLE.glob("common_*_schemas.jsonl")}
+    assert inputs["rft"] == {"k": 3, "threshold": 0.5}
+    for key in ("pi1_sft", "pi2_sft", "base_model", "sft_overrides", "profile", "limit", "overrides",
+                "reward_url", "c1_reward_url", "pi1_pipe_url"):  # fmt: skip
+        assert inputs[key] == config[key], key
