@@ -31,8 +31,8 @@ model fingerprint, data files' sha256) stops the loop instead of being reused. T
 and Phase D are reused only if their content key matches (``precompute_key.json``,
 ``eval_key.json``: the models' content fingerprints, the golden files' sha256 and the settings);
 otherwise they are recomputed. ``loop_manifest.json`` records
-every input (golden files with sha256, start models, reward URLs), config (phase YAML sha256,
-command), checkpoint, exported model and metric, and is rewritten after every step.
+the config whole, every input (golden files with sha256), the phase YAMLs' sha256, each phase's command,
+checkpoint, exported model and metric, and is rewritten after every step.
 
 External URLs are checked before use: ``--pi1-pipe-url`` must serve π1ʳ-pipe, and
 ``--c1-reward-url``'s executor must serve the π2 of this round (π2ʳ-local in loop 1, π2ʳ-pipe in
