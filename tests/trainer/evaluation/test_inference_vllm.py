@@ -49,6 +49,13 @@ def test_precompute_and_evaluate_pipeline(cpu_executor: Any, tmp_path: Path) -> 
     assert json.loads(rows[0]["reward_model"]["ground_truth"]) == {"table": ex.table_dict()}
     assert rows[0]["extra_info"]["phase"] == "c2" and rows[0]["prompt"][0]["role"] == "system"
     assert set(manifest["invalid_schemas"]) == {"train", "validation"}
+    # --train-sample: a seeded random N train documents (bench/gpu/ab.sh's c2data), the validation split whole
+    res = CliRunner().invoke(app, ["data", "precompute-schemas", "--golden", str(SAMPLE_DIR), "--out",
+                                   str(tmp_path / "s"), "--executor-url", url, "--model", model, "--limit", "4",
+                                   "--train-sample", "2", "--max-tokens", "64", "--on-invalid", "gold"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    sampled = json.loads((tmp_path / "s" / "manifest.json").read_text())["phases"]["c2"]
+    assert sampled["counts"] == {"train": 2, "validation": 4} and sampled["sample"] == {"train": 2}
 
     out = tmp_path / "eval"
     setting = f"{url},{model},{url},{model}"
