@@ -9,11 +9,13 @@ import subprocess
 import sys
 import textwrap
 import time
+import weakref
 from pathlib import Path
 
 import psutil
 import pytest
 
+from services import child_process
 from services.child_process import spawn, stop_group, terminate_all
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,7 +63,11 @@ def test_an_owned_child_dies_with_its_sigkilled_owner_and_a_detached_one_does_no
             os.killpg(child, signal.SIGKILL)  # the detached one, started by this test
 
 
-def test_terminate_all_signals_every_owned_child_still_running() -> None:
+def test_terminate_all_signals_every_owned_child_still_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A registry of this test's own: terminate_all() in the pytest process would otherwise SIGTERM every
+    # server the session owns (the shared vLLM-CPU executor of the `cpu_executor` fixture: five later
+    # tests then failed with ConnectError in make test).
+    monkeypatch.setattr(child_process, "_owned", weakref.WeakSet())
     kept = spawn(["sleep", "120"], env={"PATH": "/usr/bin:/bin"}, stdout=subprocess.DEVNULL)
     detached = spawn(["sleep", "120"], env={"PATH": "/usr/bin:/bin"}, stdout=subprocess.DEVNULL, die_with_parent=False)
     try:
