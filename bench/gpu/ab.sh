@@ -88,7 +88,7 @@ rl_data() {  # PHASE: RL_IMPROVABLE=1 trains on the phase's improvable prompts (
   # they fill a batch of 64 (issue 23's 4-GPU lease: B2's 49 could not; verl_main now refuses such a set by name)
   local f=$AB/preflight/$1_improvable.parquet
   if [[ ${RL_IMPROVABLE:-0} == 1 && -f $f ]]; then
-    if (( $(python3 -c "import pyarrow.parquet as pq,sys; print(pq.ParquetFile(sys.argv[1]).metadata.num_rows)" "$f") >= 64 )); then
+    if (( $(python3 -c "import sys; from trainer.phases.train_set import count_prompts; print(count_prompts(sys.argv[1]))" "$f") >= 64 )); then
       echo "data.train_files=$f"
     else
       echo "$1: fewer than 64 improvable prompts in $f; training on the train split" >&2
@@ -157,9 +157,10 @@ preflight)
   # starts beside the π2ˢ one where they have GPUs of their own (the 4-GPU lease lost ~170 s starting them
   # one after the other).
   if [[ $EXP == pi1 ]]; then policy=pi1-sft; pport=${X_PI1}; pmodel=$AB/a1/hf; else policy=pi2-sft-pf; pport=${X_PF}; pmodel=$AB/a2/hf; fi
-  [[ -z $NOWAIT ]] && python3 -m bench.gpu.serve start --model "$pmodel" --name $policy --gpus $GPU_A --port $pport --mem 0.08 --eager
+  start_policy() { python3 -m bench.gpu.serve start --model "$pmodel" --name $policy --gpus $GPU_A --port $pport --mem 0.08 --eager; }
+  [[ -z $NOWAIT ]] && start_policy  # its own GPU: start it now, beside the π2ˢ executor of services_up
   PIPE=$PIPE services_up
-  [[ -n $NOWAIT ]] && python3 -m bench.gpu.serve start --model "$pmodel" --name $policy --gpus $GPU_A --port $pport --mem 0.08 --eager
+  [[ -n $NOWAIT ]] && start_policy  # a shared GPU: only once services_up's engine is up
   python3 -m bench.gpu.serve wait --ports $pport
   mkdir -p "$AB/preflight"
   sweeps=""
