@@ -1,22 +1,22 @@
 """``python -m trainer loop``: the loop's command, beside the loop (``trainer/loop/``).
 
-Its options are :class:`~trainer.loop.config.LoopConfig`'s fields, built from the field declarations
-(help text, Typer's checks, and where the command line differs from the field, its name, type and
-default): a field added to the config is an option without a line here. Hydra overrides after the
+Its options are :class:`~trainer.loop.config.LoopConfig`'s fields, built from the field declarations by
+:mod:`trainer.config_cli` (help text, Typer's checks, and where the command line differs from the field,
+its name, type and default): a field added to the config is an option without a line here. Hydra overrides after the
 options go to every RL phase (``overrides``, the one field that is not an option). Mounted on the main
 app by :func:`register` (``trainer/cli.py``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
-from typing import Any, get_type_hints
+from typing import Any
 
 import typer
 from rich.console import Console
 
+from trainer.config_cli import command_signature, given_values, set_signature
 from trainer.loop import PARTS, Loop, LoopConfig
 from trainer.phases.cli import bad_param, default_model
 from trainer.phases.launch import check_profile
@@ -26,35 +26,9 @@ console = Console()
 app = typer.Typer(help="The RL loop.", no_args_is_help=True)
 
 
-def cli_fields() -> list[dataclasses.Field[Any]]:
-    """The fields of :class:`LoopConfig` that are options of ``trainer loop``."""
-    return [f for f in dataclasses.fields(LoopConfig) if f.metadata["cli"]]
-
-
-def option_name(f: dataclasses.Field[Any]) -> str:
-    """The parameter behind a field's option (``--option-name``)."""
-    return f.metadata["option"] or f.name
-
-
-def options() -> list[inspect.Parameter]:
-    """One keyword parameter per option, as Typer reads a command's signature."""
-    hints = get_type_hints(LoopConfig)
-    params = []
-    for f in cli_fields():
-        meta = f.metadata
-        default = meta["cli_default"] if meta["cli_default"] is not dataclasses.MISSING else f.default
-        required = default is dataclasses.MISSING
-        opt = typer.Option(... if required else default, help=meta["help"], **meta["typer"])
-        annotation = meta["cli_type"] or hints[f.name]
-        params.append(
-            inspect.Parameter(option_name(f), inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=annotation)
-        )
-    return params
-
-
 def to_config(ctx: typer.Context, given: dict[str, Any]) -> LoopConfig:
     """The config of the options given; the command line's own forms are turned into the fields' values."""
-    values = {f.name: given[option_name(f)] for f in cli_fields()}
+    values = given_values(LoopConfig, given)
     try:
         values["profile"] = check_profile(values["profile"])
     except ValueError as exc:
@@ -84,8 +58,7 @@ def loop_cmd(ctx: typer.Context, **given: Any) -> None:
 
 
 ctx_param = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
-loop_cmd.__signature__ = inspect.Signature([ctx_param, *options()])  # type: ignore[attr-defined]
-loop_cmd.__annotations__ = {p.name: p.annotation for p in loop_cmd.__signature__.parameters.values()}  # type: ignore[attr-defined]
+set_signature(loop_cmd, command_signature(LoopConfig, ctx_param))
 app.command("loop", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(loop_cmd)
 
 

@@ -2,44 +2,21 @@
 ``python -m trainer loop`` (``trainer/loop_cli.py`` builds them from here) and the manifest records the
 config whole (``manifest.py``).
 
-A field's metadata (:func:`cli_meta`, as TRL's ``field(metadata={"help": ...})``): ``help`` (the option's
-help), and where the option differs from the field: ``option`` (the parameter name, so the flag is
-``--option-name``), ``cli_type`` / ``cli_default`` (what the command line gives; the command turns it into
-the field's value), ``typer`` (Typer's checks: ``min``, ``max``, ``exists`` ...). ``cli=False`` marks the
-one field that is not an option (the trailing Hydra overrides).
+A field's metadata is :func:`trainer.config_cli.cli_meta`'s (help text, and how the option differs from the
+field); ``cli=False`` marks the one field that is not an option (the trailing Hydra overrides).
 """
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from trainer.config_cli import cli_meta
 from trainer.phases.launch import PROFILES, Profile
 
 # The loop's parts, in order (``--until``): a run stops after the named part; a rerun goes on from there.
 # (The manifest keeps its keys ``done:<part>`` / ``time:<part>``; bench/gpu/loop_node.sh reads them.)
 PARTS = ("sft", "local", "c1", "c2", "eval")
-
-
-def cli_meta(
-    *,
-    help: str,
-    option: str | None = None,
-    cli_type: Any = None,
-    cli_default: Any = MISSING,
-    cli: bool = True,
-    **typer: Any,
-) -> dict[str, Any]:
-    """A :class:`LoopConfig` field's metadata: its help text and how it appears on the command line."""
-    return {
-        "help": help,
-        "option": option,
-        "cli_type": cli_type,
-        "cli_default": cli_default,
-        "cli": cli,
-        "typer": typer,
-    }
 
 
 @dataclass
