@@ -163,31 +163,18 @@ def preflight_filter_cmd(
     ),
 ) -> None:
     """Offline difficulty filter: keep the training prompts whose best sample beat the greedy answer."""
-    from shared.golden import source_of
-    from trainer.phases.preflight import improvable_prompt_set, sources_with_headroom
+    from trainer.phases.preflight import FilterError, filter_improvable
 
-    rep = json.loads(report.read_text())
-    if "improvable_ids" not in rep:
-        raise bad_param("--report", ValueError(f"{report}: no improvable_ids (a report of before issue 23: rerun it)"))
-    ids = list(rep["improvable_ids"])
-    note = ""
-    if min_source_share > 0:
-        try:
-            sources, dropped = sources_with_headroom(rep, min_source_share)
-        except ValueError as exc:
-            raise bad_param("--report", exc) from None
-        if not sources:
-            reason = ValueError(f"no source reaches {min_source_share} improvable prompts")
-            raise bad_param("--min-source-share", reason)
-        ids = [i for i in ids if source_of(i) in sources]
-        note = f"; sources below {min_source_share}: {', '.join(dropped) or 'none'} (dropped)"
     try:
-        kept, missing = improvable_prompt_set(train, ids, out)
-    except ValueError as exc:
-        raise bad_param("--train", exc) from None
-    typer.echo(
-        f"{kept} improvable prompts -> {out}" + (f" ({len(missing)} ids not in {train})" if missing else "") + note
-    )
+        res = filter_improvable(json.loads(report.read_text()), train, out, min_source_share)
+    except FilterError as exc:
+        why = ValueError(f"{report}: {exc}") if exc.input_name == "report" else exc
+        raise bad_param(f"--{exc.input_name.replace('_', '-')}", why) from None
+    note = ""
+    if res.dropped_sources is not None:
+        note = f"; sources below {min_source_share}: {', '.join(res.dropped_sources) or 'none'} (dropped)"
+    missing = f" ({len(res.missing)} ids not in {train})" if res.missing else ""
+    typer.echo(f"{res.kept} improvable prompts -> {out}{missing}{note}")
 
 
 @app.command(

@@ -344,6 +344,50 @@ def sources_with_headroom(report: Mapping[str, Any], min_share: float) -> tuple[
     return kept, sorted(set(per) - set(kept))
 
 
+@dataclass(frozen=True)
+class FilteredPrompts:
+    """What ``trainer preflight-filter`` wrote: rows kept, improvable ids not in the train file, and the
+    sources dropped by ``min_source_share`` (None: no source filter)."""
+
+    kept: int
+    missing: list[str]
+    dropped_sources: list[str] | None = None
+
+
+class FilterError(ValueError):
+    """The filter's input at fault (``report``, ``train`` or ``min_source_share``) and why."""
+
+    def __init__(self, input_name: str, message: str) -> None:
+        super().__init__(message)
+        self.input_name = input_name
+
+
+def filter_improvable(
+    report: Mapping[str, Any], train: Path, out: Path, min_source_share: float = 0.0
+) -> FilteredPrompts:
+    """The offline difficulty filter (``trainer preflight-filter``): the training prompts of ``train`` whose
+    best sample beat the greedy answer in ``report`` (a preflight report's dict), optionally only of the
+    sources whose improvable share reaches ``min_source_share`` (:func:`sources_with_headroom`), written
+    to ``out``. Raises :class:`FilterError` naming the input at fault."""
+    if "improvable_ids" not in report:
+        raise FilterError("report", "no improvable_ids (a report of before issue 23: rerun it)")
+    ids = list(report["improvable_ids"])
+    dropped = None
+    if min_source_share > 0:
+        try:
+            sources, dropped = sources_with_headroom(report, min_source_share)
+        except ValueError as exc:
+            raise FilterError("report", str(exc)) from None
+        if not sources:
+            raise FilterError("min_source_share", f"no source reaches {min_source_share} improvable prompts")
+        ids = [i for i in ids if source_of(i) in sources]
+    try:
+        kept, missing = improvable_prompt_set(train, ids, out)
+    except ValueError as exc:
+        raise FilterError("train", str(exc)) from None
+    return FilteredPrompts(kept, missing, dropped)
+
+
 def write_report(report: PreflightReport | TemperatureChoice, path: Path) -> None:
     """A preflight report, or the temperature chosen from a sweep of them, as JSON at ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
