@@ -10,8 +10,9 @@ one that stops them.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from services.executor_vllm.cpu_launcher import CpuExecutor
@@ -109,3 +110,86 @@ def serve_model(
         model, [log], [slot], eager=eager, served_name=served_name, max_model_len=max_model_len, timeout=timeout
     ) as (endpoint,):
         yield endpoint
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model a program wants served: its folder, the name requests carry, where it runs, its log."""
+
+    model: str
+    served_name: str = SERVED_NAME
+    slot: ExecutorSlot | None = None
+    log: Path | None = None
+
+
+def start_waves(specs: Sequence[ModelSpec]) -> list[list[ModelSpec]]:
+    """The order executors start in: each wave starts together and is waited for side by side, with at
+    most one engine initialising per GPU (two vLLM engines that initialise at the same moment on one GPU
+    can lose one: each one's memory profiling sees the other's allocations move). On CPU, one at a time."""
+    per_device: dict[str, list[ModelSpec]] = {}
+    for spec in specs:
+        device = spec.slot.gpus[0] if spec.slot and spec.slot.gpus else "cpu"
+        per_device.setdefault(device, []).append(spec)
+    depth = max((len(v) for v in per_device.values()), default=0)
+    return [[queue[i] for queue in per_device.values() if i < len(queue)] for i in range(depth)]
+
+
+class ExecutorPool:
+    """Executors kept up across the steps of a program and reused by model folder: a step asks for the
+    models it needs (:meth:`ensure`), those already up are reused, the rest start in :func:`start_waves`
+    order; :meth:`release` stops the ones a later step will not need, :meth:`close` (or the ``with`` block's
+    end) stops every one. Call it from the thread that owns the program: an owned child ends with the
+    thread that launched it."""
+
+    def __init__(self, *, eager: bool = True, max_model_len: int = 4096, timeout: float = START_TIMEOUT_S) -> None:
+        self.eager, self.max_model_len, self.timeout = eager, max_model_len, timeout
+        self._up: dict[str, tuple[CpuExecutor, Endpoint]] = {}
+
+    def __enter__(self) -> ExecutorPool:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    @property
+    def models(self) -> list[str]:
+        """The model folders served now, in the order they started."""
+        return list(self._up)
+
+    def ensure(self, specs: Sequence[ModelSpec]) -> list[Endpoint]:
+        """Endpoints of ``specs`` (in order), starting the models not yet served."""
+        missing: dict[str, ModelSpec] = {}
+        for spec in specs:
+            if spec.model not in self._up:
+                missing.setdefault(spec.model, spec)
+        for wave in start_waves(list(missing.values())):
+            executors = [
+                executor_for(s.model, s.log, s.slot, eager=self.eager, served_name=s.served_name,
+                             max_model_len=self.max_model_len)
+                for s in wave
+            ]  # fmt: skip
+            try:
+                for ex in executors:
+                    ex.launch()
+                with ThreadPoolExecutor(max_workers=len(executors)) as pool:
+                    for f in [pool.submit(ex.wait_ready, self.timeout) for ex in executors]:
+                        f.result()
+            except BaseException:
+                for ex in executors:
+                    ex.stop()
+                raise
+            for spec, ex in zip(wave, executors, strict=True):
+                self._up[spec.model] = (ex, Endpoint(ex.url, spec.served_name))
+        return [self._up[s.model][1] for s in specs]
+
+    def release(self, keep: Iterable[str] = ()) -> list[str]:
+        """Stop every executor whose model is not in ``keep``; the models stopped."""
+        wanted = set(keep)
+        stopped = [m for m in self._up if m not in wanted]
+        for model in stopped:
+            ex, _ = self._up.pop(model)
+            ex.stop()
+        return stopped
+
+    def close(self) -> None:
+        self.release()
