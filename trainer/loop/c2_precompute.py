@@ -1,23 +1,55 @@
 """The step before C2: π1ʳ-pipe, served locally (or checked at ``--pi1-pipe-url``), predicts the schemas
-C2 trains on (:func:`trainer.data.precompute.precompute_c2`); reused only for the same content key."""
+C2 trains on (:func:`write_c2_data`, which the experiments call with an executor of their own); reused only
+for the same content key."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 from trainer.loop.manifest import PRECOMPUTE_KEY, precompute_key, read_json
 from trainer.loop.workspace import Workspace
+from trainer.serving.endpoint import Endpoint
 from trainer.serving.executors import serve_model
 from trainer.serving.gpus import ExecutorSlot
+
+if TYPE_CHECKING:
+    from trainer.data.precompute import PrecomputeReport
+    from trainer.evaluation.generation import GenerationConfig
+
+
+def write_c2_data(
+    golden: Path,
+    data_dir: Path,
+    pi1: Endpoint,
+    gen: GenerationConfig,
+    *,
+    on_invalid: Literal["skip", "gold"],
+    limit: int | None = None,
+    train_sample: int | None = None,
+) -> PrecomputeReport:
+    """``data_dir/c2/``: Stage-2 prompts on the schemas the π1 at ``pi1`` writes for the train (a seeded
+    ``train_sample`` of it) and validation documents; invalid schemas skipped or given the gold one."""
+    from trainer.data.precompute import precompute_c2
+    from trainer.evaluation.generation import GenerationClient
+    from trainer.evaluation.inference import schema_predictor
+
+    return precompute_c2(
+        golden,
+        data_dir,
+        schema_predictor(GenerationClient(pi1.url, pi1.served_name, gen)),
+        pi1.served_name,
+        on_invalid=on_invalid,
+        limit=limit,
+        sample={"train": train_sample} if train_sample else None,
+    )
 
 
 def precompute_c2_data(ws: Workspace, pi1_pipe: str, data_dir: Path, tag: str) -> None:
     """C2's data from π1ʳ-pipe's schemas; reused only if its key (model content, golden, config) matches."""
-    from trainer.data.precompute import precompute_c2
-    from trainer.evaluation.generation import GenerationClient, GenerationConfig
-    from trainer.evaluation.inference import schema_predictor
+    from trainer.evaluation.generation import GenerationConfig
 
     cfg = ws.cfg
     key = precompute_key(cfg, pi1_pipe)
@@ -32,14 +64,8 @@ def precompute_c2_data(ws: Workspace, pi1_pipe: str, data_dir: Path, tag: str) -
         served = ep.identity.as_dict() if ep.identity else None
         if served is not None:
             ws.manifest.set(f"served:precompute_{tag}", served)
-        rep = precompute_c2(
-            cfg.golden,
-            data_dir,
-            schema_predictor(GenerationClient(ep.url, ep.served_name, gen)),
-            ep.served_name,
-            on_invalid="gold",
-            limit=cfg.limit,
-            sample={"train": cfg.c2_train_prompts} if cfg.c2_train_prompts else None,
+        rep = write_c2_data(
+            cfg.golden, data_dir, ep, gen, on_invalid="gold", limit=cfg.limit, train_sample=cfg.c2_train_prompts
         )
     key_path.write_text(json.dumps(key, indent=2) + "\n")
     ws.manifest.set(f"precompute:{tag}", asdict(rep) | {"schema_model": pi1_pipe, "key": key, "served": served})
