@@ -1,5 +1,6 @@
 """``python -m trainer``: data builders, inference, evaluation, the RFT baseline and the demo; it mounts the
-phase commands (``trainer/phases/cli.py``) and the loop's (``trainer/loop_cli.py``).
+phase commands (``trainer/phases/cli.py``), the loop's (``trainer/loop_cli.py``) and the experiments'
+(``trainer/experiment/cli.py``).
 
 ``data`` and ``evaluate`` are Typer sub-apps; the phase and loop commands join as top-level commands
 through their modules' ``register``.
@@ -31,6 +32,7 @@ from trainer.evaluation.phase_d import (
     run_pipeline,
     write_outputs,
 )
+from trainer.experiment.cli import register as register_experiment
 from trainer.loop_cli import register as register_loop
 from trainer.phases.cli import ProfileOpt, bad_param
 from trainer.phases.cli import register as register_phases
@@ -47,6 +49,7 @@ app.add_typer(data_app, name="data")
 app.add_typer(evaluate_app, name="evaluate")
 register_phases(app)  # run / preflight* / positive-control / export as top-level commands
 register_loop(app)  # loop
+register_experiment(app)  # experiment pi1-ab | pi2-ab
 
 
 def _bad(param: str, msg: str) -> typer.BadParameter:
@@ -132,8 +135,15 @@ def data_precompute(
     client = GenerationClient(executor_url, model, _gen(max_tokens, concurrency, timeout, seed))
     sample = {"train": train_sample} if train_sample else None
     report = precompute_c2(
-        golden, out, schema_predictor(client), client.model, on_invalid=policy, limit=limit, stage2_fit=fit,
-        sample=sample, seed=seed,
+        golden,
+        out,
+        schema_predictor(client),
+        client.model,
+        on_invalid=policy,
+        limit=limit,
+        stage2_fit=fit,
+        sample=sample,
+        seed=seed,
     )
     table = Table("split", "rows written", "invalid schemas", f"invalid → {on_invalid}", "Stage-2 too long (dropped)")
     for split, n in report.counts.items():

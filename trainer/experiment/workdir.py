@@ -1,0 +1,70 @@
+"""An experiment's folder: where each stage's result lands, so a rerun can tell what is done.
+
+| path | written by |
+|---|---|
+| ``data/``, ``a1/``, ``a2/`` | data build and SFT (links to ``--sft-from``'s) |
+| ``preflight/<phase>_t<T>.json``, ``choice.json``, ``<phase>_improvable.parquet`` | preflight, choice, filter |
+| ``data/c2/`` | pi2-ab: π1ˢ's schemas (``data precompute-schemas``) |
+| ``<phase>_control/positive_control.json`` | the positive control |
+| ``<arm>/phase_result.json`` (``b1``, ``c1`` / ``b2``, ``c2``) | RL |
+| ``phase_d/``, ``gold_schema/``, ``gold_schema_eval/`` | evaluation |
+| ``logs/`` | executors and reward APIs |
+| ``experiment_manifest.json`` | the config whole, and each stage's wall time |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+MANIFEST = "experiment_manifest.json"
+
+
+@dataclass(frozen=True)
+class Workdir:
+    root: Path
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    def phase(self, name: str) -> Path:
+        return self.root / name
+
+    @property
+    def preflight(self) -> Path:
+        return self.root / "preflight"
+
+    def report(self, phase: str, temperature: float) -> Path:
+        """The name ``trainer preflight-choose`` reads (``<phase>_t<T>.json``)."""
+        return self.preflight / f"{phase}_t{temperature}.json"
+
+    @property
+    def choice(self) -> Path:
+        return self.preflight / "choice.json"
+
+    def improvable(self, phase: str) -> Path:
+        return self.preflight / f"{phase}_improvable.parquet"
+
+    def control(self, phase: str) -> Path:
+        return self.root / f"{phase}_control"
+
+    @property
+    def phase_d(self) -> Path:
+        return self.root / "phase_d"
+
+    @property
+    def gold_schema(self) -> Path:
+        return self.root / "gold_schema"
+
+    @property
+    def gold_schema_eval(self) -> Path:
+        return self.root / "gold_schema_eval"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / MANIFEST
