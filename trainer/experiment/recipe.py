@@ -144,7 +144,7 @@ class Experiment:
         phases = [p for s in todo for p in s.executors]
         apis = [a for s in todo for a in s.reward_apis]
         for p in {*phases, self.design.partner}:
-            if p in ("a1", "a2") or phase_ok(self.wd.phase(p)):
+            if phase_ok(self.wd.phase(p)):
                 sv.models[p] = self.output(p)
         if self.placement.on_cpu:
             stopped = sv.keep_only(phases, apis)
@@ -251,6 +251,10 @@ class Experiment:
             self.say(f"no headroom: {where}; going on (--force-rl)")
         for phase in swept:
             report = json.loads(wd.report(phase, choice.temperature).read_text())
+            if not report.get("improvable_ids"):  # only with --force-rl: nothing to filter, the arm trains on all
+                wd.improvable(phase).unlink(missing_ok=True)
+                self.say(f"{phase}: no improvable prompt at T {choice.temperature}; no improvable set")
+                continue
             res = filter_improvable(
                 report, wd.data / phase / "train.parquet", wd.improvable(phase), cfg.min_source_share
             )
@@ -258,6 +262,9 @@ class Experiment:
             self.say(f"{phase}: {res.kept} improvable prompts -> {wd.improvable(phase)}{dropped}")
 
     def control(self) -> None:
+        prompts = self.wd.improvable(self.design.arms[0])
+        if not prompts.is_file():
+            raise ExperimentStopped(f"positive control: no improvable prompt set {prompts} (--control off skips it)")
         run, ccfg = self.control_phase(self.sv.reward_api("local"), self.need_temperature())
         _res, verdict = self.control_runner(run, self.wd.improvable(self.design.arms[0]), ccfg)
         self.say(verdict.reason)
@@ -365,7 +372,7 @@ class Experiment:
             with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
                 futures = []
                 for i, (_p, run) in enumerate(jobs):
-                    if i:
+                    if i and stagger_s:
                         time.sleep(stagger_s)
                     futures.append(pool.submit(self.runner, run))
                 results = [f.result() for f in futures]

@@ -1,0 +1,122 @@
+"""The experiment commands are generated from ExperimentConfig: every field is an option with its help,
+the options land in the config, and --dry-run prints the plan without starting anything."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.trainer.test_loop import SAMPLE
+from trainer.experiment import ExperimentConfig
+
+
+def options(command: str) -> dict[str, str]:
+    from typer.main import get_command
+
+    from trainer.cli import app
+
+    group = get_command(app).commands["experiment"]  # type: ignore[attr-defined]
+    return {p.name: getattr(p, "help", "") or "" for p in group.commands[command].params if p.name}
+
+
+@pytest.mark.parametrize("command", ["pi1-ab", "pi2-ab"])
+def test_every_config_field_is_an_option_with_its_help(command: str) -> None:
+    opts = options(command)
+    for f in dataclasses.fields(ExperimentConfig):
+        assert f.metadata.get("help"), f"ExperimentConfig.{f.name} has no help text"
+        name = f.metadata["option"] or f.name
+        assert opts.get(name) == f.metadata["help"], f.name
+    assert len(opts) == len(dataclasses.fields(ExperimentConfig))
+
+
+def test_help_lists_every_option() -> None:
+    from trainer.cli import app
+
+    res = CliRunner().invoke(app, ["experiment", "pi1-ab", "--help"], env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    for f in dataclasses.fields(ExperimentConfig):
+        flag = "--" + (f.metadata["option"] or f.name).replace("_", "-")
+        assert flag in res.output, flag
+
+
+def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer.cli import app
+    from trainer.experiment import cli
+
+    seen: list[tuple[str, ExperimentConfig]] = []
+
+    class Capturing:
+        def __init__(self, design: Any, cfg: ExperimentConfig, **_: Any) -> None:
+            seen.append((design.name, cfg))
+            self.wd = type("W", (), {"manifest": tmp_path / "m.json"})()
+
+        def run(self) -> dict[str, Any]:
+            return {}
+
+    monkeypatch.setattr(cli, "Experiment", Capturing)
+    base = ["experiment", "pi2-ab", "--golden", str(SAMPLE), "--workdir", str(tmp_path)]
+    given = [
+        "--profile", "gpu", "--gpus", "2,3", "--base-model", "/b", "--sft-from", str(tmp_path), "--data-phases",
+        "a1,a2,b1,c1,b2", "--limit", "5", "--sft-override", "a=1", "--sft-override", "b=2", "--temps", "0.8,1.2",
+        "--preflight-phases", "b2,c2", "--preflight-prompts", "8", "--preflight-n", "4", "--preflight-max-tokens",
+        "128", "--min-share", "0.2", "--force-rl", "--min-source-share", "0.3", "--rl-improvable", "--control",
+        "parallel", "--control-stagger-s", "10", "--c2-train-sample", "99", "--rl-steps", "3", "--rl-test-freq", "1",
+        "--rl-micro", "8", "--rl-extra", "x=1", "--rl-extra", "y=2", "--rl-stagger-s", "5", "--eval-limit", "4",
+        "--eval-max-tokens", "64", "--eval-concurrency", "2", "--eval-timeout-s", "30",
+    ]  # fmt: skip
+    res = CliRunner().invoke(app, [*base, *given])
+    assert res.exit_code == 0, res.output
+    name, cfg = seen[-1]
+    assert name == "pi2-ab"
+    assert cfg == ExperimentConfig(
+        golden=SAMPLE, workdir=tmp_path, profile="gpu", gpus=("2", "3"), base_model="/b", sft_from=tmp_path,
+        data_phases=("a1", "a2", "b1", "c1", "b2"), limit=5, sft_overrides=("a=1", "b=2"), temps=(0.8, 1.2),
+        preflight_phases=("b2", "c2"), preflight_prompts=8, preflight_n=4, preflight_max_tokens=128, min_share=0.2,
+        force_rl=True, min_source_share=0.3, rl_improvable=True, control="parallel", control_stagger_s=10.0,
+        c2_train_sample=99, rl_steps=3, rl_test_freq=1, rl_micro=8, rl_extra=("x=1", "y=2"), rl_stagger_s=5.0,
+        eval_limit=4, eval_max_tokens=64, eval_concurrency=2, eval_timeout_s=30.0,
+    )  # fmt: skip
+    # every field but the dry run was given something other than its default
+    default = ExperimentConfig(golden=SAMPLE, workdir=tmp_path)
+    changed = {f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != getattr(default, f.name)}
+    assert changed | {"golden", "workdir", "profile", "dry_run"} == {f.name for f in dataclasses.fields(cfg)}
+    bad = CliRunner().invoke(app, [*base, "--profile", "cpu-smoke", "--control", "later"], env={"COLUMNS": "400"})
+    assert bad.exit_code == 2 and "--control" in bad.output and "'later'" in bad.output
+
+
+@pytest.mark.parametrize(
+    ("args", "placement", "stagger"),
+    [
+        (["--profile", "cpu-smoke"], "CPU: every process", "(then arm B: in turn on CPU)"),
+        (["--gpus", "0"], "arm A on GPU 0, arm B on GPU 0 (one card shared: arm B staggered)", "arm B starts 90 s"),
+        (["--gpus", "0,1"], "arm A on GPU 0, arm B on GPU 1", None),
+        (["--gpus", "0,1,2,3"], "arm A on GPU 0,1, arm B on GPU 2,3", None),
+    ],
+)
+def test_dry_run_prints_the_plan_and_starts_nothing(
+    tmp_path: Path, args: list[str], placement: str, stagger: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainer.cli import app
+    from trainer.experiment.recipe import Experiment
+
+    monkeypatch.setattr(Experiment, "run", lambda self: pytest.fail("--dry-run ran the experiment"))
+    cmd = ["experiment", "pi1-ab", "--golden", str(SAMPLE), "--workdir", str(tmp_path / "ab"), "--base-model", "/b"]
+    res = CliRunner().invoke(app, [*cmd, *args, "--dry-run"])
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert placement in out
+    assert [line for line in out.splitlines() if line.startswith("[")] == [
+        "[sft]", "[preflight]", "[choose]", "[control]", "[rl]", "[eval]"
+    ]  # fmt: skip
+    assert "executors start: pi1-sft, pi2-sft" in out
+    if "cpu-smoke" in args:  # GRPO needs the memory: the executors stop before RL; eval starts π1ˢ again
+        assert "executors stop: pi1-sft, pi2-sft" in out and "executors start: pi1-sft, pi1-local, pi1-pipe" in out
+    else:
+        assert "executors reuse: pi1-sft, pi2-sft" in out and "executors stop" not in out
+    assert "b1_grpo" in out and "c1_grpo" in out and "actor_rollout_ref.rollout.temperature=<chosen T>" in out
+    assert (stagger in out) if stagger else ("arm B starts" not in out)
+    assert not (tmp_path / "ab").exists()

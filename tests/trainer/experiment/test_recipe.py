@@ -1,0 +1,274 @@
+"""The recipe end to end with its servers, phases and clients faked (the real run on CPU is
+``test_pi1_ab_cpu.py``): which phases run where and when, which executors start and which are reused,
+the temperature choice and the no-headroom stop, the positive control, resumability, the stage times."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from shared import read_golden
+from tests.trainer.test_loop import SAMPLE
+from trainer.data.precompute import PrecomputeReport
+from trainer.experiment import DESIGNS, Experiment, ExperimentConfig, ExperimentStopped
+from trainer.phases.launch import PhaseResult, PhaseRun
+from trainer.phases.positive_control import ControlConfig, ControlVerdict
+from trainer.phases.preflight import PromptOutcome, build_report
+from trainer.serving.endpoint import Endpoint
+from trainer.serving.gpus import ExecutorSlot
+
+
+@dataclass
+class Node:
+    """What the fakes saw: executors launched and stopped, phases run, reward APIs, sleeps, evaluations."""
+
+    events: list[tuple[str, ...]] = field(default_factory=list)
+    runs: list[PhaseRun] = field(default_factory=list)
+    sleeps: list[float] = field(default_factory=list)
+    served: dict[str, list[str]] = field(default_factory=dict)  # setting -> the URLs its two stages used
+    keep_step0: set[str] = field(default_factory=set)  # arms whose early stopping keeps step 0
+    control_passes: bool = True
+
+    def launched(self) -> list[str]:
+        return [e[1] for e in self.events if e[0] == "launch"]
+
+
+class FakeExecutor:
+    def __init__(self, node: Node, model: str, slot: ExecutorSlot | None, served_name: str) -> None:
+        self.node, self.model, self.slot, self.served_name = node, model, slot, served_name
+        self.url = f"http://{served_name}"
+
+    def launch(self) -> None:
+        self.node.events.append(("launch", self.served_name, ",".join(self.slot.gpus) if self.slot else "cpu"))
+
+    def wait_ready(self, _timeout: float) -> FakeExecutor:
+        return self
+
+    def stop(self) -> None:
+        self.node.events.append(("stop", self.served_name))
+
+
+@pytest.fixture
+def node(monkeypatch: pytest.MonkeyPatch) -> Node:
+    n = Node()
+
+    def executor_for(model: str, _log: Path, slot: ExecutorSlot | None = None, **kw: Any) -> FakeExecutor:
+        return FakeExecutor(n, model, slot, kw["served_name"])
+
+    @contextmanager
+    def reward_api_process(
+        log: Path, *, executors: tuple[Endpoint, ...] = (), workers: int = 1, **_: Any
+    ) -> Iterator[Any]:
+        kind = log.stem.removeprefix("reward_api_")
+        n.events.append(("reward_api", kind, ",".join(e.served_name for e in executors), str(workers)))
+        yield type("Api", (), {"url": f"http://reward-{kind}"})()
+        n.events.append(("reward_api_stop", kind))
+
+    def advantage_check(golden: Path, reward: str, url: str, model: str, reward_url: str, **kw: Any) -> Any:
+        """Every training prompt improvable at T >= 1.3, none below."""
+        t = kw["temperature"]
+        n.events.append(("preflight", reward, model, reward_url, str(t)))
+        outcomes = [
+            PromptOutcome(ex.id, 0.0, (0.0, 1.0 if t >= 1.3 else 0.0), (True, True))
+            for ex in read_golden(golden / "common_train_schemas.jsonl")
+        ]
+        return build_report(reward, outcomes, t, min_informative=0.0, min_improvable=0.0)
+
+    def write_c2_data(golden: Path, data: Path, pi1: Endpoint, _gen: Any, **kw: Any) -> PrecomputeReport:
+        n.events.append(("c2data", pi1.served_name, str(kw["train_sample"])))
+        for split in ("train", "validation"):
+            (data / "c2").mkdir(parents=True, exist_ok=True)
+            pq.write_table(pa.table({"x": [1, 2]}), data / "c2" / f"{split}.parquet")
+        return PrecomputeReport(counts={"train": 2, "validation": 2})
+
+    def run_two_stage(setting: str, pi1: str, pi2: str, examples: Any, serve: Any, *_: Any) -> list[dict[str, Any]]:
+        with serve(pi1, "stage1") as a, serve(pi2, "stage2") as b:
+            n.served[setting] = [a.url, b.url]
+        return [{"id": ex.id, "schema_prediction": json.dumps(ex.schema_dict()), "table_prediction": None,
+                 "schema_model": pi1, "table_model": pi2} for ex in examples]  # fmt: skip
+
+    def infer(stage: str, examples: Any, client: Any, out: Path) -> list[dict[str, Any]]:
+        n.served[f"gold:{out.stem}"] = [client.base_url if hasattr(client, "base_url") else client.model]
+        recs = [{"id": ex.id, "stage": stage, "prediction": ""} for ex in examples]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("".join(json.dumps(r) + "\n" for r in recs))
+        return recs
+
+    monkeypatch.setattr("trainer.serving.executors.executor_for", executor_for)
+    monkeypatch.setattr("trainer.experiment.services.reward_api_process", reward_api_process)
+    monkeypatch.setattr("trainer.phases.preflight.advantage_check", advantage_check)
+    monkeypatch.setattr("trainer.loop.c2_precompute.write_c2_data", write_c2_data)
+    monkeypatch.setattr("trainer.evaluation.two_stage.run_two_stage", run_two_stage)
+    monkeypatch.setattr("trainer.evaluation.inference.infer", infer)
+    monkeypatch.setattr("trainer.experiment.recipe.time.sleep", n.sleeps.append)
+    return n
+
+
+def runner(node: Node) -> Any:
+    def run(r: PhaseRun) -> PhaseResult:
+        node.runs.append(r)
+        node.events.append(("phase", r.phase.name, ",".join(r.gpus) or "cpu"))
+        r.out_dir.mkdir(parents=True, exist_ok=True)
+        hf = r.model_path if r.phase.name in node.keep_step0 else str(r.out_dir / "hf")
+        Path(hf).mkdir(parents=True, exist_ok=True)
+        res = PhaseResult(r.phase.name, r.profile, "ok", 0, r.command(), r.model_path, str(r.data_dir),
+                          str(r.out_dir), "t", 1.0, best_step=0 if r.phase.name in node.keep_step0 else 2,
+                          hf_dir=hf)  # fmt: skip
+        res.write(r.out_dir)
+        return res
+
+    return run
+
+
+def control_runner(node: Node) -> Any:
+    def run(r: PhaseRun, prompts: Path, ccfg: ControlConfig) -> tuple[PhaseResult, ControlVerdict]:
+        node.events.append(("control", r.phase.name, str(prompts.name)))
+        verdict = ControlVerdict(node.control_passes, ccfg.margin, "passed" if node.control_passes else "FAILED")
+        r.out_dir.mkdir(parents=True, exist_ok=True)
+        (r.out_dir / "positive_control.json").write_text(json.dumps({"verdict": verdict.as_dict()}))
+        return PhaseResult(r.phase.name, r.profile, "ok", 0, [], "", "", "", "t", 1.0), verdict
+
+    return run
+
+
+def experiment(node: Node, tmp_path: Path, name: str = "pi1-ab", **kw: Any) -> Experiment:
+    cfg = ExperimentConfig(golden=SAMPLE, workdir=tmp_path / name, base_model="/base", temps=(1.0, 1.3), **kw)
+    return Experiment(DESIGNS[name], cfg, runner=runner(node), control_runner=control_runner(node), say=lambda _m: None)
+
+
+def test_pi1_on_one_gpu(node: Node, tmp_path: Path) -> None:
+    node.keep_step0 = {"b1"}
+    exp = experiment(node, tmp_path, gpus=("0",))
+    manifest = exp.run()
+    wd = exp.wd
+    # SFT both on the one GPU; RL at the chosen temperature, arm B staggered (one card)
+    assert [(r.phase.name, r.gpus) for r in node.runs] == [
+        ("a1", ("0",)),
+        ("a2", ("0",)),
+        ("b1", ("0",)),
+        ("c1", ("0",)),
+    ]
+    assert json.loads(wd.choice.read_text())["temperature"] == 1.3
+    b1, c1 = node.runs[2], node.runs[3]
+    assert "actor_rollout_ref.rollout.temperature=1.3" in b1.overrides and b1.model_path == str(wd.phase("a1") / "hf")
+    assert (b1.reward_url, c1.reward_url) == ("http://reward-local", "http://reward-pipe")
+    assert node.sleeps == [90.0]
+    # the preflight's executors start once and eval reuses them; B1 kept step 0, so its π1 is π1ˢ's executor
+    assert node.launched() == ["pi1-sft", "pi2-sft", "pi1-pipe"]
+    assert not [e for e in node.events if e[0] == "stop"][:-3]  # nothing stopped before the end
+    assert ("reward_api", "pipe", "pi2-sft", "8") in node.events and ("reward_api", "local", "", "4") in node.events
+    assert {e[1] for e in node.events if e[0] == "preflight"} == {"schema", "pipeline"}
+    assert node.served == {
+        "sft": ["http://pi1-sft", "http://pi2-sft"],
+        "local": ["http://pi1-sft", "http://pi2-sft"],
+        "pipe": ["http://pi1-pipe", "http://pi2-sft"],
+    }
+    assert ("control", "b1", "b1_improvable.parquet") in node.events
+    metrics = json.loads((wd.phase_d / "metrics.json").read_text())
+    assert list(metrics["settings"]) == ["sft", "local", "pipe"] and metrics["paired_tests"]
+    assert all(
+        manifest[f"stage:{s}"]["status"] == "ok" for s in ("sft", "preflight", "choose", "control", "rl", "eval")
+    )
+    assert all(isinstance(manifest[f"stage:{s}"]["seconds"], float) for s in ("sft", "rl", "eval"))
+    # every server ended with the experiment
+    assert sorted(e[1] for e in node.events if e[0] == "stop") == ["pi1-pipe", "pi1-sft", "pi2-sft"]
+
+    # a rerun skips every stage whose result exists: nothing is launched or served again
+    before = len(node.events)
+    manifest = exp.run()
+    assert [e for e in node.events[before:] if e[0] in ("launch", "phase", "control", "preflight")] == []
+    assert manifest["stage:rl"]["status"].startswith("skipped") and manifest["stage:choose"]["status"] == "ok"
+
+
+def test_pi1_on_two_gpus_each_arm_its_own_and_no_stagger(node: Node, tmp_path: Path) -> None:
+    experiment(node, tmp_path, gpus=("0", "1"), control="off").run()
+    assert [(r.phase.name, r.gpus) for r in node.runs] == [
+        ("a1", ("0",)),
+        ("a2", ("1",)),
+        ("b1", ("0",)),
+        ("c1", ("1",)),
+    ]
+    assert node.sleeps == []
+    launched = [e for e in node.events if e[0] == "launch"]
+    assert launched == [("launch", "pi1-sft", "0"), ("launch", "pi2-sft", "1"), ("launch", "pi1-local", "0"),
+                        ("launch", "pi1-pipe", "1")]  # fmt: skip
+
+
+def test_cpu_arms_in_turn_and_executors_stopped_for_grpo(node: Node, tmp_path: Path) -> None:
+    experiment(node, tmp_path, profile="cpu-smoke", control="off").run()
+    phases = [e for e in node.events if e[0] == "phase"]
+    assert phases == [("phase", p, "cpu") for p in ("a1", "a2", "b1", "c1")] and node.sleeps == []
+    rl_at = node.events.index(("phase", "b1", "cpu"))
+    up_during_rl: set[str] = set()
+    for e in node.events[:rl_at]:
+        if e[0] == "launch":
+            up_during_rl.add(e[1])
+        elif e[0] == "stop":
+            up_during_rl.discard(e[1])
+    assert up_during_rl == {"pi2-sft"}  # only the pipeline reward's π2ˢ beside GRPO
+    assert ("reward_api", "pipe", "pi2-sft", "1") in node.events
+
+
+def test_no_headroom_stops_before_rl_unless_forced(node: Node, tmp_path: Path) -> None:
+    exp = experiment(node, tmp_path, gpus=("0",))
+    exp.cfg.temps = (1.0,)
+    with pytest.raises(ExperimentStopped, match=r"no headroom: b1, c1"):
+        exp.run()
+    assert [r.phase.name for r in node.runs] == ["a1", "a2"]
+    exp.cfg.force_rl = True
+    exp.cfg.control = "off"
+    exp.run()
+    assert [r.phase.name for r in node.runs] == ["a1", "a2", "b1", "c1"]
+
+
+def test_a_failed_serial_control_stops_also_on_a_rerun(node: Node, tmp_path: Path) -> None:
+    node.control_passes = False
+    exp = experiment(node, tmp_path, gpus=("0",))
+    with pytest.raises(ExperimentStopped, match="FAILED"):
+        exp.run()
+    with pytest.raises(ExperimentStopped, match="FAILED"):
+        exp.run()
+    assert [r.phase.name for r in node.runs] == ["a1", "a2"]
+
+
+def test_pi2_c2data_gold_schemas_and_the_improvable_fallback(node: Node, tmp_path: Path) -> None:
+    exp = experiment(node, tmp_path, "pi2-ab", gpus=("0", "1"), control="parallel", rl_improvable=True,
+                     c2_train_sample=7)  # fmt: skip
+    exp.run()
+    # the preflight's π2ˢ on arm A's GPU and c2data's π1ˢ on arm B's start together; eval keeps both
+    launched = [e for e in node.events if e[0] == "launch"]
+    assert launched[:2] == [("launch", "pi2-sft", "0"), ("launch", "pi1-sft", "1")]
+    assert [e[1] for e in launched[2:]] == ["pi2-local", "pi2-pipe"]
+    assert ("c2data", "pi1-sft", "7") in node.events
+    # 12 improvable prompts do not fill the gpu profile's batch of 64: B2 trains on the train split
+    b2 = next(r for r in node.runs if r.phase.name == "b2")
+    assert not any(o.startswith("data.train_files=") for o in b2.overrides)
+    assert node.sleeps == [150.0]  # RL after the parallel control
+    assert node.served["local"] == ["http://pi1-sft", "http://pi2-local"]
+    assert (exp.wd.gold_schema_eval / "metrics.json").is_file() and (exp.wd.phase_d / "metrics.json").is_file()
+
+
+def test_rl_improvable_trains_on_the_set_where_it_fills_a_batch(node: Node, tmp_path: Path) -> None:
+    experiment(node, tmp_path, profile="cpu-smoke", control="off", rl_improvable=True).run()
+    b1 = next(r for r in node.runs if r.phase.name == "b1")
+    assert f"data.train_files={tmp_path / 'pi1-ab' / 'preflight' / 'b1_improvable.parquet'}" in b1.overrides
+
+
+def test_sft_from_links_a_finished_experiment_and_refuses_an_unfinished_one(node: Node, tmp_path: Path) -> None:
+    experiment(node, tmp_path, gpus=("0",), control="off", data_phases=("a1", "a2", "b1", "c1", "b2")).run()
+    other = experiment(node, tmp_path, "pi2-ab", gpus=("0",), control="off", sft_from=tmp_path / "pi1-ab")
+    n_sft = sum(r.phase.name in ("a1", "a2") for r in node.runs)
+    other.run()
+    assert sum(r.phase.name in ("a1", "a2") for r in node.runs) == n_sft  # no SFT again
+    assert (other.wd.root / "a1").resolve() == (tmp_path / "pi1-ab" / "a1").resolve()
+    bare = experiment(node, tmp_path, "pi2-ab", gpus=("0",), sft_from=tmp_path / "nothing")
+    with pytest.raises(ExperimentStopped, match="not finished or not built: a1, a2"):
+        bare.run()

@@ -1,0 +1,49 @@
+"""ExecutorPool: executors reused by model, started one engine per GPU at a time, released on demand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainer.serving.executors import ExecutorPool, ModelSpec, start_waves
+from trainer.serving.gpus import ExecutorSlot
+
+
+def spec(model: str, gpu: str | None) -> ModelSpec:
+    return ModelSpec(model, model, ExecutorSlot((gpu,)) if gpu else None)
+
+
+def test_start_waves_one_engine_per_gpu_at_a_time() -> None:
+    waves = start_waves([spec("a", "0"), spec("b", "1"), spec("c", "0"), spec("d", "1"), spec("e", "0")])
+    assert [[s.model for s in w] for w in waves] == [["a", "b"], ["c", "d"], ["e"]]
+    assert [[s.model for s in w] for w in start_waves([spec("a", None), spec("b", None)])] == [["a"], ["b"]]
+    assert start_waves([]) == []
+
+
+def test_pool_reuses_by_model_and_stops_what_is_released(monkeypatch: pytest.MonkeyPatch) -> None:
+    log: list[tuple[str, str]] = []
+
+    class Fake:
+        def __init__(self, model: str, _log: Path | None, _slot: Any, **kw: Any) -> None:
+            self.model, self.url = model, f"http://{model}"
+
+        def launch(self) -> None:
+            log.append(("launch", self.model))
+
+        def wait_ready(self, _t: float) -> None:
+            log.append(("ready", self.model))
+
+        def stop(self) -> None:
+            log.append(("stop", self.model))
+
+    monkeypatch.setattr("trainer.serving.executors.executor_for", Fake)
+    with ExecutorPool() as pool:
+        a, b = pool.ensure([spec("a", "0"), spec("b", "1")])
+        assert (a.url, b.url) == ("http://a", "http://b")
+        assert log == [("launch", "a"), ("launch", "b"), ("ready", "a"), ("ready", "b")]
+        again = pool.ensure([spec("a", "0"), spec("c", "0")])
+        assert [e.url for e in again] == ["http://a", "http://c"] and log[-2:] == [("launch", "c"), ("ready", "c")]
+        assert pool.release({"a"}) == ["b", "c"] and pool.models == ["a"]
+    assert log[-1] == ("stop", "a")
