@@ -139,6 +139,11 @@ class ExperimentConfig:
         metadata=cli_meta(help="The second arm starts this long after the first, only where both share a GPU.",
                           min=0.0),
     )  # fmt: skip
+    reward_max_tokens: int | None = field(
+        default=None,
+        metadata=cli_meta(help="Max new tokens of the pipeline reward's executor (C1's Stage 2 with π2ˢ; default: "
+                          "the reward API's own).", min=1),
+    )  # fmt: skip
     eval_limit: int | None = field(
         default=None, metadata=cli_meta(help="First N test documents (default: all).", min=1)
     )

@@ -117,7 +117,7 @@ class Experiment:
             "sft": self.sft, "preflight": self.preflight, "c2data": self.c2data, "choose": self.choose,
             "control": self.control, "rl": self.rl, "eval": self.evaluate,
         }  # fmt: skip
-        with Services(self.design, self.placement, self.wd) as self._sv:
+        with Services(self.design, self.placement, self.wd, cfg.reward_max_tokens) as self._sv:
             started: set[str] = set()
             for stage in plan:
                 if stage.name in started:

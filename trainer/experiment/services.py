@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from trainer.experiment.design import Design
 from trainer.experiment.placement import ArmPlacement
@@ -24,8 +25,12 @@ GPU_WORKERS = {LOCAL: 4, PIPE: 8}
 
 
 class Services(contextlib.AbstractContextManager["Services"]):
-    def __init__(self, design: Design, placement: ArmPlacement, wd: Workdir) -> None:
+    def __init__(
+        self, design: Design, placement: ArmPlacement, wd: Workdir, reward_max_tokens: int | None = None
+    ) -> None:
         self.design, self.placement, self.wd = design, placement, wd
+        # the pipeline reward's Stage-2 answers (None: the reward API's default)
+        self.pipe_settings: dict[str, Any] = {"max_tokens": reward_max_tokens} if reward_max_tokens else {}
         self.models: dict[str, str] = {}  # phase -> the model folder it produced (set as they become known)
         self.pool = ExecutorPool(eager=True)
         self._apis: dict[str, tuple[contextlib.ExitStack, str]] = {}
@@ -60,13 +65,15 @@ class Services(contextlib.AbstractContextManager["Services"]):
         """The URL of the ``local`` or ``pipe`` reward API, started on first use."""
         if kind not in self._apis:
             executors: tuple[Endpoint, ...] = ()
+            settings: dict[str, Any] = {}
             if kind == PIPE:
                 executors = (self.serve([self.design.partner])[self.design.partner],)
+                settings = self.pipe_settings
             workers = 1 if self.placement.on_cpu else GPU_WORKERS[kind]
             stack = contextlib.ExitStack()
             log: Path = self.wd.logs / f"reward_api_{kind}.log"
             api = stack.enter_context(
-                reward_api_process(log, executors=executors, workers=workers, log_level="WARNING")
+                reward_api_process(log, executors=executors, workers=workers, log_level="WARNING", **settings)
             )
             self._apis[kind] = (stack, api.url)
         return self._apis[kind][1]
