@@ -57,6 +57,7 @@ class Experiment:
         self.wd = Workdir(cfg.workdir)
         self.placement = ArmPlacement.of(cfg.gpus if cfg.profile == "gpu" else ())
         self.temperature: float | None = None
+        self.servers_s = 0.0  # the last bring-up's seconds (servers started for the stages about to run)
         self._sv: Services | None = None
 
     # -- the plan
@@ -133,7 +134,9 @@ class Experiment:
                 if not todo:
                     self.check_done(group)
                     continue
+                t0 = time.monotonic()
                 self.bring_up(todo, steps)
+                self.servers_s = round(time.monotonic() - t0, 1)  # part of each stage's wall time
                 self.run_together([(s.name, works[s.name]) for s in todo])
                 self.check_done(group)
         return self.manifest.data
@@ -149,7 +152,7 @@ class Experiment:
         if self.placement.on_cpu:
             stopped = sv.keep_only(phases, apis)
             if stopped:
-                self.say(f"stopped executors of {stopped} (CPU: memory for {', '.join(s.name for s in todo)})")
+                self.say(f"stopped the executors of {stopped} (CPU: memory for {', '.join(s.name for s in todo)})")
         kept = [p for s in todo for p in steps[s.name].reuse]
         if kept:
             self.say(f"{', '.join(s.name for s in todo)}: reusing the executors of {sorted(set(kept))}")
@@ -170,8 +173,10 @@ class Experiment:
             first_error(futures)
 
     def timed(self, name: str, work: Callable[[], None]) -> None:
+        """Run a stage's work; record its wall time (``seconds``: starting its servers, ``servers_s``, and
+        the work) and status."""
         started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-        t0 = time.monotonic()
+        t0 = time.monotonic() - self.servers_s
         self.say(f"== {name}")
         status = "failed"
         try:
@@ -179,7 +184,7 @@ class Experiment:
             status = "ok"
         finally:
             seconds = round(time.monotonic() - t0, 1)
-            self.record(name, {"status": status, "started": started, "seconds": seconds})
+            self.record(name, {"status": status, "started": started, "seconds": seconds, "servers_s": self.servers_s})
             self.say(f"== {name}: {status} in {seconds} s")
 
     def record(self, name: str, value: dict[str, Any]) -> None:
