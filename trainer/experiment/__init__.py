@@ -16,7 +16,8 @@ stage are kept for the next (eval reuses the preflight's policy, c2data's π1ˢ 
 The package: what each experiment compares (``design.py``), its config declared once (``config.py``: the
 options of ``cli.py``), the GPU placement of the arms (``placement.py``), the folder (``workdir.py``), the
 phase runs it launches (``runs.py``), the plan and ``--dry-run`` (``plan.py``), the servers the stages
-share (``services.py``) and the recipe (``recipe.py``).
+share (``services.py``), what every stage works in (``context.py``), the stages (``stages.py``) and the
+recipe (``recipe.py``).
 """
 
 from trainer.experiment.config import ExperimentConfig

@@ -146,3 +146,27 @@ def test_sigterm_to_the_demo_stops_its_vllm_executor(tmp_path: Path) -> None:
     module = "vllm.entrypoints.openai.api_server"
     code, tree = sigterm_when_up(argv, module, lambda port: _answers(f"http://127.0.0.1:{port}/v1/models"), log, 900)
     check_nothing_left(code, tree, module, log)
+
+
+@pytest.mark.vllm
+def test_sigterm_to_an_experiment_stops_the_executors_it_keeps(tmp_path: Path) -> None:
+    """``trainer experiment``'s preflight executor (kept for later stages) ends with the program."""
+    from services.executor_vllm.default_model import convert
+    from trainer.phases.launch import PhaseResult
+
+    done = tmp_path / "done"  # a finished data build and SFT for --sft-from; both policies the base model
+    for phase in ("a1", "a2", "b1", "c1"):
+        (done / "data" / phase).mkdir(parents=True)
+        (done / "data" / phase / "train.parquet").write_bytes(b"")
+    for phase in ("a1", "a2"):
+        (done / phase).mkdir()
+        PhaseResult(phase, "cpu-smoke", "ok", 0, [], "", "", str(done / phase), "t", 1.0, hf_dir=str(convert())).write(
+            done / phase
+        )
+    argv = ["experiment", "pi1-ab", "--golden", str(SAMPLE), "--workdir", str(tmp_path / "ab"), "--profile",
+            "cpu-smoke", "--sft-from", str(done), "--temps", "1.0", "--preflight-prompts", "1",
+            "--preflight-n", "2"]  # fmt: skip
+    log = tmp_path / "experiment.log"
+    module = "vllm.entrypoints.openai.api_server"
+    code, tree = sigterm_when_up(argv, module, lambda port: _answers(f"http://127.0.0.1:{port}/v1/models"), log, 900)
+    check_nothing_left(code, tree, module, log)

@@ -1,0 +1,175 @@
+"""The stages of an experiment, each a function of the :class:`~trainer.experiment.context.Context` it works
+in; the recipe (``recipe.py``) brings their servers up first and runs them in the plan's order
+(``plan.py`` says what each runs and when it counts as done)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from trainer.experiment.context import Context, ExperimentStopped, first_error
+from trainer.experiment.plan import phase_ok, preflight_phases, reward_api_of
+from trainer.phases.registry import reward_of
+from trainer.serving.endpoint import Endpoint
+
+# Max tokens of C2's schemas (π1ˢ's greedy Stage 1), as issue 23's A/B
+C2_MAX_TOKENS = 256
+
+
+def sft(ctx: Context) -> None:
+    from trainer.data.datasets import build_datasets
+
+    phases = ctx.data_phases()
+    if not all((ctx.wd.data / p / "train.parquet").is_file() for p in phases):
+        counts = build_datasets(ctx.cfg.golden, ctx.wd.data, list(phases), limit=ctx.cfg.limit)
+        ctx.manifest.set("data", counts)
+    pair = ("a1", "a2") if ctx.design.start == "a1" else ("a2", "a1")
+    jobs = [(p, ctx.sft_phase(p, ctx.placement.arm(i))) for i, p in enumerate(pair)]
+    ctx.run_phases([(p, run) for p, run in jobs if not phase_ok(ctx.wd.phase(p))], stagger_s=0.0)
+
+
+def preflight(ctx: Context) -> None:
+    """Each swept phase's temperatures in turn, the phases at once (one policy executor serves them all)."""
+    from trainer.phases.preflight import advantage_check, write_report
+
+    cfg, d = ctx.cfg, ctx.design
+    policy = ctx.sv.serve([d.start])[d.start]
+
+    def sweep(phase: str) -> None:
+        url = ctx.sv.reward_api(reward_api_of(phase))
+        for t in cfg.temps:
+            path = ctx.wd.report(phase, t)
+            if path.is_file():
+                continue
+            rep = advantage_check(
+                cfg.golden, reward_of(phase), policy.url, policy.served_name, url, n=cfg.preflight_n,
+                prompts=cfg.preflight_prompts, temperature=t, max_tokens=cfg.preflight_max_tokens,
+                min_informative=0.0, min_improvable=0.0,
+            )  # fmt: skip
+            write_report(rep, path)
+            ctx.say(f"preflight {phase} T {t}: {rep.verdict()}")
+
+    swept = preflight_phases(cfg, d)
+    with ThreadPoolExecutor(max_workers=len(swept)) as pool:
+        first_error([pool.submit(sweep, p) for p in swept])
+
+
+def c2data(ctx: Context) -> None:
+    from trainer.evaluation.generation import GenerationConfig
+    from trainer.loop.c2_precompute import write_c2_data
+
+    cfg, pi1 = ctx.cfg, ctx.sv.serve([ctx.design.partner])[ctx.design.partner]
+    gen = GenerationConfig(max_tokens=C2_MAX_TOKENS, concurrency=cfg.eval_concurrency, timeout_s=cfg.eval_timeout_s)
+    rep = write_c2_data(
+        cfg.golden, ctx.wd.data, pi1, gen, on_invalid="skip", limit=cfg.limit, train_sample=cfg.c2_train_sample
+    )
+    ctx.manifest.set("c2data", dataclasses.asdict(rep) | {"schema_model": ctx.output(ctx.design.partner)})
+
+
+def choose(ctx: Context) -> None:
+    """The rollout temperature, the no-headroom stop, and each swept phase's improvable prompts."""
+    from trainer.phases.preflight import choose_temperature, filter_improvable, read_sweep, write_report
+
+    cfg, wd = ctx.cfg, ctx.wd
+    swept = preflight_phases(cfg, ctx.design)
+    choice = choose_temperature(read_sweep(wd.preflight, swept), cfg.min_share)
+    write_report(choice, wd.choice)
+    ctx.temperature = choice.temperature
+    ctx.say(f"rl temperature {choice.temperature}: {choice.reason}")
+    ctx.manifest.set("choice", {k: v for k, v in choice.as_dict().items() if k != "sweep"})
+    if choice.no_headroom:
+        where = f"{', '.join(choice.no_headroom)} (min share {cfg.min_share})"
+        if not cfg.force_rl:
+            raise ExperimentStopped(f"no headroom: {where}; not running RL (--force-rl runs it)")
+        ctx.say(f"no headroom: {where}; going on (--force-rl)")
+    for phase in swept:
+        report = json.loads(wd.report(phase, choice.temperature).read_text())
+        if not report.get("improvable_ids"):  # only with --force-rl: nothing to filter, the arm trains on all
+            wd.improvable(phase).unlink(missing_ok=True)
+            ctx.say(f"{phase}: no improvable prompt at T {choice.temperature}; no improvable set")
+            continue
+        res = filter_improvable(report, wd.data / phase / "train.parquet", wd.improvable(phase), cfg.min_source_share)
+        dropped = f"; sources dropped: {res.dropped_sources}" if res.dropped_sources else ""
+        ctx.say(f"{phase}: {res.kept} improvable prompts -> {wd.improvable(phase)}{dropped}")
+
+
+def control(ctx: Context) -> None:
+    prompts = ctx.wd.improvable(ctx.design.arms[0])
+    if not prompts.is_file():
+        raise ExperimentStopped(f"positive control: no improvable prompt set {prompts} (--control off skips it)")
+    run, ccfg = ctx.control_phase(ctx.sv.reward_api("local"), ctx.need_temperature())
+    _res, verdict = ctx.control_runner(run, ctx.wd.improvable(ctx.design.arms[0]), ccfg)
+    ctx.say(verdict.reason)
+
+
+def rl(ctx: Context) -> None:
+    t = ctx.need_temperature()
+    jobs = []
+    for i, arm in enumerate(ctx.design.arms):
+        if phase_ok(ctx.wd.phase(arm)):
+            continue
+        jobs.append((arm, ctx.arm_phase(i, ctx.sv.reward_api(reward_api_of(arm)), t, say=True)))
+    ctx.run_phases(jobs, stagger_s=ctx.cfg.rl_stagger_s if ctx.placement.shared_gpu else 0.0)
+    ctx.manifest.set("arms", {a: ctx.output(a) for a in ctx.design.arms})
+
+
+def evaluate(ctx: Context) -> None:
+    """Phase D's settings at once on the kept executors, then scored together (paired tests); pi2-ab
+    also π2 on gold schemas (sft, local, pipe)."""
+    from shared import read_golden
+    from trainer.evaluation.generation import GenerationClient, GenerationConfig
+    from trainer.evaluation.inference import infer
+    from trainer.evaluation.phase_d import load_predictions, write_outputs
+    from trainer.evaluation.two_stage import PromptStage, generate_quietly, run_two_stage
+
+    cfg, d, wd = ctx.cfg, ctx.design, ctx.wd
+    settings = d.settings()
+    eps = ctx.sv.serve([p for pair in settings.values() for p in pair])
+    gen = GenerationConfig(
+        max_tokens=cfg.eval_max_tokens, concurrency=cfg.eval_concurrency, timeout_s=cfg.eval_timeout_s
+    )
+    examples = read_golden(cfg.golden / "common_test_schemas.jsonl", cfg.eval_limit)
+
+    def setting(name: str) -> list[dict[str, Any]]:
+        p1, p2 = settings[name]
+
+        def serve(model: str, stage: PromptStage) -> contextlib.AbstractContextManager[Endpoint]:
+            """The kept executor of the stage's phase (``model`` is its output: that phase's ``hf_dir``)."""
+            return contextlib.nullcontext(eps[p1 if stage == "stage1" else p2])
+
+        return run_two_stage(name, ctx.output(p1), ctx.output(p2), examples, serve, gen, generate_quietly)
+
+    gold: dict[str, str] = {}
+    if d.gold_schema_eval:  # π2 of each setting on the gold schemas
+        gold = {name: pair[1] for name, pair in settings.items()}
+    with ThreadPoolExecutor(max_workers=len(settings) + len(gold)) as pool:
+        pipelines = {name: pool.submit(setting, name) for name in settings}
+        on_gold = {
+            name: pool.submit(
+                infer,
+                "stage2",
+                examples,
+                GenerationClient(eps[p].url, eps[p].served_name, gen),
+                wd.gold_schema / f"{name}.jsonl",
+            )
+            for name, p in gold.items()
+        }
+        first_error([*pipelines.values(), *on_gold.values()])
+    res = write_outputs(wd.phase_d, examples, {n: f.result() for n, f in pipelines.items()}, f"Phase D ({d.name})")
+    ctx.say(f"Phase D: {res.report} ({res.decision.get('reason', '')})")
+    if gold:
+        preds = {name: load_predictions(wd.gold_schema / f"{name}.jsonl") for name in gold}
+        out = write_outputs(
+            wd.gold_schema_eval, examples, preds, f"π2 on gold schemas ({d.name})", write_predictions=False
+        )
+        ctx.say(f"π2 on gold schemas: {out.report}")
+
+
+WORKS: dict[str, Callable[[Context], None]] = {
+    "sft": sft, "preflight": preflight, "c2data": c2data, "choose": choose, "control": control, "rl": rl,
+    "eval": evaluate,
+}  # fmt: skip
