@@ -137,10 +137,8 @@ class Experiment:
         for p in {*phases, self.design.partner}:
             if phase_ok(self.wd.phase(p)):
                 sv.models[p] = self.ctx.output(p)
-        if self.placement.on_cpu:
-            stopped = sv.keep_only(phases, apis)
-            if stopped:
-                self.say(f"stopped the executors of {stopped} (CPU: memory for {', '.join(s.name for s in todo)})")
+        if self.placement.on_cpu and (stopped := sv.keep_only(phases, apis)):
+            self.say(f"stopped {len(stopped)} executors (CPU: memory for {', '.join(s.name for s in todo)})")
         kept = [p for s in todo for p in steps[s.name].reuse]
         if kept:
             self.say(f"{', '.join(s.name for s in todo)}: reusing the executors of {sorted(set(kept))}")
