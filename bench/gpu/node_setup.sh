@@ -16,6 +16,13 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHI
 t0=$(date +%s)
 python3 scripts/gpu_node/install.py --staging "$STAGE" --target "$SITE"
 export PYTHONPATH=$SITE:$PWD
+# Bytecode in the background (its own session: it outlives the device call): the wheels are installed
+# --no-compile, and on a fresh node the first processes of a GRPO start-up spent ~50 s compiling modules
+# (bench/results/grpo_startup.md). Once per node; the log says when it ended.
+if [[ ! -f $SITE/.compiled ]]; then
+  setsid bash -c "python3 -m compileall -q -j 16 '$SITE' > /tmp/compileall.log 2>&1; touch '$SITE/.compiled'" \
+    < /dev/null > /dev/null 2>&1 &
+fi
 python3 -m services.executor_vllm.default_model --out "$MODEL_DIR"
 if [[ -f $STAGE/files/golden.tar.xz && ! -d /tmp/golden ]]; then tar -xJf "$STAGE/files/golden.tar.xz" -C /tmp; fi
 export GOLDEN_DIR=${GOLDEN_DIR:-/tmp/golden}
