@@ -4,14 +4,11 @@ reads from vLLM's /metrics, and the report it writes from recorded rows."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from bench import gpu_scaling as gs
-from bench.gpu import serve
-from services.executor_vllm.gpu_launcher import GpuExecutor
 from shared import read_split
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "data" / "golden"
@@ -146,49 +143,6 @@ def _writer(folder: Path):  # type: ignore[no-untyped-def]
         return folder / f"{stem}.json", folder / f"{stem}.md"
 
     return write
-
-
-def test_executors_get_one_gpu_each_and_the_safe_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert serve.assign(["0", "1", "3"], 18201) == [("0", 18201), ("1", 18202), ("3", 18203)]
-    with pytest.raises(ValueError, match="a GPU of its own"):
-        serve.assign(["0", "0"], 18201)
-    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
-    env = serve.executor("/m", "pi2", "2", 18201, 0.3).env()
-    assert env["CUDA_VISIBLE_DEVICES"] == "2" and env["NCCL_NVLS_ENABLE"] == "0"
-    assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and env["NVSHMEM_DISABLE_NVLS"] == "1"
-    assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
-
-
-def test_vllm_command_serves_on_loopback_with_the_loops_flags() -> None:
-    """bench/gpu/serve.py runs GpuExecutor's command (the one the loop uses), detached, logging to RUN_DIR."""
-    ex = serve.executor("/m", "pi2", "0", 18201, 0.3, prefix_cache=False, eager=True)
-    cmd = ex.command()
-    assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
-    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--port") + 1] == "18201"
-    assert cmd[cmd.index("--served-model-name") + 1] == "pi2"
-    assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.3"
-    assert "--no-enable-prefix-caching" in cmd and "--enforce-eager" in cmd
-    assert ex.log_path == serve.RUN_DIR / "stx-vllm-18201.log"
-    assert ex.extra_env == {"VLLM_CACHE_ROOT": str(serve.RUN_DIR / "stx-vllm-cache-18201")}  # a cache of its own
-    default = serve.executor("/m", "pi2", "0", 1, 0.3).command()
-    assert "--no-enable-prefix-caching" not in default and "--enforce-eager" not in default
-    assert cmd[:10] == GpuExecutor("/m", ["0"], "pi2", 18201, 0.3).command()[:10]
-
-
-def test_a_dead_unreaped_executor_counts_as_dead() -> None:
-    import subprocess
-    import sys
-
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    for _ in range(100):  # exited, but not waited for: a zombie, as under `serve start --wait`
-        if serve.Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-            break
-        import time
-
-        time.sleep(0.05)
-    assert not serve._alive(proc.pid)
-    proc.wait()
-    assert serve._alive(os.getpid())
 
 
 def test_plan_with_reward_api_replicas() -> None:
