@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import common
 from bench import gpu_scaling as gs
 from shared import read_split
 
@@ -145,6 +146,44 @@ def _writer(folder: Path):  # type: ignore[no-untyped-def]
     return write
 
 
+def test_default_replicas_double_up_to_the_executors_there_are() -> None:
+    assert gs.default_replicas(1) == [1] and gs.default_replicas(2) == [1, 2]
+    assert gs.default_replicas(3) == [1, 2] and gs.default_replicas(4) == [1, 2, 4]
+
+
+def test_served_executors_one_per_gpu_with_cuda_graphs_and_stopped_after(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """--serve-model: one executor per GPU through trainer.serving (the loop's executors), no prefix cache."""
+    import contextlib
+
+    from trainer.serving import executors
+    from trainer.serving.endpoint import Endpoint
+
+    asked: dict[str, object] = {}
+
+    @contextlib.contextmanager
+    def serve_replicas(model: str, logs: list[Path], slots: list[object], **kw: object):  # type: ignore[no-untyped-def]
+        asked.update(model=model, logs=logs, slots=slots, **kw)
+        yield [Endpoint(f"http://127.0.0.1:{9000 + i}", str(kw["served_name"])) for i in range(len(slots))]
+        asked["stopped"] = True
+
+    monkeypatch.setattr(executors, "serve_replicas", serve_replicas)
+    with common.gpu_executor_urls([], "/m", "2,3", "smol", 0.3, prefix_caching=False) as urls:
+        assert urls == ["http://127.0.0.1:9000", "http://127.0.0.1:9001"] and "stopped" not in asked
+    assert asked["stopped"] and asked["model"] == "/m" and asked["eager"] is False
+    assert asked["prefix_caching"] is False and asked["served_name"] == "smol"
+    assert [(s.gpus, s.memory) for s in asked["slots"]] == [(("2",), 0.3), (("3",), 0.3)]  # type: ignore[attr-defined]
+    with common.gpu_executor_urls(["http://h:1/"], None, None, "smol", 0.3, True) as urls:
+        assert urls == ["http://h:1"]  # running executors: used as they are
+    for urls_, model in (([], None), (["http://h:1"], "/m")):
+        with (
+            pytest.raises(ValueError, match=r"--executor-url .* or --serve-model"),
+            common.gpu_executor_urls(urls_, model, None, "smol", 0.3, True),
+        ):
+            pytest.fail("must not yield")
+
+
 def test_plan_with_reward_api_replicas() -> None:
     got = [(c.replicas, c.api_replicas, c.workers) for c in gs.plan([2, 1], [16, 8], n_urls=2, api_replicas=[2, 1])]
     assert got == [(1, 1, 8), (1, 1, 16), (1, 2, 8), (1, 2, 16), (2, 1, 8), (2, 1, 16), (2, 2, 8), (2, 2, 16)]
@@ -221,3 +260,31 @@ def test_load_spreads_over_two_real_reward_api_replicas() -> None:
     assert failed == 0 and len(latencies) == 4 and seconds > 0
     assert served == [6.0, 6.0]
     assert fx.calls == 12
+
+
+def test_the_command_serves_the_model_and_measures_up_to_every_executor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python -m bench gpu-scaling --serve-model DIR --gpus 0,1,2,3`: what scaling.sh did, in one command."""
+    import contextlib
+
+    from typer.testing import CliRunner
+
+    from bench.__main__ import app
+
+    seen: dict[str, object] = {}
+
+    @contextlib.contextmanager
+    def served(urls: list[str], model: str | None, gpus: str | None, name: str, memory: float, prefix_caching: bool):  # type: ignore[no-untyped-def]
+        seen.update(urls=urls, model=model, gpus=gpus, name=name, memory=memory, prefix=prefix_caching)
+        yield [f"http://127.0.0.1:{9000 + i}" for i in range(len((gpus or "").split(",")))]
+
+    def run(urls: list[str], model: str, golden: object, replicas: list[int], *rest: object) -> dict[str, object]:
+        seen.update(run_urls=urls, replicas=replicas, tokenizer=rest[6])
+        return {"benchmark": "gpu_scaling", "goals": []}
+
+    monkeypatch.setattr(common, "gpu_executor_urls", served)
+    monkeypatch.setattr(gs, "run", run)
+    result = CliRunner().invoke(app, ["gpu-scaling", "--serve-model", "/m", "--gpus", "0,1,2", "--clients", "32"])
+    assert result.exit_code == 0, result.output
+    assert seen["urls"] == [] and seen["model"] == "/m" and seen["gpus"] == "0,1,2" and seen["prefix"] is False
+    assert seen["replicas"] == [1, 2] and len(seen["run_urls"]) == 3  # type: ignore[arg-type]
+    assert seen["tokenizer"] == "/m"  # gold tokens counted with the served model's tokenizer
