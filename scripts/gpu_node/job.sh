@@ -85,13 +85,14 @@ take() {  # SRC DEST: one file; a log's tail only
   if [[ $1 == *.log ]]; then tail -c "$LOG_TAIL" "$1" > "$2"; else cp "$1" "$2"; fi
 }
 
-take_dir() {  # SRC DEST: a run folder's small files (results, metrics, logs, events), no models or data
+take_dir() {  # SRC DEST: a run folder's small files (results, metrics, log tails, events), no models or data
   local f
   while IFS= read -r -d '' f; do take "$f" "$2/${f#"$1"/}"; done < <(
     find -H "$1" -type d \( -name hf -o -name 'global_step_*' -o -name huggingface -o -name '__pycache__' \) -prune \
-      -o -type f ! -name 'predictions_*' -size -40M \( -name '*.json' -o -name '*.jsonl' -o -name '*.md' \
-      -o -name '*.tsv' -o -name '*.txt' -o -name '*.log' -o -name '*.rc' -o -name '*.sh' -o -name '*.yaml' \
-      -o -name '*.csv' -o -name '*.png' -o -name '*.gz' -o -name 'events.out.tfevents*' \) -print0)
+      -o -type f ! -name 'predictions_*' \( -name '*.log' -o -size -40M \) \
+      \( -name '*.json' -o -name '*.jsonl' -o -name '*.md' -o -name '*.tsv' -o -name '*.txt' -o -name '*.log' \
+      -o -name '*.rc' -o -name '*.sh' -o -name '*.yaml' -o -name '*.csv' -o -name '*.png' -o -name '*.gz' \
+      -o -name 'events.out.tfevents*' \) -print0)
 }
 
 node_info() {  # DIR: the card (nvidia-smi) and the versions that matter, beside the numbers

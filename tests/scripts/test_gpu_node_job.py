@@ -88,6 +88,8 @@ def test_collect_packs_small_files_log_tails_and_node_info(env: dict[str, str], 
     (run / "b1" / "phase_result.json").write_text(json.dumps({"status": "ok"}))
     (run / "b1" / "metrics.jsonl").write_text('{"step": 1}\n')
     (run / "b1" / "train.log").write_text("x" * 400_000)
+    with (run / "b1" / "verl.log").open("wb") as big:  # a log of any size comes back as its tail
+        big.truncate(64 << 20)
     (run / "b1" / "tensorboard" / "events.out.tfevents.1.host").write_text("e")
     (run / "b1" / "hf" / "config.json").write_text("{}")  # a model: never
     (run / "b1" / "model.safetensors").write_bytes(b"w")
@@ -104,7 +106,7 @@ def test_collect_packs_small_files_log_tails_and_node_info(env: dict[str, str], 
         assert log is not None and len(log.read()) == 300_000  # the log's tail only
         versions = json.loads(tf.extractfile("./versions.json").read())  # type: ignore[union-attr]
     assert names == {
-        "loop/b1/phase_result.json", "loop/b1/metrics.jsonl", "loop/b1/train.log",
+        "loop/b1/phase_result.json", "loop/b1/metrics.jsonl", "loop/b1/train.log", "loop/b1/verl.log",
         "loop/b1/tensorboard/events.out.tfevents.1.host", "loop/eval_loop1/metrics.json",
         "jobs/loop.log", "jobs/loop.rc", "jobs/stages.tsv", "card.txt", "versions.json", "left_out.txt",
     }  # fmt: skip
