@@ -3,7 +3,8 @@
     python -m bench.learning_gpu --collected DIR --run-info FILE [--partial "base and sft only"]
         [--extra-settings OLD_REPORT.json]
 
-``DIR`` is the unpacked archive of ``bench/gpu/learning.sh collect`` or ``bench/gpu/ab.sh collect``
+``DIR`` is the run's folder in the unpacked archive of ``scripts/gpu_node/job.sh collect`` (its
+``stages.tsv`` in ``../jobs/``), of ``bench/gpu/ab.sh collect`` or of the older ``learning.sh collect``
 (``phase_d/metrics.json``, ``stages.tsv``, ``a1_phase_result.json`` or ``<phase>/phase_result.json``,
 ``<phase>/metrics.jsonl`` and ``<phase>/early_stopping.json`` of each RL phase …); ``FILE`` a JSON object
 with ``card``, ``gpus``, ``versions`` and ``commands`` (what ran, written down by whoever ran it).
@@ -162,7 +163,8 @@ def build(
     pd = collected / "phase_d" / "metrics.json"
     metrics = json.loads(pd.read_text()) if pd.is_file() else {}
     settings: dict[str, Any] = metrics.get("settings", {})
-    stages = read_stages(collected / "stages.tsv") if (collected / "stages.tsv").is_file() else {}
+    tsv = next((f for f in (collected / "stages.tsv", collected.parent / "jobs" / "stages.tsv") if f.is_file()), None)
+    stages = read_stages(tsv) if tsv else {}
     phases = {}
     for ph in (*SFT_PHASES, *GRPO_PHASES):
         for f in (collected / f"{ph}_phase_result.json", collected / ph / "phase_result.json"):

@@ -1,7 +1,8 @@
 """``python -m trainer``: data builders, inference, evaluation, the RFT baseline and the demo; it mounts the
-phase commands (``trainer/phases/cli.py``) and the loop's (``trainer/loop_cli.py``).
+phase commands (``trainer/phases/cli.py``), the loop's (``trainer/loop_cli.py``) and ``serve``
+(``trainer/serving/cli.py``: executors that outlive the command, for GPU nodes).
 
-``data`` and ``evaluate`` are Typer sub-apps; the phase and loop commands join as top-level commands
+``data``, ``evaluate`` and ``serve`` are Typer sub-apps; the phase and loop commands join as top-level commands
 through their modules' ``register``.
 """
 
@@ -36,6 +37,7 @@ from trainer.phases.cli import ProfileOpt, bad_param
 from trainer.phases.cli import register as register_phases
 from trainer.phases.launch import PhaseRun, check_profile, run_phase
 from trainer.phases.registry import BUILD_PHASES, REWARD_KINDS, get_phase, sft_phase_for
+from trainer.serving.cli import app as serve_app
 from trainer.serving.shutdown import exit_on_sigterm
 
 console = Console()
@@ -45,6 +47,7 @@ data_app = typer.Typer(help="Build training data (parquet) from golden JSONL.", 
 evaluate_app = typer.Typer(help="Phase-D evaluation: run or score the pipeline per setting.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 app.add_typer(evaluate_app, name="evaluate")
+app.add_typer(serve_app, name="serve")
 register_phases(app)  # run / preflight* / positive-control / export as top-level commands
 register_loop(app)  # loop
 

@@ -50,6 +50,15 @@ def test_json_has_the_layout_issue_12_asks_for(collected: Path) -> None:
     assert p["sft_phases"]["a1"]["status"] == "ok"
 
 
+def test_stage_times_come_from_a_job_sh_archive_too(collected: Path) -> None:
+    """In job.sh's archive the run is one folder and stages.tsv sits in jobs/ beside it."""
+    root = collected.parent / "archive"
+    (root / "jobs").mkdir(parents=True)
+    (collected / "stages.tsv").rename(root / "jobs" / "stages.tsv")
+    p = lg.build(collected.rename(root / "loop"), {}, None)
+    assert p["stages"]["sft_a2"]["seconds"] == 240.0
+
+
 def test_sft_is_compared_with_the_hf_baseline_honestly(collected: Path) -> None:
     p = lg.build(collected, {}, None)
     rows = {r["metric"]: r for r in p["sft_vs_hf_baseline"]}
