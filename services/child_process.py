@@ -10,8 +10,8 @@ Policy (every server the repository starts locally, executor or reward API, foll
 - Every owned child is remembered until it is reaped, so a SIGTERM handler can stop all of them at once
   (:func:`terminate_all`) before the owner unwinds: a thread blocked on its child wakes up instead of
   waiting out a training run. ``trainer.serving.shutdown`` installs that handler in the entry points.
-- ``die_with_parent=False`` is for a server meant to outlive the command that started it (the GPU
-  node's ``bench.gpu.serve start``); it is neither signalled on the owner's death nor remembered.
+- ``die_with_parent=False`` is for a server meant to outlive the command that started it (a GPU
+  node's ``python -m trainer serve start``); it is neither signalled on the owner's death nor remembered.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """``python -m trainer``: data builders, inference, evaluation, the RFT baseline and the demo; it mounts the
-phase commands (``trainer/phases/cli.py``), the loop's (``trainer/loop_cli.py``) and the experiments'
-(``trainer/experiment/cli.py``).
+phase commands (``trainer/phases/cli.py``), the loop's (``trainer/loop_cli.py``), the experiments'
+(``trainer/experiment/cli.py``) and ``serve`` (``trainer/serving/cli.py``: executors that outlive the
+command, for GPU nodes).
 
-``data`` and ``evaluate`` are Typer sub-apps; the phase and loop commands join as top-level commands
-through their modules' ``register``.
+``data``, ``evaluate`` and ``serve`` are Typer sub-apps; the phase and loop commands join as top-level commands
+through their modules' ``register``, and ``experiment`` as a sub-app through its own.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from trainer.phases.cli import ProfileOpt, bad_param
 from trainer.phases.cli import register as register_phases
 from trainer.phases.launch import PhaseRun, check_profile, run_phase
 from trainer.phases.registry import BUILD_PHASES, REWARD_KINDS, get_phase, sft_phase_for
+from trainer.serving.cli import app as serve_app
 from trainer.serving.shutdown import exit_on_sigterm
 
 console = Console()
@@ -47,6 +49,7 @@ data_app = typer.Typer(help="Build training data (parquet) from golden JSONL.", 
 evaluate_app = typer.Typer(help="Phase-D evaluation: run or score the pipeline per setting.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 app.add_typer(evaluate_app, name="evaluate")
+app.add_typer(serve_app, name="serve")
 register_phases(app)  # run / preflight* / positive-control / export as top-level commands
 register_loop(app)  # loop
 register_experiment(app)  # experiment pi1-ab | pi2-ab

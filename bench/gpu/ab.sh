@@ -56,7 +56,7 @@ GPU_A=${GPU_A:-0}
 GPU_B=${GPU_B:-$GPU_A}
 PO=${PORT_OFFSET:-0}
 RAPI_LOCAL=$((18310 + PO)) RAPI_PIPE=$((18311 + PO)) X_PI2=$((18301 + PO)) X_PI1=$((18320 + PO))
-X_PI1_LOCAL=$((18321 + PO)) X_PI1_PIPE=$((18322 + PO)) X_PF=$((18325 + PO)) X_PI2_LOCAL=$((18331 + PO)) X_PI2_PIPE=$((18332 + PO))
+X_PI1_LOCAL=$((18321 + PO)) X_PI1_PIPE=$((18322 + PO)) X_PI2_LOCAL=$((18331 + PO)) X_PI2_PIPE=$((18332 + PO))
 # The second arm waits RL_STAGGER_S only where it shares the first arm's GPU
 STAGGER=0; [[ $GPU_A == "$GPU_B" ]] && STAGGER=${RL_STAGGER_S:-90}
 # Eval's executors: those on the other GPU start without waiting for the one before (engines that initialise
@@ -68,13 +68,22 @@ bg() {  # NAME CMD: run CMD in its own session (outlives this command); NAME.rc 
   setsid bash -c "s=\$(date +%s); ( $* ) >> $AB/$name.log 2>&1; rc=\$?; echo \$rc > $AB/$name.rc; \
     printf '%s\t%s\t%s\t%s\n' $name \$s \$(date +%s) \$(( \$(date +%s) - s )) >> $AB/stages.tsv" < /dev/null > /dev/null 2>&1 &
 }
-# RL settings of both arms: the gpu profile's hyper-parameters, RL_STEPS steps, validation every 5, a random
-# 2,048-prompt subset of the train split (VERL's seed) so the dataset is not tokenised whole at start, epochs
+# RL settings of both arms: the gpu profile's hyper-parameters, RL_STEPS steps, validation (and a checkpoint)
+# every RL_TEST_FREQ (5) steps, a random
+# 2,048-prompt subset of the train split (VERL's seed) so the dataset is not tokenised whole at start,
+# micro batches of RL_MICRO (32) samples: a mini batch of 8 prompts x 16 is 128 samples on ONE GPU, and the
+# profile's 16 (sized for 8 GPUs) made 64 forward/backward passes a step for a 135M model: update_actor took
+# 25-35 s of a 43-73 s step and the two log-prob passes 5-8 s each (issue 23's 4-GPU lease) with the GPU
+# nearly idle; the same math in fewer, larger passes. One transfer-queue storage unit (the profile's 8 made
+# the start-up wait ~20 s for their actors; bench/results/grpo_startup.md). Epochs
 # enough that RL_STEPS ends the run (an improvable-prompt set of 152 ran out after 6 steps at grpo_base's 3),
 # eager vLLM rollout (no compile at start), a fifth of the GPU each (two trainers + executors share it),
 # Ray on loopback (the node has no network).
 RL_ARGS="--profile gpu --data $AB/data --nproc 1 trainer.n_gpus_per_node=1 trainer.total_training_steps=$RL_STEPS \
-  trainer.test_freq=5 trainer.save_freq=5 data.train_max_samples=2048 trainer.total_epochs=100 actor_rollout_ref.rollout.enforce_eager=true \
+  trainer.test_freq=${RL_TEST_FREQ:-5} trainer.save_freq=${RL_TEST_FREQ:-5} data.train_max_samples=2048 \
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=${RL_MICRO:-32} actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=${RL_MICRO:-32} \
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=${RL_MICRO:-32} transfer_queue.backend.SimpleStorage.num_data_storage_units=1 \
+  trainer.total_epochs=100 actor_rollout_ref.rollout.enforce_eager=true \
   actor_rollout_ref.rollout.gpu_memory_utilization=0.2 +ray_kwargs.ray_init._node_ip_address=127.0.0.1 \
   ${RL_TEMPERATURE:+actor_rollout_ref.rollout.temperature=$RL_TEMPERATURE} ${RL_EXTRA:-}"
 
@@ -109,6 +118,19 @@ phase_d_in_parallel() {  # "NAME:π1PORT:π1MODEL:π2PORT:π2MODEL ...": the she
   done
   echo "$out for q in \${pids[@]}; do wait \$q || exit 1; done; python3 -m trainer evaluate score --golden $TEST --out $AB/phase_d$preds"
 }
+
+keep_or_start() {  # PORT NAME SERVE_START_ARGS...: an executor already serving NAME on PORT (started by an earlier
+  # stage: the preflight's policy, c2data's π1ˢ, the pipeline reward's π2ˢ) is kept; else one is started
+  local port=$1 name=$2; shift 2
+  if serves "$port" "$name"; then echo "kept $name on port $port"; return 0; fi
+  python3 -m bench.gpu.serve start --name "$name" --port "$port" "$@"
+}
+
+serves() {  # PORT NAME: the vLLM server on 127.0.0.1:PORT lists the model NAME
+  python3 -c "import httpx, sys; r = httpx.get(f'http://127.0.0.1:{sys.argv[1]}/v1/models', timeout=2); \
+sys.exit(0 if sys.argv[2] in [m['id'] for m in r.json()['data']] else 1)" "$1" "$2" 2>/dev/null
+}
+export -f keep_or_start serves  # bg's stages run them in a shell of their own
 
 hf_of() {  # PHASE_DIR: the model a phase produced (its phase_result's hf_dir: the input model when early
            # stopping kept step 0, so eval never asks for an export that does not exist)
@@ -155,33 +177,34 @@ preflight)
   # eager (no CUDA graphs / compile): the sweep is short, the start is what costs (on a fresh H200 node the
   # compiled start ran past 90 s, and a preflight that had 100 s left never sampled). The policy's executor
   # starts beside the π2ˢ one where they have GPUs of their own (the 4-GPU lease lost ~170 s starting them
-  # one after the other).
-  if [[ $EXP == pi1 ]]; then policy=pi1-sft; pport=${X_PI1}; pmodel=$AB/a1/hf; else policy=pi2-sft-pf; pport=${X_PF}; pmodel=$AB/a2/hf; fi
-  start_policy() { python3 -m bench.gpu.serve start --model "$pmodel" --name $policy --gpus $GPU_A --port $pport --mem 0.08 --eager; }
+  # one after the other), and stays up: eval serves the same model under the same name and port.
+  if [[ $EXP == pi1 ]]; then policy=pi1-sft; pport=${X_PI1}; pmodel=$AB/a1/hf; else policy=pi2-sft; pport=${X_PI2}; pmodel=$AB/a2/hf; fi
+  start_policy() { keep_or_start $pport $policy --model "$pmodel" --gpus $GPU_A --mem 0.08 --eager; }
   [[ -z $NOWAIT ]] && start_policy  # its own GPU: start it now, beside the π2ˢ executor of services_up
   PIPE=$PIPE services_up
   [[ -n $NOWAIT ]] && start_policy  # a shared GPU: only once services_up's engine is up
   python3 -m bench.gpu.serve wait --ports $pport
   mkdir -p "$AB/preflight"
+  # the phases' sweeps run at once (one executor serves both; the 4-GPU lease ran B1's and C1's one after
+  # the other: 212 s)
   sweeps=""
   for ph in $phases; do
     case $ph in b1|b2|c2) url=http://127.0.0.1:${RAPI_LOCAL} ;; c1) url=http://127.0.0.1:${RAPI_PIPE} ;; *) echo "no preflight for $ph" >&2; exit 2 ;; esac
     sweeps+="python3 -m trainer preflight --golden $GOLDEN_DIR --phase $ph --policy-url http://127.0.0.1:$pport \
       --policy-model $policy --reward-url $url --prompts ${PREFLIGHT_PROMPTS:-64} --n ${PREFLIGHT_N:-16} \
       --temperature \$t --max-tokens 384 --min-informative 0 --min-improvable 0 \
-      --out $AB/preflight/${ph}_t\$t.json ${PREFLIGHT_EXTRA:-} > /dev/null; "
+      --out $AB/preflight/${ph}_t\$t.json ${PREFLIGHT_EXTRA:-} > /dev/null & pids+=(\$!); "
   done
-  bg preflight "for t in ${TEMPS:-1.0 1.3 1.6}; do $sweeps done; \
-    python3 -m bench.gpu.serve stop --ports $pport"  # eval starts its own executors
+  bg preflight "for t in ${TEMPS:-1.0 1.3 1.6}; do pids=(); $sweeps for q in \${pids[@]}; do wait \$q || exit 1; done; done"
   echo "preflight started: $phases at temperatures ${TEMPS:-1.0 1.3 1.6}"
   ;;
 c2data)
   # C2's prompts: π1ˢ writes the schema (greedy) of a seeded C2_TRAIN_SAMPLE (4,096) train documents, of which
   # rl draws 2,048, and of every validation document (early stopping's split); invalid ones are skipped.
-  bg c2data "python3 -m bench.gpu.serve start --model $AB/a1/hf --name pi1-sft --gpus $GPU_B --port ${X_PI1} --mem 0.08 --eager --wait && \
+  # Its π1ˢ executor stays up for eval (Phase D's π1 there).
+  bg c2data "keep_or_start ${X_PI1} pi1-sft --model $AB/a1/hf --gpus $GPU_B --mem 0.08 --eager --wait && \
     python3 -m trainer data precompute-schemas --golden $GOLDEN_DIR --out $AB/data --executor-url http://127.0.0.1:${X_PI1} \
-      --model pi1-sft --on-invalid skip --max-tokens 256 --concurrency 256 --timeout 600 --train-sample ${C2_TRAIN_SAMPLE:-4096}; \
-    rc=\$?; python3 -m bench.gpu.serve stop --ports ${X_PI1}; exit \$rc"  # eval starts its own π1ˢ executor
+      --model pi1-sft --on-invalid skip --max-tokens 256 --concurrency 256 --timeout 600 --train-sample ${C2_TRAIN_SAMPLE:-4096}"
   echo "c2data started: π1ˢ schemas for C2"
   ;;
 control)
@@ -211,10 +234,12 @@ rl)
 eval)
   if [[ $EXP == pi2 ]]; then
     # π2ˢ, π2ʳ-B2 and π2ʳ-C2 on GOLD schemas (the B2 target), then end to end with π1ˢ writing the schemas.
-    bg eval "python3 -m bench.gpu.serve start --model \$(bash bench/gpu/ab.sh _hf b2) --name pi2-local --gpus $GPU_B --port ${X_PI2_LOCAL} --mem 0.08 --eager $NOWAIT && \
-      python3 -m bench.gpu.serve start --model $AB/a1/hf --name pi1-sft --gpus $GPU_A --port ${X_PI1} --mem 0.08 --eager --wait && \
+    # π1ˢ (c2data's) and π2ˢ (the preflight's) executors are kept where up; the two trained models start
+    # at once on GPUs of their own (one after the other on a one-GPU node)
+    bg eval "keep_or_start ${X_PI1} pi1-sft --model $AB/a1/hf --gpus $GPU_A --mem 0.08 --eager --wait && \
+      keep_or_start ${X_PI2} pi2-sft --model $AB/a2/hf --gpus $GPU_A --mem 0.08 --eager --wait && \
+      python3 -m bench.gpu.serve start --model \$(bash bench/gpu/ab.sh _hf b2) --name pi2-local --gpus $GPU_A --port ${X_PI2_LOCAL} --mem 0.08 --eager $NOWAIT && \
       python3 -m bench.gpu.serve start --model \$(bash bench/gpu/ab.sh _hf c2) --name pi2-pipe --gpus $GPU_B --port ${X_PI2_PIPE} --mem 0.08 --eager $NOWAIT && \
-      python3 -m bench.gpu.serve start --model $AB/a2/hf --name pi2-sft --gpus $GPU_A --port ${X_PI2} --mem 0.08 --eager --wait && \
       python3 -m bench.gpu.serve wait --ports ${X_PI1},${X_PI2},${X_PI2_LOCAL},${X_PI2_PIPE} && \
       mkdir -p $AB/gold_schema && gold=() && \
       for s in sft:${X_PI2}:pi2-sft local:${X_PI2_LOCAL}:pi2-local pipe:${X_PI2_PIPE}:pi2-pipe; do IFS=: read n p m <<< \$s; \
@@ -227,11 +252,13 @@ eval)
     echo "eval started"
     exit 0
   fi
-  # One at a time: three vLLM engines that started at the same moment on one GPU lost one of them
-  # (engine core initialisation failed on the H200 run); the executors' own wait is in `serve wait`.
-  bg eval "python3 -m bench.gpu.serve start --model \$(bash bench/gpu/ab.sh _hf c1) --name pi1-pipe --gpus $GPU_B --port ${X_PI1_PIPE} --mem 0.08 --eager $NOWAIT && \
-    python3 -m bench.gpu.serve start --model $AB/a1/hf --name pi1-sft --gpus $GPU_A --port ${X_PI1} --mem 0.08 --eager --wait && \
-    python3 -m bench.gpu.serve start --model \$(bash bench/gpu/ab.sh _hf b1) --name pi1-local --gpus $GPU_A --port ${X_PI1_LOCAL} --mem 0.08 --eager --wait && \
+  # π1ˢ (the preflight's) and π2ˢ (the pipeline reward's) executors are kept where up; the two trained models
+  # start at once on GPUs of their own. On ONE GPU one at a time: three vLLM engines that started at the same
+  # moment on one GPU lost one of them (engine core initialisation failed on the H200 run).
+  bg eval "keep_or_start ${X_PI1} pi1-sft --model $AB/a1/hf --gpus $GPU_A --mem 0.08 --eager --wait && \
+    keep_or_start ${X_PI2} pi2-sft --model $AB/a2/hf --gpus $GPU_B --mem 0.08 --eager --wait && \
+    python3 -m bench.gpu.serve start --model \$(bash bench/gpu/ab.sh _hf b1) --name pi1-local --gpus $GPU_A --port ${X_PI1_LOCAL} --mem 0.08 --eager $NOWAIT && \
+    python3 -m bench.gpu.serve start --model \$(bash bench/gpu/ab.sh _hf c1) --name pi1-pipe --gpus $GPU_B --port ${X_PI1_PIPE} --mem 0.08 --eager $NOWAIT && \
     python3 -m bench.gpu.serve wait --ports ${X_PI2},${X_PI1},${X_PI1_LOCAL},${X_PI1_PIPE} && \
     $(phase_d_in_parallel "sft:${X_PI1}:pi1-sft:${X_PI2}:pi2-sft local:${X_PI1_LOCAL}:pi1-local:${X_PI2}:pi2-sft pipe:${X_PI1_PIPE}:pi1-pipe:${X_PI2}:pi2-sft")"
   echo "eval started"
@@ -255,9 +282,14 @@ _chain)  # what `all` runs in the background: each stage in turn, stopping at th
     stage sft || exit 1
   fi
   if [[ $EXP == pi2 ]]; then
-    # c2data beside the preflight: its π1ˢ engine starts once the preflight's engine is up (`preflight` returns
-    # then), never at the same moment
-    bash bench/gpu/ab.sh preflight && bash bench/gpu/ab.sh c2data || exit 1
+    # c2data beside the preflight. On one GPU its π1ˢ engine starts once the preflight's engine is up
+    # (`preflight` returns then), never at the same moment; on two (c2data's executor on GPU_B, the
+    # preflight's on GPU_A) c2data, the longer of the two, starts first.
+    if [[ -z $NOWAIT ]]; then
+      bash bench/gpu/ab.sh c2data && bash bench/gpu/ab.sh preflight || exit 1
+    else
+      bash bench/gpu/ab.sh preflight && bash bench/gpu/ab.sh c2data || exit 1
+    fi
     for s in preflight c2data; do
       while [[ ! -f $AB/$s.rc ]]; do sleep 5; done
       [[ $(cat "$AB/$s.rc") == 0 ]] || { echo "stage $s failed: $(tail -n 3 "$AB/$s.log")"; exit 1; }

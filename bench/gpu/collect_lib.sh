@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Shared by the node scripts (loop_node.sh, ab.sh, startup_probe.sh): what small files of a phase
-# and of the node come back from a device run, and whether a local service answers. Source it; it
-# defines functions only.
+# Kept for bench/gpu/ab.sh only, until it goes (other jobs use scripts/gpu_node/job.sh): what small
+# files of a phase and of the node come back from a device run, and whether a local service answers.
+# Source it; it defines functions only.
 
 # up PORT: the service on 127.0.0.1:PORT answers /healthz.
 up() { python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$1/healthz')" 2>/dev/null; }
@@ -26,17 +26,5 @@ collect_phase() {
   if [[ -d $d/tensorboard ]]; then tar -czf "$dest/tensorboard.tar.gz" -C "$d" tensorboard; fi
 }
 
-# collect_node_info DEST: the card (nvidia-smi) and the versions that matter, beside the numbers.
-collect_node_info() {
-  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader > "$1/card.txt" 2>/dev/null || true
-  python3 - "$1/versions.json" <<'PY'
-import importlib.metadata as md, json, platform, sys
-v = {"python": platform.python_version()}
-for d in ("torch", "transformers", "vllm", "verl", "ray"):
-    try:
-        v[d] = md.version(d)
-    except md.PackageNotFoundError:
-        v[d] = None
-json.dump(v, open(sys.argv[1], "w"))
-PY
-}
+# collect_node_info DEST: the card and the versions that matter (job.sh's node-info).
+collect_node_info() { bash "$(dirname "${BASH_SOURCE[0]}")/../../scripts/gpu_node/job.sh" node-info "$1"; }

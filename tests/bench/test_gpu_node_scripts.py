@@ -1,10 +1,12 @@
-"""The GPU node scripts (bench/gpu/*.sh) without a GPU: they parse, and `collect` packs what a run left."""
+"""bench/gpu/ab.sh and the shims it still uses, without a GPU: they parse, and `collect` packs what a run
+left. (The node's own scripts are scripts/gpu_node/: tests/scripts/test_gpu_node_job.py.)"""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((REPO / "bench" / "gpu").glob("*.sh"))
+PATH = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
@@ -30,8 +33,9 @@ def _phase(d: Path) -> None:
 
 
 def _collect(script: str, var: str, work: Path, out: Path) -> set[str]:
-    # PYTHONPATH, MODEL_DIR and GOLDEN_DIR set (what node_setup.sh exports): it is not sourced here
-    node = {"PYTHONPATH": str(REPO), "MODEL_DIR": str(work), "GOLDEN_DIR": str(work)}
+    # PYTHONPATH, MODEL_DIR and GOLDEN_DIR set (what node_setup.sh exports): it is not sourced here;
+    # python3 is this interpreter (collect_lib.sh's node info goes through job.sh node-info)
+    node = {"PYTHONPATH": str(REPO), "MODEL_DIR": str(work), "GOLDEN_DIR": str(work), "PATH": PATH}
     env = {**os.environ, **node, var: str(work), "OUT": str(out)}
     proc = subprocess.run(
         ["bash", str(REPO / "bench" / "gpu" / script), "collect"], env=env, capture_output=True, text=True, check=False
@@ -45,6 +49,19 @@ def _collect(script: str, var: str, work: Path, out: Path) -> set[str]:
         versions = json.loads(tf.extractfile("./versions.json").read())  # type: ignore[union-attr]
     assert set(versions) >= {"python", "torch", "vllm", "verl", "ray"}
     return names
+
+
+def test_the_shims_lead_to_the_node_scripts(tmp_path: Path) -> None:
+    """bench/gpu/ keeps only what ab.sh uses until it goes; each shim names where the thing lives now."""
+    assert {p.name for p in (REPO / "bench" / "gpu").iterdir() if p.name != "__pycache__"} == {
+        "__init__.py", "ab.sh", "collect_lib.sh", "node_setup.sh", "serve.py"
+    }
+    assert "scripts/gpu_node/node_setup.sh" in (REPO / "bench" / "gpu" / "node_setup.sh").read_text()
+    assert "trainer.serving.cli" in (REPO / "bench" / "gpu" / "serve.py").read_text()
+    env = {**os.environ, "STX_VLLM_RUN_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu.serve", "stop", "--ports", "1"], cwd=REPO, env=env,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr  # ab.sh's `python3 -m bench.gpu.serve ...` still runs
 
 
 def test_ab_collect(tmp_path: Path) -> None:
@@ -83,16 +100,6 @@ def test_ab_wait_summarises_the_preflight_sweep(tmp_path: Path) -> None:
         "c1_t1.3.json informative 0.3125 improvable 0.2 best-greedy 0.0812 invalid 0.01 mean 0.912 "
         "{'e2e': 0.0, 'wikitabletext': 0.4}"
     ) in proc.stdout
-
-
-def test_loop_node_collect(tmp_path: Path) -> None:
-    loop = tmp_path / "loop"
-    _phase(loop / "b1")
-    (loop / "eval_loop1").mkdir()
-    (loop / "eval_loop1" / "metrics.json").write_text("{}")
-    (loop / "loop_manifest.json").write_text("{}")
-    names = _collect("loop_node.sh", "LOOP", loop, tmp_path)
-    assert {"b1/early_stopping.json", "b1/tensorboard.tar.gz", "eval_loop1/metrics.json", "loop_manifest.json"} <= names
 
 
 def test_ab_eval_serves_the_model_the_phase_result_names(tmp_path: Path) -> None:

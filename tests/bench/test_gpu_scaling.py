@@ -4,14 +4,12 @@ reads from vLLM's /metrics, and the report it writes from recorded rows."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
+from bench import common
 from bench import gpu_scaling as gs
-from bench.gpu import serve
-from services.executor_vllm.gpu_launcher import GpuExecutor
 from shared import read_split
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "data" / "golden"
@@ -148,47 +146,42 @@ def _writer(folder: Path):  # type: ignore[no-untyped-def]
     return write
 
 
-def test_executors_get_one_gpu_each_and_the_safe_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert serve.assign(["0", "1", "3"], 18201) == [("0", 18201), ("1", 18202), ("3", 18203)]
-    with pytest.raises(ValueError, match="a GPU of its own"):
-        serve.assign(["0", "0"], 18201)
-    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
-    env = serve.executor("/m", "pi2", "2", 18201, 0.3).env()
-    assert env["CUDA_VISIBLE_DEVICES"] == "2" and env["NCCL_NVLS_ENABLE"] == "0"
-    assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and env["NVSHMEM_DISABLE_NVLS"] == "1"
-    assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+def test_default_replicas_double_up_to_the_executors_there_are() -> None:
+    assert gs.default_replicas(1) == [1] and gs.default_replicas(2) == [1, 2]
+    assert gs.default_replicas(3) == [1, 2] and gs.default_replicas(4) == [1, 2, 4]
 
 
-def test_vllm_command_serves_on_loopback_with_the_loops_flags() -> None:
-    """bench/gpu/serve.py runs GpuExecutor's command (the one the loop uses), detached, logging to RUN_DIR."""
-    ex = serve.executor("/m", "pi2", "0", 18201, 0.3, prefix_cache=False, eager=True)
-    cmd = ex.command()
-    assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
-    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--port") + 1] == "18201"
-    assert cmd[cmd.index("--served-model-name") + 1] == "pi2"
-    assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.3"
-    assert "--no-enable-prefix-caching" in cmd and "--enforce-eager" in cmd
-    assert ex.log_path == serve.RUN_DIR / "stx-vllm-18201.log"
-    assert ex.extra_env == {"VLLM_CACHE_ROOT": str(serve.RUN_DIR / "stx-vllm-cache-18201")}  # a cache of its own
-    default = serve.executor("/m", "pi2", "0", 1, 0.3).command()
-    assert "--no-enable-prefix-caching" not in default and "--enforce-eager" not in default
-    assert cmd[:10] == GpuExecutor("/m", ["0"], "pi2", 18201, 0.3).command()[:10]
+def test_served_executors_one_per_gpu_with_cuda_graphs_and_stopped_after(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """--serve-model: one executor per GPU through trainer.serving (the loop's executors), no prefix cache."""
+    import contextlib
 
+    from trainer.serving import executors
+    from trainer.serving.endpoint import Endpoint
 
-def test_a_dead_unreaped_executor_counts_as_dead() -> None:
-    import subprocess
-    import sys
+    asked: dict[str, object] = {}
 
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    for _ in range(100):  # exited, but not waited for: a zombie, as under `serve start --wait`
-        if serve.Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-            break
-        import time
+    @contextlib.contextmanager
+    def serve_replicas(model: str, logs: list[Path], slots: list[object], **kw: object):  # type: ignore[no-untyped-def]
+        asked.update(model=model, logs=logs, slots=slots, **kw)
+        yield [Endpoint(f"http://127.0.0.1:{9000 + i}", str(kw["served_name"])) for i in range(len(slots))]
+        asked["stopped"] = True
 
-        time.sleep(0.05)
-    assert not serve._alive(proc.pid)
-    proc.wait()
-    assert serve._alive(os.getpid())
+    monkeypatch.setattr(executors, "serve_replicas", serve_replicas)
+    with common.gpu_executor_urls([], "/m", "2,3", "smol", 0.3, prefix_caching=False) as urls:
+        assert urls == ["http://127.0.0.1:9000", "http://127.0.0.1:9001"] and "stopped" not in asked
+    assert asked["stopped"] and asked["model"] == "/m" and asked["eager"] is False
+    assert asked["prefix_caching"] is False and asked["served_name"] == "smol"
+    assert [(s.gpus, s.memory) for s in asked["slots"]] == [(("2",), 0.3), (("3",), 0.3)]  # type: ignore[attr-defined]
+    with common.gpu_executor_urls(["http://h:1/"], None, None, "smol", 0.3, True) as urls:
+        assert urls == ["http://h:1"]  # running executors: used as they are
+    for urls_, model in (([], None), (["http://h:1"], "/m")):
+        with (
+            pytest.raises(ValueError, match=r"--executor-url .* or --serve-model"),
+            common.gpu_executor_urls(urls_, model, None, "smol", 0.3, True),
+        ):
+            pytest.fail("must not yield")
 
 
 def test_plan_with_reward_api_replicas() -> None:
@@ -267,3 +260,31 @@ def test_load_spreads_over_two_real_reward_api_replicas() -> None:
     assert failed == 0 and len(latencies) == 4 and seconds > 0
     assert served == [6.0, 6.0]
     assert fx.calls == 12
+
+
+def test_the_command_serves_the_model_and_measures_up_to_every_executor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python -m bench gpu-scaling --serve-model DIR --gpus 0,1,2,3`: what scaling.sh did, in one command."""
+    import contextlib
+
+    from typer.testing import CliRunner
+
+    from bench.__main__ import app
+
+    seen: dict[str, object] = {}
+
+    @contextlib.contextmanager
+    def served(urls: list[str], model: str | None, gpus: str | None, name: str, memory: float, prefix_caching: bool):  # type: ignore[no-untyped-def]
+        seen.update(urls=urls, model=model, gpus=gpus, name=name, memory=memory, prefix=prefix_caching)
+        yield [f"http://127.0.0.1:{9000 + i}" for i in range(len((gpus or "").split(",")))]
+
+    def run(urls: list[str], model: str, golden: object, replicas: list[int], *rest: object) -> dict[str, object]:
+        seen.update(run_urls=urls, replicas=replicas, tokenizer=rest[6])
+        return {"benchmark": "gpu_scaling", "goals": []}
+
+    monkeypatch.setattr(common, "gpu_executor_urls", served)
+    monkeypatch.setattr(gs, "run", run)
+    result = CliRunner().invoke(app, ["gpu-scaling", "--serve-model", "/m", "--gpus", "0,1,2", "--clients", "32"])
+    assert result.exit_code == 0, result.output
+    assert seen["urls"] == [] and seen["model"] == "/m" and seen["gpus"] == "0,1,2" and seen["prefix"] is False
+    assert seen["replicas"] == [1, 2] and len(seen["run_urls"]) == 3  # type: ignore[arg-type]
+    assert seen["tokenizer"] == "/m"  # gold tokens counted with the served model's tokenizer

@@ -57,5 +57,22 @@ def test_build_keeps_unfinished_runs_out_of_the_timings(tmp_path: Path) -> None:
     assert "| p1 | 0 | 342 | 246 |" in md and "Still running when collected (not timed): p2." in md
     assert "card: 0, NVIDIA H200" in md and "vllm 0.24.0" in md and md.rstrip().endswith("x")
     (tmp_path / "no_runs").mkdir()
-    with pytest.raises(FileNotFoundError, match="--collected: no run folder"):
+    with pytest.raises(FileNotFoundError, match="--collected: no probe run"):
         gs.build(tmp_path / "no_runs")
+
+
+def test_build_reads_a_job_sh_archive(tmp_path: Path) -> None:
+    """One job per probe run: its times from jobs/stages.tsv, its log in the collected probe folder."""
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    for name in ("reward_api", "p1", "p2"):
+        (jobs / f"{name}.log").write_text("")
+    (jobs / "p1.rc").write_text("0\n")
+    (jobs / "stages.tsv").write_text(f"p1\t{START:.0f}\t{START + 342:.0f}\t342\n")
+    for name in ("p1", "p2"):
+        (tmp_path / "probe" / name).mkdir(parents=True)
+        (tmp_path / "probe" / name / "train.log").write_text(LOG)
+    p = gs.build(tmp_path)
+    assert [r["run"] for r in p["runs"]] == ["p1"] and p["unfinished"] == ["p2"]  # reward_api: no probe run
+    assert p["runs"][0]["exit_code"] == 0 and p["runs"][0]["total_seconds"] == 342.0
+    assert p["runs"][0]["seconds_to_first_generation"] == pytest.approx(245.6, abs=1.0)

@@ -50,6 +50,15 @@ def test_json_has_the_layout_issue_12_asks_for(collected: Path) -> None:
     assert p["sft_phases"]["a1"]["status"] == "ok"
 
 
+def test_stage_times_come_from_a_job_sh_archive_too(collected: Path) -> None:
+    """In job.sh's archive the run is one folder and stages.tsv sits in jobs/ beside it."""
+    root = collected.parent / "archive"
+    (root / "jobs").mkdir(parents=True)
+    (collected / "stages.tsv").rename(root / "jobs" / "stages.tsv")
+    p = lg.build(collected.rename(root / "loop"), {}, None)
+    assert p["stages"]["sft_a2"]["seconds"] == 240.0
+
+
 def test_sft_is_compared_with_the_hf_baseline_honestly(collected: Path) -> None:
     p = lg.build(collected, {}, None)
     rows = {r["metric"]: r for r in p["sft_vs_hf_baseline"]}
@@ -186,3 +195,27 @@ def test_a_run_without_phase_d_reports_validation_per_source(collected: Path) ->
     md = lg.render_md(p)
     assert "**No Phase D in this run** (nothing on the test split): the lease ended during RL" in md
     assert "| b1 | 5 | 0.9739 (-0.42) | 0.6032 (+1.00) |" in md
+
+
+def test_stage1_alone_on_the_test_split_is_reported_per_source(collected: Path) -> None:
+    """Issue 23's third lease: Phase D did not fit, but B1's schemas were scored on the test split alone."""
+    (collected / "stage1_eval").mkdir()
+    wtt = {"n": 671, "schema_valid": 1.0, "schema_precision": 0.63, "schema_recall": 0.627, "schema_f1": 0.6215}
+    s1 = {
+        "sft": {"overall": wtt, "per_source": {"wikitabletext": wtt},
+                "ci95": {"per_source": {"wikitabletext": {"schema_f1": [0.602, 0.641]}}}},
+        "local": {"overall": {**wtt, "schema_f1": 0.6235},
+                  "per_source": {"wikitabletext": {**wtt, "schema_f1": 0.6235}},
+                  "ci95": {"per_source": {"wikitabletext": {"schema_f1": [0.604, 0.643]}}}},
+    }  # fmt: skip
+    test = {"metric": "schema_f1", "baseline": "sft", "treatment": "local", "scope": "pooled", "n": 671,
+            "diff": 0.002, "ci_low": -0.0117, "ci_high": 0.0151, "p_value": 0.792}  # fmt: skip
+    (collected / "stage1_eval" / "metrics.json").write_text(json.dumps({"settings": s1, "paired_tests": [test]}))
+    p = lg.build(collected, {}, "no Phase D")
+    assert p["stage1"]["settings"]["local"]["per_source"]["wikitabletext"]["schema_f1"] == 0.6235
+    md = lg.render_md(p)
+    assert "## π1 on the test split, Stage 1 alone (B1's target" in md
+    assert "test documents: 3011 end to end; 671 scored" in md
+    assert "| wikitabletext | 671 | schema_f1 | 0.6215 [0.602, 0.641] | 0.6235 [0.604, 0.643] |" in md
+    assert "| schema_f1 | sft → local | pooled | 671 | +0.20 | [-1.17, +1.51] | 0.792 |" in md
+    assert lg.build(collected.parent / "nothing", {}, None)["stage1"] is None

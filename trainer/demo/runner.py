@@ -12,7 +12,7 @@ On the bundled E2E sample (real public data, ``trainer/data/e2e_sample``), on CP
 6. Phase D of ``sft``, π2: the A2 export served alone writes the tables; then reward_api, pointed
    at that executor, answers one ``/reward/pipeline`` call with ``debug`` on, printed readably.
 7. report: ``metrics.json`` (settings.base, settings.sft), ``report.md`` and plots side by side,
-   the targets, and ``demo_summary.json`` with every stage's time.
+   the targets, and ``demo_summary.json`` with every part's time.
 
 Everything it starts (executors, reward_api, torchrun) is stopped, also on error, Ctrl-C or SIGTERM.
 """
@@ -32,8 +32,8 @@ from rich.table import Table
 from shared import GoldenExample, read_golden
 from trainer.data.datasets import build_datasets
 from trainer.demo.debug_view import call_pipeline_debug, render_pipeline_debug
+from trainer.demo.parts import PartClock, progress, run_with_step_bar
 from trainer.demo.settings import TARGETS, DemoSettings
-from trainer.demo.stages import StageClock, progress, run_with_step_bar
 from trainer.evaluation.generation import GenerationClient, GenerationConfig, Message
 from trainer.evaluation.phase_d import write_outputs
 from trainer.evaluation.two_stage import PromptStage, run_two_stage
@@ -43,7 +43,7 @@ from trainer.serving.endpoint import Endpoint
 from trainer.serving.executors import serve_model
 from trainer.serving.reward_api import reward_api_process
 
-STAGES = 7
+PARTS = 7
 SUMMARY_KEYS = ("schema_valid", "schema_f1", "table_valid", "cell_accuracy", "aligned_cell_f1")
 
 
@@ -51,17 +51,17 @@ class Demo:
     def __init__(self, settings: DemoSettings, console: Console) -> None:
         self.s = settings
         self.console = console
-        self.clock = StageClock(console, STAGES)
+        self.clock = PartClock(console, PARTS)
         self.out = settings.out
         self.logs = settings.out / "logs"
         self.gen = GenerationConfig(max_tokens=settings.max_tokens, concurrency=16, timeout_s=600)
 
-    # ---- stages ---------------------------------------------------------------------------------
+    # ---- parts ----------------------------------------------------------------------------------
 
     def prepare(self) -> tuple[str, list[GoldenExample]]:
         from services.executor_vllm.default_model import convert
 
-        with self.clock.stage("prepare", "base model, SFT data"):
+        with self.clock.part("prepare", "base model, SFT data"):
             base = self.s.base_model or str(convert())
             build_datasets(self.s.sample, self.out / "data", ["a1", "a2"])
             examples = read_golden(self.s.sample / "common_test_schemas.jsonl", self.s.eval_limit)
@@ -70,7 +70,7 @@ class Demo:
 
     def phase_d_base(self, base: str, examples: Sequence[GoldenExample]) -> list[dict[str, Any]]:
         with (
-            self.clock.stage("Phase D: base", "π1 = π2 = the base model"),
+            self.clock.part("Phase D: base", "π1 = π2 = the base model"),
             self._served(base, "executor_base.log", "base") as ep,
         ):
             # one executor for both stages: the runner's "URL for this model" is this one, twice
@@ -96,7 +96,7 @@ class Demo:
         )
         steps = self.s.sft.steps
         note = f"{steps} steps × {self.s.sft.batch} examples, lr {self.s.sft.lr:g}"
-        with self.clock.stage(f"{phase.upper()} SFT", "reused (pass --retrain to train again)" if reusable else note):
+        with self.clock.part(f"{phase.upper()} SFT", "reused (pass --retrain to train again)" if reusable else note):
             if reusable and recorded is not None and recorded.hf_dir is not None:
                 self.console.print(f"reusing {recorded.hf_dir} (trained in {recorded.seconds:.0f} s with {key['sft']})")
                 return recorded.hf_dir
@@ -126,15 +126,15 @@ class Demo:
 
             def serve_pi2() -> Endpoint:
                 if not opened:
-                    stage = self._stage_served(
+                    part = self._part_served(
                         "Phase D: sft π2 + /reward/pipeline", "the A2 model writes the tables", pi2, "pi2"
                     )
-                    opened.append(pi2_up.enter_context(stage))
+                    opened.append(pi2_up.enter_context(part))
                 return opened[0]
 
             def serve(model: str, stage: PromptStage) -> contextlib.AbstractContextManager[Endpoint]:
                 if stage == "stage1":
-                    return self._stage_served("Phase D: sft π1", "the A1 model writes the schemas", model, "pi1")
+                    return self._part_served("Phase D: sft π1", "the A1 model writes the schemas", model, "pi1")
                 return contextlib.nullcontext(serve_pi2())
 
             preds = run_two_stage("sft", pi1, pi2, examples, serve, self.gen, self._generate)
@@ -153,14 +153,14 @@ class Demo:
             yield ep
 
     @contextlib.contextmanager
-    def _stage_served(self, stage: str, note: str, model: str, pi: str) -> Iterator[Endpoint]:
-        """One timed demo stage during which ``model`` (π1 or π2 of the sft setting) is served alone."""
+    def _part_served(self, part: str, note: str, model: str, pi: str) -> Iterator[Endpoint]:
+        """One timed part of the demo during which ``model`` (π1 or π2 of the sft setting) is served alone."""
         what = {"pi1": "π1 sft", "pi2": "π2 sft"}[pi]
-        with self.clock.stage(stage, note), self._served(model, f"executor_sft_{pi}.log", what) as ep:
+        with self.clock.part(part, note), self._served(model, f"executor_sft_{pi}.log", what) as ep:
             yield ep
 
     async def _generate(self, client: GenerationClient, prompts: Sequence[Sequence[Message]], desc: str) -> list[str]:
-        """One stage's generations with a progress bar."""
+        """One prompt stage's generations with a progress bar."""
         with progress(self.console) as bar:
             task = bar.add_task(desc, total=len(prompts))
             return await client.generate(prompts, on_done=lambda: bar.advance(task))
@@ -178,7 +178,7 @@ class Demo:
         return {"id": examples[i].id, "response": str(self.out / "pipeline_debug.json")}
 
     def report(self, examples: Sequence[GoldenExample], preds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-        with self.clock.stage("report", "metrics.json, report.md, plots"):
+        with self.clock.part("report", "metrics.json, report.md, plots"):
             title = f"Demo: base vs sft on the bundled E2E sample ({len(examples)} held-out documents)"
             res = write_outputs(self.out, examples, preds, title, compare=("base", "sft"))
         paths = {"report": str(res.report), "metrics": str(res.metrics_path), "plots": [str(p) for p in res.plots]}
@@ -198,7 +198,7 @@ class Demo:
         met = {k: overall["sft"].get(k, 0.0) >= v for k, v in TARGETS.items()}
         summary = {
             "documents": len(examples),
-            "stage_seconds": self.clock.seconds,
+            "part_seconds": self.clock.seconds,
             "total_seconds": round(self.clock.elapsed(), 1),
             "overall": overall,
             "targets": {k: {"min": v, "sft": overall["sft"].get(k), "met": met[k]} for k, v in TARGETS.items()},
@@ -217,8 +217,8 @@ class Demo:
         for k in SUMMARY_KEYS:
             target = f"  (target ≥ {TARGETS[k]})" if k in TARGETS else ""
             table.add_row(k + target, f"{ov['base'].get(k, 0.0):.3f}", f"{ov['sft'].get(k, 0.0):.3f}")
-        times = Table("stage", "seconds", title="stage times")
-        for name, sec in summary["stage_seconds"].items():
+        times = Table("part", "seconds", title="time of each part")
+        for name, sec in summary["part_seconds"].items():
             times.add_row(name, f"{sec:.0f}")
         times.add_row("total", f"{summary['total_seconds']:.0f}")
         self.console.print(table)

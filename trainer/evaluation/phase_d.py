@@ -217,7 +217,7 @@ def write_outputs(
 
     Every setting gets 95% bootstrap intervals (``ci95``: pooled, per source and macro); each setting is
     paired-tested against the one before it (base → sft → local → pipe) on ``paired_metric``, macro,
-    pooled and per source.
+    pooled and per source; on ``schema_f1`` where no setting holds a table (Stage-1 predictions only).
     """
     out.mkdir(parents=True, exist_ok=True)
     metrics: dict[str, Any] = {}
@@ -232,6 +232,10 @@ def write_outputs(
             write_jsonl(pred_paths[name], [{**p, **r} for p, r in zip(preds, rows, strict=True)])
     decision = loop2_decision(metrics, decision_metric, min_gain_points, compare)
     names = list(predictions)
+    if not any(paired_metric in r for rows in scored.values() for r in rows):
+        # Stage-1 predictions only (`trainer infer stage1`): no table was written, so the settings are
+        # compared on what they hold, the schema
+        paired_metric = "schema_f1"
     tests = paired_tests(scored, list(itertools.pairwise(names)), paired_metric)
     metrics_path = out / "metrics.json"
     metrics_path.write_text(

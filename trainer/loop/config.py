@@ -15,7 +15,7 @@ from trainer.config_cli import cli_meta
 from trainer.phases.launch import PROFILES, Profile
 
 # The loop's parts, in order (``--until``): a run stops after the named part; a rerun goes on from there.
-# (The manifest keeps its keys ``done:<part>`` / ``time:<part>``; bench/gpu/loop_node.sh reads them.)
+# (The manifest keeps its keys ``done:<part>`` / ``time:<part>``: what a run on a node reports per part.)
 PARTS = ("sft", "local", "c1", "c2", "eval")
 
 

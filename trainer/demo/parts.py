@@ -1,4 +1,5 @@
-"""Stage lines with times, and the progress bars of the long stages (generation, SFT steps)."""
+"""The demo's parts (prepare, Phase D base, A1/A2 SFT, ...) with times, and the progress bars of the long
+ones (generation, SFT steps). "Stage" is kept for the prompt stages 1 and 2."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 T = TypeVar("T")
 
 
-class StageClock:
-    """Prints ``[i/n] name`` when a stage starts and ``done in N s`` when it ends; keeps the times."""
+class PartClock:
+    """Prints ``[i/n] name`` when a part of the demo starts and ``done in N s`` when it ends; keeps the times."""
 
     def __init__(self, console: Console, total: int) -> None:
         self.console = console
@@ -26,7 +27,7 @@ class StageClock:
         self._t0 = time.monotonic()
 
     @contextlib.contextmanager
-    def stage(self, name: str, note: str = "") -> Iterator[None]:
+    def part(self, name: str, note: str = "") -> Iterator[None]:
         i = len(self.seconds) + 1
         self.console.rule(f"[bold][{i}/{self.total}] {name}[/bold]" + (f"  [dim]{note}[/dim]" if note else ""))
         t = time.monotonic()
