@@ -110,8 +110,11 @@ class Context:
         return res.hf_dir
 
     def base_model(self) -> str:
+        """``--base-model``, else the default model (converted once; a dry run does not convert it)."""
         if self.cfg.base_model:
             return self.cfg.base_model
+        if self.cfg.dry_run:
+            return "<SmolLM2-135M-Instruct, converted on the first run>"
         from services.executor_vllm.default_model import convert
 
         return str(convert())

@@ -105,7 +105,8 @@ class Experiment:
             self.link_sft_from()
         plan = self.plan()
         steps = {s.stage: s for s in executor_timeline(plan, self.placement.on_cpu)}
-        with Services(self.design, self.placement, self.wd, cfg.reward_max_tokens) as self.ctx.services:
+        with Services(self.design, self.placement, self.wd, cfg.reward_max_tokens) as services:
+            self.ctx.services = services
             started: set[str] = set()
             for stage in plan:
                 if stage.name in started:
@@ -126,7 +127,6 @@ class Experiment:
                 self.servers_s = round(time.monotonic() - t0, 1)  # part of each stage's wall time
                 self.run_together([(s.name, functools.partial(WORKS[s.name], self.ctx)) for s in todo])
                 self.check_done(group)
-        self.ctx.services = None
         return manifest.data
 
     def bring_up(self, todo: Sequence[Stage], steps: dict[str, Any]) -> None:
