@@ -121,3 +121,14 @@ def test_dry_run_prints_the_plan_and_starts_nothing(
     assert "b1_grpo" in out and "c1_grpo" in out and "actor_rollout_ref.rollout.temperature=<chosen T>" in out
     assert (stagger in out) if stagger else ("arm B starts" not in out)
     assert not (tmp_path / "ab").exists()
+
+
+def test_dry_run_does_not_convert_the_default_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer.cli import app
+
+    monkeypatch.setattr("services.executor_vllm.default_model.convert", lambda: pytest.fail("converted"))
+    cmd = ["experiment", "pi2-ab", "--golden", str(SAMPLE), "--workdir", str(tmp_path / "ab"), "--profile", "cpu-smoke"]
+    res = CliRunner().invoke(app, [*cmd, "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "model <SmolLM2-135M-Instruct, converted on the first run>" in res.output
+    assert "[c2data] (beside preflight)" in res.output and "π2 on gold schemas" in res.output
