@@ -16,7 +16,7 @@ from trainer.evaluation.generation import (
     generate_with_progress,
     messages_hash,
 )
-from trainer.evaluation.two_stage import PromptStage
+from trainer.evaluation.two_stage import Generate, PromptStage
 
 Stage = PromptStage
 
@@ -29,11 +29,16 @@ def stage_messages(stage: Stage, ex: GoldenExample) -> list[Message]:
 
 
 def infer(
-    stage: Stage, examples: Sequence[GoldenExample], client: GenerationClient, out: Path | None = None
+    stage: Stage,
+    examples: Sequence[GoldenExample],
+    client: GenerationClient,
+    out: Path | None = None,
+    generate: Generate = generate_with_progress,
 ) -> list[dict[str, Any]]:
-    """Predictions for ``examples``: id, stage, prediction, messages_sha256, model, prompt_version."""
+    """Predictions for ``examples``: id, stage, prediction, messages_sha256, model, prompt_version.
+    ``generate``: how the prompts are sent (with a progress bar, or quietly beside other runs)."""
     prompts = [stage_messages(stage, ex) for ex in examples]
-    outputs = asyncio.run(generate_with_progress(client, prompts, stage))
+    outputs = asyncio.run(generate(client, prompts, stage))
     records = [
         {
             "id": ex.id,

@@ -155,6 +155,7 @@ def evaluate(ctx: Context) -> None:
                 examples,
                 GenerationClient(eps[p].url, eps[p].served_name, gen),
                 wd.gold_schema / f"{name}.jsonl",
+                generate_quietly,  # the settings run side by side: no interleaved bars
             )
             for name, p in gold.items()
         }

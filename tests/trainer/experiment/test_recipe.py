@@ -95,7 +95,7 @@ def node(monkeypatch: pytest.MonkeyPatch) -> Node:
         return [{"id": ex.id, "schema_prediction": json.dumps(ex.schema_dict()), "table_prediction": None,
                  "schema_model": pi1, "table_model": pi2} for ex in examples]  # fmt: skip
 
-    def infer(stage: str, examples: Any, client: Any, out: Path) -> list[dict[str, Any]]:
+    def infer(stage: str, examples: Any, client: Any, out: Path, _generate: Any = None) -> list[dict[str, Any]]:
         n.served[f"gold:{out.stem}"] = [client.base_url if hasattr(client, "base_url") else client.model]
         recs = [{"id": ex.id, "stage": stage, "prediction": ""} for ex in examples]
         out.parent.mkdir(parents=True, exist_ok=True)
