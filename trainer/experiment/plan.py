@@ -14,8 +14,8 @@ prints it and the tests check it without starting anything.
   executors of every evaluated model. Done: ``phase_d/metrics.json`` (and ``gold_schema_eval/``'s).
 
 Executors are kept from the stage that starts them to the end (the preflight's policy, c2data's π1ˢ and
-the pipeline reward's π2ˢ are those eval needs); on CPU a stage first stops the ones it does not need
-(memory: a CPU GRPO run takes ~19 GiB).
+the pipeline reward's π2ˢ are those eval needs); on CPU a stage that trains first stops the ones it does
+not need (memory: a CPU GRPO run takes ~19 GiB).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ class Stage:
     executors: tuple[str, ...] = ()  # phases whose outputs it needs served (the SFT phases, or an arm)
     reward_apis: tuple[str, ...] = ()
     beside: str | None = None  # runs at the same time as this stage
+    trains: bool = False  # it runs VERL phases (on CPU: the memory other servers must give up)
     lines: tuple[str, ...] = field(default=(), compare=False)  # what it runs, for --dry-run
 
 
@@ -61,7 +62,7 @@ def preflight_phases(cfg: ExperimentConfig, design: Design) -> tuple[str, ...]:
 def stages(cfg: ExperimentConfig, design: Design, wd: Workdir) -> list[Stage]:
     swept = preflight_phases(cfg, design)
     out = [
-        Stage("sft", all(phase_ok(wd.phase(p)) for p in ("a1", "a2"))),
+        Stage("sft", all(phase_ok(wd.phase(p)) for p in ("a1", "a2")), trains=True),
         Stage(
             "preflight",
             all(wd.report(p, t).is_file() for p in swept for t in cfg.temps),
@@ -81,6 +82,7 @@ def stages(cfg: ExperimentConfig, design: Design, wd: Workdir) -> list[Stage]:
                 (wd.control(design.arms[0]) / "positive_control.json").is_file(),
                 reward_apis=(LOCAL,),
                 beside="rl" if cfg.control == "parallel" else None,
+                trains=True,
             )
         )
     apis = tuple(dict.fromkeys(map(reward_api_of, design.arms)))
@@ -90,6 +92,7 @@ def stages(cfg: ExperimentConfig, design: Design, wd: Workdir) -> list[Stage]:
             all(phase_ok(wd.phase(a)) for a in design.arms),
             executors=(design.partner,) if PIPE in apis else (),
             reward_apis=apis,
+            trains=True,
         )
     )
     done = (wd.phase_d / "metrics.json").is_file() and (
@@ -112,16 +115,17 @@ class ExecutorStep:
 
 def executor_timeline(plan: Sequence[Stage], on_cpu: bool) -> list[ExecutorStep]:
     """Executors by the phase whose output they serve, over the stages that run (done ones are skipped).
-    A stage beside another one starts with it; on GPUs nothing stops before the end, on CPU every stage
-    first stops what it (and the stage beside it) does not need. (Two phases with the same output, e.g. an
-    arm whose best step was step 0, share one executor at run time.)"""
+    A stage beside another one starts with it; on GPUs nothing stops before the end, on CPU a stage that
+    trains first stops what it (and the stage beside it) does not need: GRPO needs the memory. (Two phases
+    with the same output, e.g. an arm whose best step was step 0, share one executor at run time.)"""
     up: list[str] = []
     steps = []
     todo = [s for s in plan if not s.done]
     for stage in todo:
         together = [s for s in todo if s.beside == stage.name or stage.beside == s.name]
         need = list(dict.fromkeys([*stage.executors, *(p for s in together for p in s.executors)]))
-        stop = tuple(p for p in up if p not in need) if on_cpu else ()
+        trains = stage.trains or any(s.trains for s in together)
+        stop = tuple(p for p in up if p not in need) if on_cpu and trains else ()
         up = [p for p in up if p not in stop]
         start = tuple(p for p in stage.executors if p not in up)
         reuse = tuple(p for p in stage.executors if p in up)

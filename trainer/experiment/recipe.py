@@ -130,14 +130,16 @@ class Experiment:
         return manifest.data
 
     def bring_up(self, todo: Sequence[Stage], steps: dict[str, Any]) -> None:
-        """In this (the main) thread: the servers these stages need; on CPU first stop what they do not."""
+        """In this (the main) thread: the servers these stages need; on CPU, before training, first stop what
+        they do not need."""
         sv = self.ctx.sv
         phases = [p for s in todo for p in s.executors]
         apis = [a for s in todo for a in s.reward_apis]
         for p in {*phases, self.design.partner}:
             if phase_ok(self.wd.phase(p)):
                 sv.models[p] = self.ctx.output(p)
-        if self.placement.on_cpu and (stopped := sv.keep_only(phases, apis)):
+        trains = any(s.trains for s in todo)
+        if self.placement.on_cpu and trains and (stopped := sv.keep_only(phases, apis)):
             self.say(f"stopped {len(stopped)} executors (CPU: memory for {', '.join(s.name for s in todo)})")
         kept = [p for s in todo for p in steps[s.name].reuse]
         if kept:

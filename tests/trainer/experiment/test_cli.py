@@ -115,6 +115,7 @@ def test_dry_run_prints_the_plan_and_starts_nothing(
     ]  # fmt: skip
     assert "executors start: pi1-sft, pi2-sft" in out
     if "cpu-smoke" in args:  # GRPO needs the memory: the executors stop before RL; eval starts π1ˢ again
+        # (the positive control trains first: everything stops; RL starts the pipeline reward's π2ˢ again)
         assert "executors stop: pi1-sft, pi2-sft" in out and "executors start: pi1-sft, pi1-local, pi1-pipe" in out
     else:
         assert "executors reuse: pi1-sft, pi2-sft" in out and "executors stop" not in out

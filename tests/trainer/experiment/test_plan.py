@@ -70,8 +70,9 @@ def test_on_gpus_executors_start_once_and_eval_reuses_them(tmp_path: Path) -> No
 def test_on_cpu_each_stage_first_stops_what_it_does_not_need(tmp_path: Path) -> None:
     steps = {s.stage: s for s in executor_timeline(stages(cfg(tmp_path, control="off"), PI1, Workdir(tmp_path)), True)}
     assert steps["preflight"].start == ("a1", "a2")
-    assert steps["choose"].stop == ("a1", "a2")  # nothing up while GRPO needs the memory ...
-    assert steps["rl"] == ExecutorStep("rl", start=("a2",), reuse=(), stop=())  # ... but the pipeline reward's π2ˢ
+    assert steps["choose"].stop == ()  # no training: nothing to make room for
+    # GRPO needs the memory: only the pipeline reward's π2ˢ stays up beside it
+    assert steps["rl"] == ExecutorStep("rl", start=(), reuse=("a2",), stop=("a1",))
     assert steps["eval"] == ExecutorStep("eval", start=("a1", "b1", "c1"), reuse=("a2",), stop=())
     # pi2: the preflight's and c2data's executors are up together (c2data runs beside the preflight)
     steps2 = {s.stage: s for s in executor_timeline(stages(cfg(tmp_path), PI2, Workdir(tmp_path)), True)}
