@@ -272,3 +272,16 @@ def test_sft_from_links_a_finished_experiment_and_refuses_an_unfinished_one(node
     bare = experiment(node, tmp_path, "pi2-ab", gpus=("0",), sft_from=tmp_path / "nothing")
     with pytest.raises(ExperimentStopped, match="not finished or not built: a1, a2"):
         bare.run()
+
+
+def test_pi1_on_four_gpus_two_per_arm(node: Node, tmp_path: Path) -> None:
+    experiment(node, tmp_path, gpus=("0", "1", "2", "3"), control="off").run()
+    assert [(r.phase.name, r.gpus, r.nproc) for r in node.runs] == [
+        ("a1", ("0", "1"), 2), ("a2", ("2", "3"), 2), ("b1", ("0", "1"), 2), ("c1", ("2", "3"), 2)
+    ]  # fmt: skip
+    b1 = next(r for r in node.runs if r.phase.name == "b1")
+    assert "trainer.n_gpus_per_node=2" in b1.overrides and node.sleeps == []
+    # executors on each arm's first GPU; the two that start together are on different GPUs
+    launched = [e for e in node.events if e[0] == "launch"]
+    assert launched == [("launch", "pi1-sft", "0"), ("launch", "pi2-sft", "2"), ("launch", "pi1-local", "0"),
+                        ("launch", "pi1-pipe", "2")]  # fmt: skip
