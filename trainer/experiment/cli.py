@@ -57,7 +57,6 @@ def command(design: Design) -> Any:
             raise typer.Exit(1) from None
         console.print(f"manifest: {exp.wd.manifest}")
 
-    run.__doc__ = (design.__doc__ or "").strip() or f"The {design.name} experiment."
     set_signature(run, command_signature(ExperimentConfig))
     return run
 
