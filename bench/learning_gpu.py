@@ -4,7 +4,7 @@
         [--extra-settings OLD_REPORT.json]
 
 ``DIR`` is the run's folder in the unpacked archive of ``scripts/gpu_node/job.sh collect`` (its
-``stages.tsv`` in ``../jobs/``), of ``bench/gpu/ab.sh collect`` or of the older ``learning.sh collect``
+``stages.tsv`` in ``../jobs/``), or of the shell chains it replaced (``ab.sh`` / ``learning.sh collect``)
 (``phase_d/metrics.json``, ``stages.tsv``, ``a1_phase_result.json`` or ``<phase>/phase_result.json``,
 ``<phase>/metrics.jsonl`` and ``<phase>/early_stopping.json`` of each RL phase …); ``FILE`` a JSON object
 with ``card``, ``gpus``, ``versions`` and ``commands`` (what ran, written down by whoever ran it).

@@ -143,7 +143,7 @@ start) shift; start "$@" ;;
 wait) shift; wait_job "$@" ;;
 collect) shift; collect "$@" ;;
 status) status ;;
-node-info) node_info "${2:?node-info DIR}" ;;  # also bench/gpu/collect_lib.sh's, while ab.sh uses it
+node-info) node_info "${2:?node-info DIR}" ;;
 _run) shift; run_job "$@" ;;
 *) usage ;;
 esac

@@ -96,7 +96,7 @@ def _rl_rows(gen: float, scores: list[float]) -> list[dict[str, object]]:
 
 @pytest.fixture
 def collected_rl(collected: Path) -> Path:
-    """The ab.sh layout: <phase>/phase_result.json, metrics.jsonl, early_stopping.json."""
+    """An A/B run's layout: <phase>/phase_result.json, metrics.jsonl, early_stopping.json."""
     for ph, gen in (("b1", 4.0), ("c1", 5.0)):
         (collected / ph).mkdir()
         rows = _rl_rows(gen, [0.4, 0.5])

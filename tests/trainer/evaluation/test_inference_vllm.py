@@ -49,7 +49,7 @@ def test_precompute_and_evaluate_pipeline(cpu_executor: Any, tmp_path: Path) -> 
     assert json.loads(rows[0]["reward_model"]["ground_truth"]) == {"table": ex.table_dict()}
     assert rows[0]["extra_info"]["phase"] == "c2" and rows[0]["prompt"][0]["role"] == "system"
     assert set(manifest["invalid_schemas"]) == {"train", "validation"}
-    # --train-sample: a seeded random N train documents (bench/gpu/ab.sh's c2data), the validation split whole
+    # --train-sample: a seeded random N train documents (the pi2-ab experiment's c2data), the validation split whole
     res = CliRunner().invoke(app, ["data", "precompute-schemas", "--golden", str(SAMPLE_DIR), "--out",
                                    str(tmp_path / "s"), "--executor-url", url, "--model", model, "--limit", "4",
                                    "--train-sample", "2", "--max-tokens", "64", "--on-invalid", "gold"])  # fmt: skip

@@ -63,7 +63,7 @@ def test_grpo_gpu_recipe(env: None, phase: str, response: int) -> None:  # noqa:
 
 
 def test_the_recipe_survives_the_node_scripts_overrides(env: None) -> None:  # noqa: F811
-    """bench/gpu/ab.sh's RL arguments (one GPU, 10 steps, the chosen temperature, the improvable set)."""
+    """An experiment arm's RL arguments (one GPU, 10 steps, the chosen temperature, the improvable set)."""
     c = composed_command(gpu_run(
         "b1", "trainer.n_gpus_per_node=1", "trainer.total_training_steps=10",
         "actor_rollout_ref.rollout.temperature=1.3", "data.train_files=/ab/preflight/b1_improvable.parquet",
