@@ -58,6 +58,22 @@ def replica_logs(prefix: Path, n: int) -> list[Path]:
     return [prefix.with_name(f"{prefix.name}_{i}.log") for i in range(n)]
 
 
+def start_together(executors: Sequence[CpuExecutor], timeout: float) -> None:
+    """Launch ``executors`` at once and wait for them side by side; the first start error is raised after
+    every wait has ended, with every one of them stopped."""
+    try:
+        for ex in executors:
+            ex.launch()
+        with ThreadPoolExecutor(max_workers=max(1, len(executors))) as pool:
+            ready = [pool.submit(ex.wait_ready, timeout) for ex in executors]
+            for f in ready:
+                f.result()
+    except BaseException:
+        for ex in executors:
+            ex.stop()
+        raise
+
+
 @contextlib.contextmanager
 def serve_replicas(
     model: str,
@@ -86,12 +102,7 @@ def serve_replicas(
         for log, slot in zip(logs, slots, strict=True)
     ]
     try:
-        for ex in executors:
-            ex.launch()
-        with ThreadPoolExecutor(max_workers=max(1, len(executors))) as pool:
-            ready = [pool.submit(ex.wait_ready, timeout) for ex in executors]
-            for f in ready:
-                f.result()  # the first start error, after every wait has ended
+        start_together(executors, timeout)
         yield [Endpoint(ex.url, served_name) for ex in executors]
     finally:
         for ex in executors:
@@ -180,16 +191,7 @@ class ExecutorPool:
                              max_model_len=self.max_model_len)
                 for s in wave
             ]  # fmt: skip
-            try:
-                for ex in executors:
-                    ex.launch()
-                with ThreadPoolExecutor(max_workers=len(executors)) as pool:
-                    for f in [pool.submit(ex.wait_ready, self.timeout) for ex in executors]:
-                        f.result()
-            except BaseException:
-                for ex in executors:
-                    ex.stop()
-                raise
+            start_together(executors, self.timeout)
             for spec, ex in zip(wave, executors, strict=True):
                 self._up[spec.model] = (ex, Endpoint(ex.url, spec.served_name))
         return [self._up[s.model][1] for s in specs]
