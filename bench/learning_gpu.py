@@ -4,7 +4,8 @@
         [--extra-settings OLD_REPORT.json]
 
 ``DIR`` is the run's folder in the unpacked archive of ``scripts/gpu_node/job.sh collect`` (its
-``stages.tsv`` in ``../jobs/``), or of the shell chains it replaced (``ab.sh`` / ``learning.sh collect``)
+``stages.tsv`` in ``../jobs/``; an experiment's workdir adds its manifest's stage times as
+``experiment:<stage>``), or of the shell chains it replaced (``ab.sh`` / ``learning.sh collect``)
 (``phase_d/metrics.json``, ``stages.tsv``, ``a1_phase_result.json`` or ``<phase>/phase_result.json``,
 ``<phase>/metrics.jsonl`` and ``<phase>/early_stopping.json`` of each RL phase …); ``FILE`` a JSON object
 with ``card``, ``gpus``, ``versions`` and ``commands`` (what ran, written down by whoever ran it).
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS_DIR, md_table
+from trainer.experiment.workdir import MANIFEST
 from trainer.phases.registry import GRPO_PHASES, SFT_PHASES
 
 NAME = "learning_gpu"
@@ -50,6 +52,21 @@ def read_stages(path: Path) -> dict[str, dict[str, float]]:
         if len(parts) == 4:
             name, start, end, seconds = parts
             out[name] = {"start": float(start), "end": float(end), "seconds": float(seconds)}
+    return out
+
+
+def manifest_stages(path: Path) -> dict[str, dict[str, float]]:
+    """An experiment's stages (``python -m trainer experiment``: ``stage:<name>`` of its manifest) as
+    ``experiment:<name>``, with the seconds spent starting their servers; skipped stages are left out."""
+    if not path.is_file():
+        return {}
+    out: dict[str, dict[str, float]] = {}
+    for key, value in json.loads(path.read_text()).items():
+        if key.startswith("stage:") and isinstance(value, dict) and "seconds" in value:
+            row = {"seconds": float(value["seconds"])}
+            if "servers_s" in value:
+                row["servers_s"] = float(value["servers_s"])
+            out[f"experiment:{key.removeprefix('stage:')}"] = row
     return out
 
 
@@ -164,7 +181,7 @@ def build(
     metrics = json.loads(pd.read_text()) if pd.is_file() else {}
     settings: dict[str, Any] = metrics.get("settings", {})
     tsv = next((f for f in (collected / "stages.tsv", collected.parent / "jobs" / "stages.tsv") if f.is_file()), None)
-    stages = read_stages(tsv) if tsv else {}
+    stages = {**(read_stages(tsv) if tsv else {}), **manifest_stages(collected / MANIFEST)}
     phases = {}
     for ph in (*SFT_PHASES, *GRPO_PHASES):
         for f in (collected / f"{ph}_phase_result.json", collected / ph / "phase_result.json"):
@@ -383,7 +400,8 @@ def render_md(p: dict[str, Any]) -> str:
             )
     if p["stages"]:
         md += "\n## Wall time of every stage\n\n" + md_table(
-            ["stage", "seconds"], [[k, v["seconds"]] for k, v in p["stages"].items()]
+            ["stage", "seconds", "of which starting its servers"],
+            [[k, v["seconds"], v.get("servers_s", "")] for k, v in p["stages"].items()],
         )
         hf = HF_BASELINE_SECONDS
         md += f"\nHF baseline SFT: {hf['sft_a1']:.0f} s (π1), {hf['sft_a2']:.0f} s (π2).\n"

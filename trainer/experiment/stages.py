@@ -159,16 +159,18 @@ def evaluate(ctx: Context) -> None:
             )
             for name, p in gold.items()
         }
-        first_error([*pipelines.values(), *on_gold.values()])
+        # π2 on gold schemas is one stage, Phase D two: scored and written first, so a lease that ends
+        # during Phase D still has it (issue 23: the B2 target)
+        first_error(list(on_gold.values()))
+        if gold:
+            preds = {name: load_predictions(wd.gold_schema / f"{name}.jsonl") for name in gold}
+            out = write_outputs(
+                wd.gold_schema_eval, examples, preds, f"π2 on gold schemas ({d.name})", write_predictions=False
+            )
+            ctx.say(f"π2 on gold schemas: {out.report}")
+        first_error(list(pipelines.values()))
     res = write_outputs(wd.phase_d, examples, {n: f.result() for n, f in pipelines.items()}, f"Phase D ({d.name})")
     ctx.say(f"Phase D: {res.report} ({res.decision.get('reason', '')})")
-    if gold:
-        preds = {name: load_predictions(wd.gold_schema / f"{name}.jsonl") for name in gold}
-        out = write_outputs(
-            wd.gold_schema_eval, examples, preds, f"π2 on gold schemas ({d.name})", write_predictions=False
-        )
-        ctx.say(f"π2 on gold schemas: {out.report}")
-
 
 WORKS: dict[str, Callable[[Context], None]] = {
     "sft": sft, "preflight": preflight, "c2data": c2data, "choose": choose, "control": control, "rl": rl,

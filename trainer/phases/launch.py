@@ -238,8 +238,11 @@ class PhaseResult:
     monitors: dict[str, Any] | None = None
 
     def write(self, out_dir: Path) -> Path:
+        """Atomically (a temporary file renamed over it): a watcher that sees the file sees all of it."""
         path = out_dir / RESULT_FILE
-        path.write_text(json.dumps(asdict(self), indent=2, ensure_ascii=False) + "\n")
+        tmp = path.with_name(f".{RESULT_FILE}.tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2, ensure_ascii=False) + "\n")
+        tmp.replace(path)
         return path
 
 

@@ -256,6 +256,29 @@ def test_pi2_c2data_gold_schemas_and_the_improvable_fallback(node: Node, tmp_pat
     assert (exp.wd.gold_schema_eval / "metrics.json").is_file() and (exp.wd.phase_d / "metrics.json").is_file()
 
 
+def test_pi2_gold_schema_eval_is_written_before_phase_d_ends(
+    node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """π2 on gold schemas (one stage) lands before Phase D (two): a run cut during Phase D keeps it."""
+    import trainer.evaluation.two_stage as two_stage
+
+    whole = two_stage.run_two_stage
+
+    def cut(setting: str, *args: Any) -> Any:
+        if setting == "pipe":
+            raise RuntimeError("the lease ended")
+        return whole(setting, *args)
+
+    monkeypatch.setattr("trainer.evaluation.two_stage.run_two_stage", cut)
+    exp = experiment(node, tmp_path, "pi2-ab", gpus=("0", "1"), control="off")
+    with pytest.raises(RuntimeError, match="the lease ended"):
+        exp.run()
+    gold = json.loads((exp.wd.gold_schema_eval / "metrics.json").read_text())
+    assert set(gold["settings"]) == {"sft", "local", "pipe"}
+    assert not (exp.wd.phase_d / "metrics.json").exists()
+    assert exp.ctx.manifest.data["stage:eval"]["status"] == "failed"
+
+
 def test_rl_improvable_trains_on_the_set_where_it_fills_a_batch(node: Node, tmp_path: Path) -> None:
     experiment(node, tmp_path, profile="cpu-smoke", control="off", rl_improvable=True).run()
     b1 = next(r for r in node.runs if r.phase.name == "b1")

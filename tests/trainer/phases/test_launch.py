@@ -152,6 +152,8 @@ def test_result_roundtrip(tmp_path: Path) -> None:
     res.write(tmp_path)
     back = read_result(tmp_path)
     assert back is not None and back.best_step == 3 and back.status == "ok"
+    # written whole or not at all (a watcher waits for the file): no temporary file is left beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["phase_result.json"]
 
 
 def test_export_helpers(tmp_path: Path) -> None:
