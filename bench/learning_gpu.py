@@ -196,8 +196,10 @@ def build(
         f = collected / ph / "metrics.jsonl"
         if f.is_file():
             rows = read_jsonl(f)
-            es = collected / ph / "early_stopping.json"
-            curves[ph] = rl_curves(rows, json.loads(es.read_text()) if es.is_file() else None)
+            # ab.sh brought it beside the metrics; a phase folder keeps it in checkpoints/
+            es = next((c for c in (collected / ph / "early_stopping.json",
+                                   collected / ph / "checkpoints" / "early_stopping.json") if c.is_file()), None)
+            curves[ph] = rl_curves(rows, json.loads(es.read_text()) if es else None)
             split[ph] = step_split(rows)
             # issue 23: did the policy move? (the phase result's floor when it recorded one)
             floor = ((phases.get(ph) or {}).get("monitors") or {}).get("kl_floor", DEFAULT_KL_FLOOR)

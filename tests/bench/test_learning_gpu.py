@@ -138,6 +138,16 @@ def test_curves_step_split_and_the_reward_share(collected_rl: Path) -> None:
     assert p["monitors"]["c1"]["policy_moved"] is None and "## Did the policy move?" in md and "cannot tell" in md
 
 
+def test_early_stopping_is_found_in_a_phase_folders_checkpoints(collected_rl: Path) -> None:
+    """A collected experiment keeps each phase folder's layout: early_stopping.json sits in checkpoints/."""
+    (collected_rl / "b1" / "checkpoints").mkdir()
+    (collected_rl / "b1" / "early_stopping.json").rename(collected_rl / "b1" / "checkpoints" / "early_stopping.json")
+    (collected_rl / "c1" / "early_stopping.json").unlink()
+    p = lg.build(collected_rl, {}, None)
+    assert p["curves"]["b1"]["early_stopping"]["best_step"] == 2
+    assert "early_stopping" not in p["curves"]["c1"]
+
+
 def test_the_report_says_when_the_policy_did_not_move(collected_rl: Path) -> None:
     import shutil
 
