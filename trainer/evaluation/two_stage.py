@@ -4,7 +4,8 @@
 ``trainer evaluate pipeline``, the loop's Phase D and the demo all call :func:`run_two_stage`, and
 :func:`stage2_on_prediction` is the only trainer code that builds a Stage-2 prompt from a predicted
 schema (C2's precompute uses it too). A predicted schema that is no valid schema gets no Stage-2 call:
-its table scores 0.
+its table scores 0. Settings that share a π1 can run its Stage 1 once (:func:`stage1_schemas`) and pass
+those schemas to each setting's :func:`run_two_stage` (``schemas=``): the same schemas, and no repeated work.
 
 Where a model runs is the caller's business. ``serve(model, stage)`` is "give me a URL for this model":
 a context manager that yields an :class:`~trainer.serving.endpoint.Endpoint` while the model is served
@@ -56,6 +57,20 @@ def stage2_on_prediction(text: str, predicted_schema: str) -> list[Message] | No
         return None
 
 
+def stage1_schemas(
+    label: str,
+    pi1: str,
+    examples: Sequence[GoldenExample],
+    serve: ServeModel,
+    gen: GenerationConfig,
+    generate: Generate = generate_with_progress,
+) -> list[str]:
+    """Stage 1 alone: π1's schemas, one per example in order (``label`` names the progress bar)."""
+    s1 = [build_stage1_messages(ex.text) for ex in examples]
+    with serve(pi1, "stage1") as ep:
+        return asyncio.run(generate(GenerationClient(ep.url, ep.served_name, gen), s1, f"{label} π1 schemas"))
+
+
 def run_two_stage(
     setting: str,
     pi1: str,
@@ -64,12 +79,19 @@ def run_two_stage(
     serve: ServeModel,
     gen: GenerationConfig,
     generate: Generate = generate_with_progress,
+    *,
+    schemas: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
     """One Phase-D setting: π1's schemas, then π2's tables on the valid ones; one record per example
-    (``schema_prediction``, ``table_prediction`` or None, the prompts' hashes, the models)."""
+    (``schema_prediction``, ``table_prediction`` or None, the prompts' hashes, the models).
+
+    ``schemas``: π1's schemas from a Stage 1 already run (:func:`stage1_schemas`, shared by the settings
+    with this π1); then Stage 1 is not run again and π1 is not served."""
+    if schemas is not None and len(schemas) != len(examples):
+        raise ValueError(f"schemas: {len(schemas)} for {len(examples)} examples")
     s1 = [build_stage1_messages(ex.text) for ex in examples]
-    with serve(pi1, "stage1") as ep:
-        schemas = asyncio.run(generate(GenerationClient(ep.url, ep.served_name, gen), s1, f"{setting} π1 schemas"))
+    if schemas is None:
+        schemas = stage1_schemas(setting, pi1, examples, serve, gen, generate)
     s2 = {
         i: prompt
         for i, (ex, schema) in enumerate(zip(examples, schemas, strict=True))

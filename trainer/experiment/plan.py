@@ -10,8 +10,9 @@ prints it and the tests check it without starting anything.
 - ``control``: arm A's positive control, before RL (serial) or beside it (parallel). Done: its verdict file.
 - ``rl``: both arms (side by side on GPUs, arm B staggered on a shared card; in turn on CPU) against their
   reward APIs. Done: both phase results ok.
-- ``eval``: the Phase-D settings concurrently, then scored together (pi2-ab: π2 on gold schemas too), on
-  executors of every evaluated model. Done: ``phase_d/metrics.json`` (and ``gold_schema_eval/``'s).
+- ``eval``: the Phase-D settings concurrently (settings that share a π1 share its Stage 1), then scored
+  together (pi2-ab: π2 on gold schemas too), on executors of every evaluated model. Done:
+  ``phase_d/metrics.json`` (and ``gold_schema_eval/``'s).
 
 Executors are kept from the stage that starts them to the end (the preflight's policy, c2data's π1ˢ and
 the pipeline reward's π2ˢ are those eval needs); on CPU a stage that trains first stops the ones it does

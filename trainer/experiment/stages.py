@@ -8,7 +8,7 @@ import contextlib
 import dataclasses
 import json
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from trainer.experiment.context import Context, ExperimentStopped, first_error
@@ -118,13 +118,14 @@ def rl(ctx: Context) -> None:
 
 
 def evaluate(ctx: Context) -> None:
-    """Phase D's settings at once on the kept executors, then scored together (paired tests); pi2-ab
-    also π2 on gold schemas (sft, local, pipe)."""
+    """Phase D's settings at once on the kept executors, then scored together (paired tests); settings that
+    share a π1 share its Stage 1 (one greedy run: the same schemas for each, so their comparison is π2's
+    alone); pi2-ab also π2 on gold schemas (sft, local, pipe)."""
     from shared import read_golden
     from trainer.evaluation.generation import GenerationClient, GenerationConfig
     from trainer.evaluation.inference import infer
     from trainer.evaluation.phase_d import load_predictions, write_outputs
-    from trainer.evaluation.two_stage import PromptStage, generate_quietly, run_two_stage
+    from trainer.evaluation.two_stage import PromptStage, ServeModel, generate_quietly, run_two_stage, stage1_schemas
 
     cfg, d, wd = ctx.cfg, ctx.design, ctx.wd
     settings = d.settings()
@@ -134,20 +135,37 @@ def evaluate(ctx: Context) -> None:
     )
     examples = read_golden(cfg.golden / "common_test_schemas.jsonl", cfg.eval_limit)
 
-    def setting(name: str) -> list[dict[str, Any]]:
-        p1, p2 = settings[name]
-
+    def serving(p1: str, p2: str) -> ServeModel:
         def serve(model: str, stage: PromptStage) -> contextlib.AbstractContextManager[Endpoint]:
             """The kept executor of the stage's phase (``model`` is its output: that phase's ``hf_dir``)."""
             return contextlib.nullcontext(eps[p1 if stage == "stage1" else p2])
 
-        return run_two_stage(name, ctx.output(p1), ctx.output(p2), examples, serve, gen, generate_quietly)
+        return serve
+
+    # π1 phase → its settings; a π1 of two or more settings gets one Stage 1 (pi2-ab: π1ˢ for all three)
+    by_pi1: dict[str, list[str]] = {}
+    for name, (p1, _p2) in settings.items():
+        by_pi1.setdefault(p1, []).append(name)
+    shared = {p1: names for p1, names in by_pi1.items() if len(names) > 1}
+
+    def shared_stage1(p1: str) -> list[str]:
+        return stage1_schemas("+".join(shared[p1]), ctx.output(p1), examples, serving(p1, p1), gen, generate_quietly)
+
+    def setting(name: str, schemas: Future[list[str]] | None) -> list[dict[str, Any]]:
+        """One setting; with ``schemas`` (its π1's shared Stage 1) only its Stage 2 runs here."""
+        p1, p2 = settings[name]
+        return run_two_stage(
+            name, ctx.output(p1), ctx.output(p2), examples, serving(p1, p2), gen, generate_quietly,
+            schemas=None if schemas is None else schemas.result(),
+        )  # fmt: skip
 
     gold: dict[str, str] = {}
     if d.gold_schema_eval:  # π2 of each setting on the gold schemas
         gold = {name: pair[1] for name, pair in settings.items()}
-    with ThreadPoolExecutor(max_workers=len(settings) + len(gold)) as pool:
-        pipelines = {name: pool.submit(setting, name) for name in settings}
+    # one thread per task (a setting waits on its shared Stage 1 in its own thread: no pool starvation)
+    with ThreadPoolExecutor(max_workers=len(shared) + len(settings) + len(gold)) as pool:
+        stage1 = {p1: pool.submit(shared_stage1, p1) for p1 in shared}
+        pipelines = {name: pool.submit(setting, name, stage1.get(settings[name][0])) for name in settings}
         on_gold = {
             name: pool.submit(
                 infer,

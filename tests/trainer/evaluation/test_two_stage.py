@@ -1,5 +1,6 @@
 """The two-stage runner's serving contract: π1's server is closed before π2's is opened, and π2 is not
-served at all when π1 wrote no valid schema (its examples score 0, with no Stage-2 call)."""
+served at all when π1 wrote no valid schema (its examples score 0, with no Stage-2 call); with the schemas
+of a Stage 1 already run (shared by settings with one π1), π1 is not served at all."""
 
 from __future__ import annotations
 
@@ -7,11 +8,19 @@ import contextlib
 import json
 from collections.abc import Iterator
 
+import pytest
+
 from shared import read_golden
 from tests.helpers.faulty_executor import FaultyExecutor
 from trainer.data.sample_data import SAMPLE_DIR
 from trainer.evaluation.generation import GenerationConfig
-from trainer.evaluation.two_stage import PromptStage, generate_quietly, run_two_stage, stage2_on_prediction
+from trainer.evaluation.two_stage import (
+    PromptStage,
+    generate_quietly,
+    run_two_stage,
+    stage1_schemas,
+    stage2_on_prediction,
+)
 from trainer.serving.endpoint import Endpoint
 
 EXAMPLES = read_golden(SAMPLE_DIR / "common_test_schemas.jsonl", 3)
@@ -49,3 +58,39 @@ def test_pi1_is_closed_before_pi2_opens_and_pi2_is_not_served_without_a_valid_sc
         assert events == [("open", "/pi1", "stage1"), ("close", "/pi1", "stage1")]
         assert all(r["table_prediction"] is None and r["stage2_messages_sha256"] is None for r in records)
         assert pi2.calls == 3  # no Stage-2 call
+
+
+def test_given_schemas_skip_stage1_and_pi1_is_not_served() -> None:
+    schema = json.dumps(EXAMPLES[0].schema_dict())
+    with FaultyExecutor("ok", content=schema) as pi1, FaultyExecutor("ok", content='{"a": 1}') as pi2:
+        events: list[tuple[str, str, PromptStage]] = []
+
+        @contextlib.contextmanager
+        def serve(model: str, stage: PromptStage) -> Iterator[Endpoint]:
+            events.append(("open", model, stage))
+            yield Endpoint((pi1 if model == "/pi1" else pi2).url, "policy")
+
+        # Stage 1 once, then its schemas given: the records are those of the whole run, field for field
+        whole = run_two_stage("sft", "/pi1", "/pi2", EXAMPLES, serve, GEN, generate_quietly)
+        schemas = stage1_schemas("sft+local", "/pi1", EXAMPLES, serve, GEN, generate_quietly)
+        assert schemas == [r["schema_prediction"] for r in whole] and pi1.calls == 6
+        events.clear()
+        assert run_two_stage("sft", "/pi1", "/pi2", EXAMPLES, serve, GEN, generate_quietly, schemas=schemas) == whole
+        assert events == [("open", "/pi2", "stage2")] and pi1.calls == 6  # π1 neither served nor called
+
+        # the given schemas are the ones used: an invalid one gets no Stage-2 call
+        given = [schema, "no schema here", schema]
+        events.clear()
+        records = run_two_stage("local", "/pi1", "/pi2", EXAMPLES, serve, GEN, generate_quietly, schemas=given)
+        assert [r["schema_prediction"] for r in records] == given and pi1.calls == 6
+        assert [r["table_prediction"] for r in records] == ['{"a": 1}', None, '{"a": 1}']
+        assert all(r["setting"] == "local" and r["schema_model"] == "/pi1" for r in records)
+        assert events == [("open", "/pi2", "stage2")]
+
+
+def test_schemas_of_the_wrong_length_are_refused_before_anything_is_served() -> None:
+    def serve(model: str, stage: PromptStage) -> contextlib.AbstractContextManager[Endpoint]:
+        raise AssertionError(f"served {model} for {stage}")
+
+    with pytest.raises(ValueError, match=r"schemas: 2 for 3 examples"):
+        run_two_stage("sft", "/pi1", "/pi2", EXAMPLES, serve, GEN, generate_quietly, schemas=["{}", "{}"])

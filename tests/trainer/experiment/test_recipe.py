@@ -5,6 +5,7 @@ the temperature choice and the no-headroom stop, the positive control, resumabil
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ class Node:
     runs: list[PhaseRun] = field(default_factory=list)
     sleeps: list[float] = field(default_factory=list)
     served: dict[str, list[str]] = field(default_factory=dict)  # setting -> the URLs its two stages used
+    stage1: list[str] = field(default_factory=list)  # the π1 URL of each Stage-1 run, in order
+    schemas_from: dict[tuple[str, ...], str] = field(default_factory=dict)  # a Stage 1's schemas -> its URL
     keep_step0: set[str] = field(default_factory=set)  # arms whose early stopping keeps step 0
     control_passes: bool = True
 
@@ -89,11 +92,26 @@ def node(monkeypatch: pytest.MonkeyPatch) -> Node:
             pq.write_table(pa.table({"x": [1, 2]}), data / "c2" / f"{split}.parquet")
         return PrecomputeReport(counts={"train": 2, "validation": 2})
 
-    def run_two_stage(setting: str, pi1: str, pi2: str, examples: Any, serve: Any, *_: Any) -> list[dict[str, Any]]:
-        with serve(pi1, "stage1") as a, serve(pi2, "stage2") as b:
-            n.served[setting] = [a.url, b.url]
-        return [{"id": ex.id, "schema_prediction": json.dumps(ex.schema_dict()), "table_prediction": None,
-                 "schema_model": pi1, "table_model": pi2} for ex in examples]  # fmt: skip
+    lock = threading.Lock()
+
+    def stage1_schemas(_label: str, pi1: str, examples: Any, serve: Any, *_: Any) -> list[str]:
+        """Each Stage-1 run's schemas differ (by trailing blanks; the same parsed schema): greedy vLLM is
+        not bit-identical across batches, so only a shared run gives the settings the same schemas."""
+        with serve(pi1, "stage1") as a, lock:
+            n.stage1.append(a.url)
+            schemas = [json.dumps(ex.schema_dict()) + " " * len(n.stage1) for ex in examples]
+            n.schemas_from[tuple(schemas)] = a.url
+        return schemas
+
+    def run_two_stage(
+        setting: str, pi1: str, pi2: str, examples: Any, serve: Any, *_: Any, schemas: Any = None
+    ) -> list[dict[str, Any]]:
+        if schemas is None:
+            schemas = stage1_schemas(setting, pi1, examples, serve)
+        with serve(pi2, "stage2") as b:
+            n.served[setting] = [n.schemas_from[tuple(schemas)], b.url]
+        return [{"id": ex.id, "setting": setting, "schema_prediction": s, "table_prediction": None,
+                 "schema_model": pi1, "table_model": pi2} for ex, s in zip(examples, schemas, strict=True)]  # fmt: skip
 
     def infer(stage: str, examples: Any, client: Any, out: Path, _generate: Any = None) -> list[dict[str, Any]]:
         n.served[f"gold:{out.stem}"] = [client.base_url if hasattr(client, "base_url") else client.model]
@@ -107,6 +125,7 @@ def node(monkeypatch: pytest.MonkeyPatch) -> Node:
     monkeypatch.setattr("trainer.phases.preflight.advantage_check", advantage_check)
     monkeypatch.setattr("trainer.loop.c2_precompute.write_c2_data", write_c2_data)
     monkeypatch.setattr("trainer.evaluation.two_stage.run_two_stage", run_two_stage)
+    monkeypatch.setattr("trainer.evaluation.two_stage.stage1_schemas", stage1_schemas)
     monkeypatch.setattr("trainer.evaluation.inference.infer", infer)
     monkeypatch.setattr("trainer.experiment.recipe.time.sleep", n.sleeps.append)
     return n
@@ -264,10 +283,10 @@ def test_pi2_gold_schema_eval_is_written_before_phase_d_ends(
 
     whole = two_stage.run_two_stage
 
-    def cut(setting: str, *args: Any) -> Any:
+    def cut(setting: str, *args: Any, **kw: Any) -> Any:
         if setting == "pipe":
             raise RuntimeError("the lease ended")
-        return whole(setting, *args)
+        return whole(setting, *args, **kw)
 
     monkeypatch.setattr("trainer.evaluation.two_stage.run_two_stage", cut)
     exp = experiment(node, tmp_path, "pi2-ab", gpus=("0", "1"), control="off")
@@ -277,6 +296,31 @@ def test_pi2_gold_schema_eval_is_written_before_phase_d_ends(
     assert set(gold["settings"]) == {"sft", "local", "pipe"}
     assert not (exp.wd.phase_d / "metrics.json").exists()
     assert exp.ctx.manifest.data["stage:eval"]["status"] == "failed"
+
+
+def test_settings_that_share_a_pi1_share_one_stage1(node: Node, tmp_path: Path) -> None:
+    """pi2-ab: sft, local and pipe all take π1ˢ: one Stage 1, so every setting gets the same schemas and the
+    π2 comparison carries no Stage-1 noise; pi1-ab's three π1s each run their own."""
+    exp = experiment(node, tmp_path, "pi2-ab", gpus=("0", "1"), control="off")
+    exp.run()
+    assert node.stage1 == ["http://pi1-sft"]
+    assert {name: node.served[name] for name in ("sft", "local", "pipe")} == {
+        "sft": ["http://pi1-sft", "http://pi2-sft"],
+        "local": ["http://pi1-sft", "http://pi2-local"],
+        "pipe": ["http://pi1-sft", "http://pi2-pipe"],
+    }
+    records = {
+        name: [json.loads(line) for line in (exp.wd.phase_d / f"predictions_{name}.jsonl").read_text().splitlines()]
+        for name in ("sft", "local", "pipe")
+    }
+    schemas = {name: [r["schema_prediction"] for r in recs] for name, recs in records.items()}
+    assert schemas["sft"] == schemas["local"] == schemas["pipe"] and schemas["sft"]
+    for name, recs in records.items():  # each setting's records are still its own
+        assert {(r["setting"], r["schema_model"]) for r in recs} == {(name, exp.ctx.output("a1"))}
+
+    node.stage1.clear()
+    experiment(node, tmp_path, gpus=("0", "1"), control="off").run()
+    assert sorted(node.stage1) == ["http://pi1-local", "http://pi1-pipe", "http://pi1-sft"]
 
 
 def test_rl_improvable_trains_on_the_set_where_it_fills_a_batch(node: Node, tmp_path: Path) -> None:
