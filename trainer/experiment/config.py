@@ -84,6 +84,12 @@ class ExperimentConfig:
                           "pi2-ab).", cli_type=str, cli_default=""),
     )  # fmt: skip
     preflight_prompts: int = field(default=64, metadata=cli_meta(help="Preflight: training prompts per source.", min=1))
+    preflight_sources: tuple[str, ...] = field(
+        default=(),
+        metadata=cli_meta(help="Comma-separated sources the preflight samples (default: every source of the train "
+                          "split); e.g. wikitabletext with a large --preflight-prompts for a large improvable set "
+                          "there.", cli_type=str, cli_default=""),
+    )  # fmt: skip
     preflight_n: int = field(default=16, metadata=cli_meta(help="Preflight: samples per prompt (rollout.n).", min=2))
     preflight_max_tokens: int = field(default=384, metadata=cli_meta(help="Preflight: max tokens a sample.", min=1))
     min_share: float = field(
@@ -169,7 +175,7 @@ class ExperimentConfig:
     @classmethod
     def from_cli(cls, **values: Any) -> ExperimentConfig:
         """The command line's comma-separated forms turned into the fields' tuples."""
-        for name in ("data_phases", "preflight_phases"):
+        for name in ("data_phases", "preflight_phases", "preflight_sources"):
             values[name] = _csv(str(values[name] or ""))
         values["temps"] = tuple(float(t) for t in _csv(str(values["temps"])))
         for name in ("sft_overrides", "rl_extra"):

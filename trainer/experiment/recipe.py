@@ -78,6 +78,7 @@ class Experiment:
             "sft": sft,
             "preflight": [
                 f"{p}: {cfg.preflight_prompts} prompts/source x n {cfg.preflight_n} at T {list(cfg.temps)}"
+                + (f", sources {','.join(cfg.preflight_sources)}" if cfg.preflight_sources else "")
                 for p in preflight_phases(cfg, d)
             ]
             + ["(the phases' sweeps at once)"],

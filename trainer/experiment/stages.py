@@ -48,7 +48,7 @@ def preflight(ctx: Context) -> None:
             rep = advantage_check(
                 cfg.golden, reward_of(phase), policy.url, policy.served_name, url, n=cfg.preflight_n,
                 prompts=cfg.preflight_prompts, temperature=t, max_tokens=cfg.preflight_max_tokens,
-                min_informative=0.0, min_improvable=0.0,
+                min_informative=0.0, min_improvable=0.0, sources=cfg.preflight_sources or None,
             )  # fmt: skip
             write_report(rep, path)
             ctx.say(f"preflight {phase} T {t}: {rep.verdict()}")

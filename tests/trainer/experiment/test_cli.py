@@ -62,7 +62,8 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     given = [
         "--profile", "gpu", "--gpus", "2,3", "--base-model", "/b", "--sft-from", str(tmp_path), "--data-phases",
         "a1,a2,b1,c1,b2", "--limit", "5", "--sft-override", "a=1", "--sft-override", "b=2", "--temps", "0.8,1.2",
-        "--preflight-phases", "b2,c2", "--preflight-prompts", "8", "--preflight-n", "4", "--preflight-max-tokens",
+        "--preflight-phases", "b2,c2", "--preflight-prompts", "8", "--preflight-sources", "wikitabletext,e2e",
+        "--preflight-n", "4", "--preflight-max-tokens",
         "128", "--min-share", "0.2", "--force-rl", "--min-source-share", "0.3", "--rl-improvable", "--control",
         "parallel", "--control-stagger-s", "10", "--c2-train-sample", "99", "--rl-steps", "3", "--rl-test-freq", "1",
         "--rl-micro", "8", "--rl-extra", "x=1", "--rl-extra", "y=2", "--rl-stagger-s", "5", "--reward-max-tokens", "96",
@@ -76,7 +77,8 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert cfg == ExperimentConfig(
         golden=SAMPLE, workdir=tmp_path, profile="gpu", gpus=("2", "3"), base_model="/b", sft_from=tmp_path,
         data_phases=("a1", "a2", "b1", "c1", "b2"), limit=5, sft_overrides=("a=1", "b=2"), temps=(0.8, 1.2),
-        preflight_phases=("b2", "c2"), preflight_prompts=8, preflight_n=4, preflight_max_tokens=128, min_share=0.2,
+        preflight_phases=("b2", "c2"), preflight_prompts=8, preflight_sources=("wikitabletext", "e2e"), preflight_n=4,
+        preflight_max_tokens=128, min_share=0.2,
         force_rl=True, min_source_share=0.3, rl_improvable=True, control="parallel", control_stagger_s=10.0,
         c2_train_sample=99, rl_steps=3, rl_test_freq=1, rl_micro=8, rl_extra=("x=1", "y=2"), rl_stagger_s=5.0,
         reward_max_tokens=96, eval_limit=4, eval_max_tokens=64, eval_concurrency=2, eval_timeout_s=30.0,

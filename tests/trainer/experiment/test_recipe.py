@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from shared import read_golden
+from shared.golden import source_of
 from tests.trainer.test_loop import SAMPLE
 from trainer.data.precompute import PrecomputeReport
 from trainer.experiment import DESIGNS, Experiment, ExperimentConfig, ExperimentStopped
@@ -38,6 +39,7 @@ class Node:
     stage1: list[str] = field(default_factory=list)  # the π1 URL of each Stage-1 run, in order
     schemas_from: dict[tuple[str, ...], str] = field(default_factory=dict)  # a Stage 1's schemas -> its URL
     keep_step0: set[str] = field(default_factory=set)  # arms whose early stopping keeps step 0
+    preflight_sources: list[Any] = field(default_factory=list)  # the sources each preflight sweep was given
     control_passes: bool = True
 
     def launched(self) -> list[str]:
@@ -77,11 +79,13 @@ def node(monkeypatch: pytest.MonkeyPatch) -> Node:
 
     def advantage_check(golden: Path, reward: str, url: str, model: str, reward_url: str, **kw: Any) -> Any:
         """Every training prompt improvable at T >= 1.3, none below."""
-        t = kw["temperature"]
+        t, sources = kw["temperature"], kw.get("sources")
         n.events.append(("preflight", reward, model, reward_url, str(t)))
+        n.preflight_sources.append(sources)
         outcomes = [
             PromptOutcome(ex.id, 0.0, (0.0, 1.0 if t >= 1.3 else 0.0), (True, True))
             for ex in read_golden(golden / "common_train_schemas.jsonl")
+            if sources is None or source_of(ex.id) in sources
         ]
         return build_report(reward, outcomes, t, min_informative=0.0, min_improvable=0.0)
 
@@ -321,6 +325,17 @@ def test_settings_that_share_a_pi1_share_one_stage1(node: Node, tmp_path: Path) 
     node.stage1.clear()
     experiment(node, tmp_path, gpus=("0", "1"), control="off").run()
     assert sorted(node.stage1) == ["http://pi1-local", "http://pi1-pipe", "http://pi1-sft"]
+
+
+def test_preflight_sources_narrow_the_sweep_and_the_improvable_set(node: Node, tmp_path: Path) -> None:
+    """--preflight-sources: only those sources are sampled, so the improvable set holds only their prompts."""
+    exp = experiment(node, tmp_path, profile="cpu-smoke", control="off", preflight_sources=("people",))
+    exp.run()
+    assert node.preflight_sources and set(node.preflight_sources) == {("people",)}
+    rows = pq.read_table(exp.wd.improvable("b1")).column("extra_info").to_pylist()
+    assert rows and {source_of(r["id"]) for r in rows} == {"people"}
+    experiment(node, tmp_path, "pi2-ab", profile="cpu-smoke", control="off").run()
+    assert node.preflight_sources[-1] is None  # by default every source
 
 
 def test_rl_improvable_trains_on_the_set_where_it_fills_a_batch(node: Node, tmp_path: Path) -> None:
