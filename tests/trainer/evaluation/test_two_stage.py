@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -33,12 +34,13 @@ def test_stage2_is_built_only_on_a_valid_predicted_schema() -> None:
     assert stage2_on_prediction(ex.text, json.dumps(ex.schema_dict())) is not None
 
 
-def test_pi1_is_closed_before_pi2_opens_and_pi2_is_not_served_without_a_valid_schema() -> None:
-    # FaultyExecutor answers every prompt with one fixed text: here a schema, or none (no real model can
-    # be made to do either on demand); what is checked is when each model is served, not the outputs
-    schema = json.dumps(EXAMPLES[0].schema_dict())
+@contextlib.contextmanager
+def two_executors(schema: str) -> Iterator[tuple[FaultyExecutor, FaultyExecutor, list[tuple[str, str, str]], Any]]:
+    """π1 answering ``schema``, π2 answering one table, and ``serve`` recording when each is opened/closed.
+    FaultyExecutor answers every prompt with one fixed text (no real model can be made to write a given
+    schema, or none, on demand); what is checked is when each model is served, not the outputs."""
     with FaultyExecutor("ok", content=schema) as pi1, FaultyExecutor("ok", content='{"a": 1}') as pi2:
-        events: list[tuple[str, str, PromptStage]] = []
+        events: list[tuple[str, str, str]] = []
 
         @contextlib.contextmanager
         def serve(model: str, stage: PromptStage) -> Iterator[Endpoint]:
@@ -46,6 +48,12 @@ def test_pi1_is_closed_before_pi2_opens_and_pi2_is_not_served_without_a_valid_sc
             yield Endpoint((pi1 if model == "/pi1" else pi2).url, "policy")
             events.append(("close", model, stage))
 
+        yield pi1, pi2, events, serve
+
+
+def test_pi1_is_closed_before_pi2_opens_and_pi2_is_not_served_without_a_valid_schema() -> None:
+    schema = json.dumps(EXAMPLES[0].schema_dict())
+    with two_executors(schema) as (pi1, pi2, events, serve):
         records = run_two_stage("sft", "/pi1", "/pi2", EXAMPLES, serve, GEN, generate_quietly)
         assert events == [("open", "/pi1", "stage1"), ("close", "/pi1", "stage1"),
                           ("open", "/pi2", "stage2"), ("close", "/pi2", "stage2")]  # fmt: skip
@@ -62,21 +70,14 @@ def test_pi1_is_closed_before_pi2_opens_and_pi2_is_not_served_without_a_valid_sc
 
 def test_given_schemas_skip_stage1_and_pi1_is_not_served() -> None:
     schema = json.dumps(EXAMPLES[0].schema_dict())
-    with FaultyExecutor("ok", content=schema) as pi1, FaultyExecutor("ok", content='{"a": 1}') as pi2:
-        events: list[tuple[str, str, PromptStage]] = []
-
-        @contextlib.contextmanager
-        def serve(model: str, stage: PromptStage) -> Iterator[Endpoint]:
-            events.append(("open", model, stage))
-            yield Endpoint((pi1 if model == "/pi1" else pi2).url, "policy")
-
+    with two_executors(schema) as (pi1, _pi2, events, serve):
         # Stage 1 once, then its schemas given: the records are those of the whole run, field for field
         whole = run_two_stage("sft", "/pi1", "/pi2", EXAMPLES, serve, GEN, generate_quietly)
         schemas = stage1_schemas("sft+local", "/pi1", EXAMPLES, serve, GEN, generate_quietly)
         assert schemas == [r["schema_prediction"] for r in whole] and pi1.calls == 6
         events.clear()
         assert run_two_stage("sft", "/pi1", "/pi2", EXAMPLES, serve, GEN, generate_quietly, schemas=schemas) == whole
-        assert events == [("open", "/pi2", "stage2")] and pi1.calls == 6  # π1 neither served nor called
+        assert events == [("open", "/pi2", "stage2"), ("close", "/pi2", "stage2")] and pi1.calls == 6  # no π1
 
         # the given schemas are the ones used: an invalid one gets no Stage-2 call
         given = [schema, "no schema here", schema]
@@ -85,7 +86,7 @@ def test_given_schemas_skip_stage1_and_pi1_is_not_served() -> None:
         assert [r["schema_prediction"] for r in records] == given and pi1.calls == 6
         assert [r["table_prediction"] for r in records] == ['{"a": 1}', None, '{"a": 1}']
         assert all(r["setting"] == "local" and r["schema_model"] == "/pi1" for r in records)
-        assert events == [("open", "/pi2", "stage2")]
+        assert events == [("open", "/pi2", "stage2"), ("close", "/pi2", "stage2")]
 
 
 def test_schemas_of_the_wrong_length_are_refused_before_anything_is_served() -> None:
