@@ -1,5 +1,5 @@
 """The recipe end to end with its servers, phases and clients faked (the real run on CPU is
-``test_pi1_ab_cpu.py``): which phases run where and when, which executors start and which are reused,
+``test_experiments_cpu.py``): which phases run where and when, which executors start and which are reused,
 the temperature choice and the no-headroom stop, the positive control, resumability, the stage times."""
 
 from __future__ import annotations

