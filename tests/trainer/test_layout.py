@@ -279,15 +279,24 @@ def code_strings(tree: ast.AST) -> list[str]:
 
 
 def test_reward_api_settings_are_never_spelled_by_hand() -> None:
-    """The reward API's environment comes from its typed settings (trainer/serving/reward_api_env.py).
-    Exempt: the reward client (it runs inside VERL's workers and imports only ``shared``), which reads
-    the token its service also reads and names MAX_TOKENS in its advice."""
+    """The reward API's environment comes from its typed settings (trainer/serving/reward_api_env.py), in
+    trainer/ and bench/ alike (for trainer/, test_reward_api_variables_are_named_only_in_the_serving_package
+    goes further: no ``REWARD_API_`` at all, docstrings and configs included)."""
     from services.reward_api.settings import Settings
 
     variables = {f"REWARD_API_{f.upper()}" for f in Settings.model_fields}
-    for path in python_files(SERVING, TRAINER / "in_verl" / "reward_client.py"):
+    for path in python_files(SERVING):
         named = {v for t in code_strings(ast.parse(path.read_text())) for v in variables if v in t}
         assert not named, f"{path.relative_to(REPO)} spells {sorted(named)}; use trainer.serving.reward_api_env"
+
+
+def test_reward_api_variables_are_named_only_in_the_serving_package() -> None:
+    """``REWARD_API_*`` (the reward API's settings prefix) appears in trainer/ only under trainer/serving/:
+    the launcher reads the user's ``REWARD_API_URL``/``_TOKEN`` through ``trainer.serving.reward_api_env``
+    and hands VERL's processes ``TRAINER_REWARD_URL``/``_TOKEN``; code, configs and scripts alike."""
+    files = [p for ext in ("py", "yaml", "sh") for p in TRAINER.rglob(f"*.{ext}") if SERVING not in p.parents]
+    named = sorted(str(p.relative_to(REPO)) for p in files if "REWARD_API_" in p.read_text())
+    assert not named, f"REWARD_API_ spelled outside trainer/serving/ in: {', '.join(named)}"
 
 
 def test_only_the_two_stage_runner_builds_stage2_prompts_on_predicted_schemas() -> None:

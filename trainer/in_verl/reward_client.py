@@ -75,7 +75,8 @@ class RewardTimeoutError(RewardServiceError, TimeoutError):
 
 
 class RewardClientConfig(BaseModel):
-    """Client settings, from ``reward_kwargs`` (VERL) or the environment (``REWARD_API_URL``/``_TOKEN``)."""
+    """Client settings, from ``reward_kwargs`` (VERL) or the environment the launcher sets
+    (``TRAINER_REWARD_URL`` / ``TRAINER_REWARD_TOKEN``, see :data:`URL_ENV`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -109,6 +110,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
+# The launcher's names for the reward API's URL and token in VERL's processes (``trainer run`` sets them
+# from --reward-url and the user's variables: trainer/serving/reward_api_env.py, which this module may
+# not import; a test holds the names equal).
+URL_ENV = "TRAINER_REWARD_URL"
+TOKEN_ENV = "TRAINER_REWARD_TOKEN"
+
 _KWARG_ALIASES = {"timeout": "timeout_s", "api_url": "url", "reward_api_url": "url"}
 _CONFIG_KEYS = ("schema_config", "table_config", "pipeline_config")
 
@@ -124,10 +131,13 @@ def client_config_from_kwargs(kwargs: Mapping[str, Any]) -> RewardClientConfig:
         if name in _CONFIG_KEYS and isinstance(value, str):
             value = json.loads(value)
         raw[name] = value
-    raw.setdefault("url", os.environ.get("REWARD_API_URL"))
-    raw.setdefault("token", os.environ.get("REWARD_API_TOKEN"))
+    raw.setdefault("url", os.environ.get(URL_ENV))
+    raw.setdefault("token", os.environ.get(TOKEN_ENV))
     if not raw["url"]:
-        raise ValueError("reward API url missing: set reward_kwargs.url or REWARD_API_URL")
+        raise ValueError(
+            f"reward API url missing: set reward_kwargs.url or {URL_ENV} (`trainer run` sets it from "
+            "--reward-url or the reward API URL of its environment, docs/trainer.md)"
+        )
     try:
         return RewardClientConfig.model_validate(raw)
     except ValidationError as exc:
@@ -378,7 +388,8 @@ def _warn_truncated() -> None:
     if n == 1 or n % 100 == 0:
         log.warning(
             "%d sample(s) so far with executor_truncated: the executor stopped at its max_tokens before the "
-            "table ended, so the table part got its penalty. Raise REWARD_API_MAX_TOKENS on the reward API.",
+            "table ended, so the table part got its penalty. Raise the reward API's max_tokens setting "
+            "(docs/reward_api.md).",
             n,
         )
 

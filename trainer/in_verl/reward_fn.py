@@ -39,8 +39,8 @@ async def compute_score(
 
     ``kwargs`` are VERL's ``reward_kwargs`` (url, token, timeout_s, max_batch, max_wait_ms,
     max_attempts, on_executor_error, schema_config / table_config / pipeline_config); ``url`` and
-    ``token`` fall back to ``REWARD_API_URL`` / ``REWARD_API_TOKEN``; ``failure_log`` is the file
-    a failed call is recorded in before it re-raises.
+    ``token`` fall back to ``TRAINER_REWARD_URL`` / ``TRAINER_REWARD_TOKEN`` (the launcher sets them);
+    ``failure_log`` is the file a failed call is recorded in before it re-raises.
     """
     failure_log = kwargs.pop("failure_log", None)
     item_id = str((extra_info or {}).get("id") or (extra_info or {}).get("index") or "sample")

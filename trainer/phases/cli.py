@@ -15,6 +15,7 @@ from rich.console import Console
 
 from trainer.phases.launch import PROFILES, PhaseRun, check_profile, run_phase
 from trainer.phases.registry import GRPO_PHASES, PHASES, get_phase, reward_of
+from trainer.serving.reward_api_env import CLIENT_URL_ENV
 
 console = Console()
 app = typer.Typer(help="Training phases and the checks before RL.", no_args_is_help=True)
@@ -46,7 +47,7 @@ def run_cmd(
     data: Path = typer.Option(Path("data"), help="Folder of `trainer data build` (<phase>/<split>.parquet)."),
     out: Path | None = typer.Option(None, help="Output folder (default runs/<phase>)."),
     model: str | None = typer.Option(None, help="Start model (HF dir). cpu-smoke default: SmolLM2-135M-Instruct."),
-    reward_url: str | None = typer.Option(None, help="Reward API URL (default: $REWARD_API_URL)."),
+    reward_url: str | None = typer.Option(None, help=f"Reward API URL (default: ${CLIENT_URL_ENV})."),
     nproc: int = typer.Option(1, min=1, help="SFT: torchrun processes (GPUs) per node."),
     export: bool = typer.Option(True, help="Export the best checkpoint to <out>/hf."),
     dry_run: bool = typer.Option(False, help="Print the command and exit."),
@@ -191,7 +192,7 @@ def positive_control_cmd(
     profile: str = ProfileOpt,
     out: Path | None = typer.Option(None, help="Output folder (default runs/<phase>_control)."),
     model: str | None = typer.Option(None, help="Start policy (HF dir). cpu-smoke default: SmolLM2-135M-Instruct."),
-    reward_url: str | None = typer.Option(None, help="Reward API URL (default: $REWARD_API_URL)."),
+    reward_url: str | None = typer.Option(None, help=f"Reward API URL (default: ${CLIENT_URL_ENV})."),
     size: int = typer.Option(16, min=4, help="Prompts trained and validated on (a multiple of 4)."),
     steps: int = typer.Option(8, min=1, help="GRPO steps."),
     margin: float = typer.Option(0.05, help="Required rise of the greedy reward (macro over data sources)."),

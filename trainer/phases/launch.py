@@ -7,8 +7,11 @@ composes ``trainer/phases/configs/<phase>_{sft,grpo}.yaml`` with the profile and
 - GRPO (B1, B2, C1, C2): ``python -m trainer.in_verl.verl_main`` (VERL's main_ppo + early stopping).
 
 Paths and URLs reach the configs through the environment (``TRAINER_DATA_DIR``,
-``TRAINER_OUT_DIR``, ``TRAINER_REPO_ROOT``, ``POLICY_MODEL_PATH``, ``REWARD_API_URL``), so the
-YAML stays the single description of a phase. Only the ``cpu-smoke`` profile loads the CPU shim
+``TRAINER_OUT_DIR``, ``TRAINER_REPO_ROOT``, ``POLICY_MODEL_PATH``, ``TRAINER_REWARD_URL``), so the
+YAML stays the single description of a phase. The reward API's URL and token come from ``--reward-url``
+or the variables a user sets for them (``CLIENT_URL_ENV``, ``CLIENT_TOKEN_ENV`` of
+:mod:`trainer.serving.reward_api_env`) and reach VERL's processes as ``TRAINER_REWARD_URL`` /
+``TRAINER_REWARD_TOKEN``. Only the ``cpu-smoke`` profile loads the CPU shim
 (``VERL_USE_EXTERNAL_MODULES=trainer.in_verl.cpu_shim``); the GPU path never imports it. Every profile loads
 ``trainer.in_verl.fast_logprobs`` the same way (VERL's per-token log-prob loop without flash-attn).
 
@@ -39,6 +42,13 @@ from typing import Any, Literal
 
 from services.child_process import spawn
 from trainer.phases.registry import Phase
+from trainer.serving.reward_api_env import (
+    CLIENT_TOKEN_ENV,
+    CLIENT_URL_ENV,
+    TRAINER_TOKEN_ENV,
+    TRAINER_URL_ENV,
+    trainer_reward_env,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -127,10 +137,15 @@ class PhaseRun:
 
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpus)
             env.update(SAFE_GPU_ENV)
-        if self.reward_url:
-            env["REWARD_API_URL"] = self.reward_url
-        if self.phase.kind == "grpo" and not env.get("REWARD_API_URL"):
-            raise ValueError(f"phase {self.phase.name}: REWARD_API_URL is not set (env or --reward-url)")
+        # The reward API: --reward-url wins over the user's variable; VERL's processes get only the
+        # launcher's names (an inherited stale one is dropped, so this launch is their one source).
+        env.pop(TRAINER_URL_ENV, None)
+        env.pop(TRAINER_TOKEN_ENV, None)
+        url = self.reward_url or env.get(CLIENT_URL_ENV)
+        if url:
+            env.update(trainer_reward_env(url, env.get(CLIENT_TOKEN_ENV)))
+        elif self.phase.kind == "grpo":
+            raise ValueError(f"phase {self.phase.name}: {CLIENT_URL_ENV} is not set (env or --reward-url)")
         return env
 
     def command(self) -> list[str]:

@@ -3,6 +3,11 @@
 Callers name settings by their field names (``max_tokens=384``); the values are checked by
 ``Settings`` before any process starts, and the variable names come from its ``env_prefix``, so no
 caller spells a ``REWARD_API_*`` variable by hand and a renamed setting fails here, not in a log.
+
+The trainer's side of the same API is named here too: what a user sets to point a GRPO phase at a
+reward API (:data:`CLIENT_URL_ENV`, :data:`CLIENT_TOKEN_ENV`), and the launcher's internal names
+that carry them into VERL's processes (:data:`TRAINER_URL_ENV`, :data:`TRAINER_TOKEN_ENV`; read by
+``trainer/in_verl/reward_client.py`` and ``trainer/phases/configs/grpo_base.yaml``).
 """
 
 from __future__ import annotations
@@ -22,6 +27,27 @@ def env_name(field: str) -> str:
         raise ValueError(f"reward API setting {field!r}: no such field in services/reward_api/settings.py")
     prefix = str(Settings.model_config.get("env_prefix", ""))
     return f"{prefix}{field}".upper()
+
+
+# What a user (or a deploy manifest) sets to point a GRPO phase at a reward API: its base URL
+# (``trainer run --reward-url`` wins over it) and the bearer token, the same variable as the service's
+# own ``token`` setting (``env_name("token")``; a test holds them equal), so one Secret feeds both sides.
+CLIENT_URL_ENV = "REWARD_API_URL"
+CLIENT_TOKEN_ENV = "REWARD_API_TOKEN"
+
+# What the launcher (``trainer/phases/launch.py``) hands VERL's processes, beside ``TRAINER_DATA_DIR``,
+# ``TRAINER_OUT_DIR``, ...: the URL (``grpo_base.yaml``'s ``reward_kwargs.url``) and, when set, the
+# token (read by the reward client in VERL's reward workers, which inherit the environment).
+TRAINER_URL_ENV = "TRAINER_REWARD_URL"
+TRAINER_TOKEN_ENV = "TRAINER_REWARD_TOKEN"
+
+
+def trainer_reward_env(url: str, token: str | None) -> dict[str, str]:
+    """The launcher's reward variables for VERL's processes: the URL, and the token when there is one."""
+    env = {TRAINER_URL_ENV: url}
+    if token:
+        env[TRAINER_TOKEN_ENV] = token
+    return env
 
 
 def _env_value(value: Any) -> str:

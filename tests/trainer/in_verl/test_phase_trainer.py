@@ -29,7 +29,7 @@ def c1_config(tmp_path_factory: pytest.TempPathFactory) -> Any:
         "TRAINER_OUT_DIR": str(out),
         "TRAINER_REPO_ROOT": str(REPO_ROOT),
         "POLICY_MODEL_PATH": "/nonexistent",
-        "REWARD_API_URL": "http://127.0.0.1:9",
+        "TRAINER_REWARD_URL": "http://127.0.0.1:9",  # as the launcher sets it
     }
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)

@@ -11,6 +11,8 @@ from shared import compute_schema_reward_single
 from tests.trainer.in_verl.faulty_reward_api import Faults, FaultyRewardApi
 from trainer.in_verl.reward_client import (
     SCORE_KEYS,
+    TOKEN_ENV,
+    URL_ENV,
     RewardClientConfig,
     RewardServiceError,
     RewardTimeoutError,
@@ -134,7 +136,7 @@ async def test_connection_refused_raises_after_retries() -> None:
 
 async def test_compute_score_reads_kwargs_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     with FaultyRewardApi() as api:
-        monkeypatch.setenv("REWARD_API_URL", api.url)
+        monkeypatch.setenv(URL_ENV, api.url)  # what the launcher hands VERL's reward workers
         try:
             s = await compute_score("schema", PREDS[0], '{"schema": {"columns": [{"name": "name"}]}}', {"id": "x"})
         finally:
@@ -144,9 +146,15 @@ async def test_compute_score_reads_kwargs_and_env(monkeypatch: pytest.MonkeyPatc
 
 
 def test_config_errors_name_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("REWARD_API_URL", raising=False)
-    with pytest.raises(ValueError, match="REWARD_API_URL"):
+    monkeypatch.delenv(URL_ENV, raising=False)
+    monkeypatch.setenv("REWARD_API_URL", "http://user")  # the user's variable reaches VERL only via the launcher
+    with pytest.raises(ValueError, match=r"reward_kwargs\.url or TRAINER_REWARD_URL"):
         client_config_from_kwargs({})
+    monkeypatch.setenv(URL_ENV, "http://launcher")
+    monkeypatch.setenv(TOKEN_ENV, "secret")
+    cfg = client_config_from_kwargs({})
+    assert cfg.url == "http://launcher" and cfg.token == "secret"
+    assert client_config_from_kwargs({"url": "http://x", "token": "t"}).token == "t"  # kwargs win
     with pytest.raises(ValueError, match=r"reward_kwargs\.max_batchh"):
         client_config_from_kwargs({"url": "http://x", "max_batchh": 3})
     with pytest.raises(ValueError, match=r"reward_kwargs\.max_batch"):
@@ -198,4 +206,4 @@ def test_executor_truncated_is_its_own_part_and_says_what_to_do(caplog: pytest.L
         parts = score_dict("pipeline", cut)
     assert list(parts) == list(SCORE_KEYS["pipeline"])
     assert parts["executor_truncated"] == 1.0 and parts["executor_failed"] == 0.0 and parts["prompt_too_long"] == 0.0
-    assert "REWARD_API_MAX_TOKENS" in caplog.text
+    assert "max_tokens setting (docs/reward_api.md)" in caplog.text

@@ -38,7 +38,7 @@ def compose_phase(config_name: str, out: Path, model: str, overrides: tuple[str,
         "TRAINER_OUT_DIR": str(out),
         "TRAINER_REPO_ROOT": str(REPO),
         "POLICY_MODEL_PATH": model,
-        "REWARD_API_URL": "http://127.0.0.1:9",
+        "TRAINER_REWARD_URL": "http://127.0.0.1:9",  # as the launcher sets it
     }
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)

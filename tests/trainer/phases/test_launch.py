@@ -22,13 +22,20 @@ from trainer.phases.launch import (
     read_result,
 )
 from trainer.phases.registry import PHASES, get_phase
+from trainer.serving.reward_api_env import (
+    CLIENT_TOKEN_ENV,
+    CLIENT_URL_ENV,
+    TRAINER_TOKEN_ENV,
+    TRAINER_URL_ENV,
+    env_name,
+)
 
 ENV = {
     "TRAINER_DATA_DIR": "/data",
     "TRAINER_OUT_DIR": "/out",
     "TRAINER_REPO_ROOT": str(REPO_ROOT),
     "POLICY_MODEL_PATH": "/models/start",
-    "REWARD_API_URL": "http://127.0.0.1:8123",
+    "TRAINER_REWARD_URL": "http://127.0.0.1:8123",  # what the launcher hands VERL (test_reward_env_of_a_launch)
 }
 
 
@@ -123,7 +130,7 @@ def test_phase_run_command_and_env(tmp_path: Path) -> None:
     env = run.env({"PATH": "/bin"})
     for k, v in CPU_ENV.items():
         assert env[k] == (f"{v},trainer.in_verl.fast_logprobs" if k == "VERL_USE_EXTERNAL_MODULES" else v)
-    assert env["REWARD_API_URL"] == "http://r" and env["POLICY_MODEL_PATH"] == "/m"
+    assert env["TRAINER_REWARD_URL"] == "http://r" and env["POLICY_MODEL_PATH"] == "/m"
     assert env["TRAINER_DATA_DIR"] == str((tmp_path / "d").resolve())
     assert env["VERL_FILE_LOGGER_PATH"] == str((tmp_path / "o" / "metrics.jsonl").resolve())
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO_ROOT)
@@ -134,9 +141,43 @@ def test_phase_run_command_and_env(tmp_path: Path) -> None:
 
 def test_grpo_run_needs_a_reward_url(tmp_path: Path) -> None:
     run = PhaseRun(get_phase("b1"), "gpu", tmp_path, tmp_path, "/m")
-    with pytest.raises(ValueError, match="REWARD_API_URL"):
+    with pytest.raises(ValueError, match=f"phase b1: {CLIENT_URL_ENV} is not set"):
         run.env({})
+    with pytest.raises(ValueError, match=CLIENT_URL_ENV):  # the launcher's own name is no way in
+        run.env({TRAINER_URL_ENV: "http://stale"})
     PhaseRun(get_phase("a1"), "gpu", tmp_path, tmp_path, "/m").env({})  # SFT needs none
+
+
+def test_reward_env_of_a_launch(tmp_path: Path) -> None:
+    """The user sets REWARD_API_URL/_TOKEN (or --reward-url); VERL's processes get TRAINER_REWARD_URL/_TOKEN,
+    and the composed GRPO config reads the URL from there."""
+    user = {CLIENT_URL_ENV: "http://user:1", CLIENT_TOKEN_ENV: "tok"}
+    run = PhaseRun(get_phase("c1"), "gpu", tmp_path / "d", tmp_path / "o", "/m")
+    env = run.env(user)
+    assert env[TRAINER_URL_ENV] == "http://user:1" and env[TRAINER_TOKEN_ENV] == "tok"
+    flag = PhaseRun(get_phase("c1"), "gpu", tmp_path / "d", tmp_path / "o", "/m", "http://flag:2")
+    assert flag.env(user)[TRAINER_URL_ENV] == "http://flag:2"  # --reward-url wins
+    # no token: none passed on, and a stale one inherited from the caller's environment is dropped
+    stale = {CLIENT_URL_ENV: "http://user:1", TRAINER_URL_ENV: "http://old", TRAINER_TOKEN_ENV: "old"}
+    env = run.env(stale)
+    assert env[TRAINER_URL_ENV] == "http://user:1" and TRAINER_TOKEN_ENV not in env
+    old = dict(os.environ)
+    try:
+        os.environ.clear()
+        os.environ.update(run.env(user))
+        cfg = composed("c1_grpo", "profile=gpu")
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    assert cfg.reward.custom_reward_function.reward_kwargs.url == "http://user:1"
+
+
+def test_the_in_verl_client_reads_the_names_the_launcher_sets() -> None:
+    """trainer/in_verl may not import trainer.serving, so it spells the launcher's names: they must agree."""
+    from trainer.in_verl import reward_client
+
+    assert (reward_client.URL_ENV, reward_client.TOKEN_ENV) == (TRAINER_URL_ENV, TRAINER_TOKEN_ENV)
+    assert env_name("token") == CLIENT_TOKEN_ENV  # the trainer sends the token the service reads
 
 
 def test_bad_phase_and_profile_are_named() -> None:
