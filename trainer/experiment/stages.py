@@ -190,6 +190,7 @@ def evaluate(ctx: Context) -> None:
     res = write_outputs(wd.phase_d, examples, {n: f.result() for n, f in pipelines.items()}, f"Phase D ({d.name})")
     ctx.say(f"Phase D: {res.report} ({res.decision.get('reason', '')})")
 
+
 WORKS: dict[str, Callable[[Context], None]] = {
     "sft": sft, "preflight": preflight, "c2data": c2data, "choose": choose, "control": control, "rl": rl,
     "eval": evaluate,
