@@ -36,7 +36,7 @@ CONTEXT_400 = (
 class FaultyExecutor:
     """Answers chat completions according to ``mode``; ``fail_first`` failures come before ``ok`` answers.
 
-    - ``ok``: a normal OpenAI chat completion whose content is ``content``
+    - ``ok``: a normal OpenAI chat completion whose content is ``content`` (``n`` choices when asked for n)
     - ``hang``: never answers (sleeps ``hang_s``)
     - ``http_500`` / ``http_429`` / ``http_400``: that status with an error body
     - ``garbage``: 200 with JSON that has no ``choices[0].message.content``; ``not_json``: 200, not JSON
@@ -155,10 +155,11 @@ class FaultyExecutor:
                 "model": payload.get("model"),
                 "choices": [
                     {
-                        "index": 0,
+                        "index": i,
                         "message": {"role": "assistant", "content": self.content},
                         "finish_reason": self.finish_reason,
                     }
+                    for i in range(int(payload.get("n") or 1))
                 ],
             }
         )

@@ -58,6 +58,11 @@ class Design:
         """π2 is also scored on gold schemas (the B2 target), apart from π1's mistakes."""
         return self.policy == "pi2"
 
+    @property
+    def stage1_eval(self) -> bool:
+        """π1's schemas are scored alone first (the B1 target; Phase D's Stage 2 comes after)."""
+        return self.policy == "pi1"
+
     def served_name(self, phase: str) -> str:
         """The name an executor serves a phase's output under: ``pi1-sft``, ``pi2-local``, ``pi1-pipe`` ..."""
         setting = {self.arms[0]: "local", self.arms[1]: "pipe"}.get(phase, "sft")

@@ -11,8 +11,9 @@ prints it and the tests check it without starting anything.
 - ``rl``: both arms (side by side on GPUs, arm B staggered on a shared card; in turn on CPU) against their
   reward APIs. Done: both phase results ok.
 - ``eval``: the Phase-D settings concurrently (settings that share a π1 share its Stage 1), then scored
-  together (pi2-ab: π2 on gold schemas too), on executors of every evaluated model. Done:
-  ``phase_d/metrics.json`` (and ``gold_schema_eval/``'s).
+  together (pi2-ab: π2 on gold schemas too; pi1-ab: the π1s' schemas alone, as soon as Stage 1 ends), on
+  executors of every evaluated model. Done: ``phase_d/metrics.json`` (and ``gold_schema_eval/``'s or
+  ``stage1_eval/``'s).
 
 Executors are kept from the stage that starts them to the end (the preflight's policy, c2data's π1ˢ and
 the pipeline reward's π2ˢ are those eval needs); on CPU a stage that trains first stops the ones it does
@@ -96,8 +97,10 @@ def stages(cfg: ExperimentConfig, design: Design, wd: Workdir) -> list[Stage]:
             trains=True,
         )
     )
-    done = (wd.phase_d / "metrics.json").is_file() and (
-        not design.gold_schema_eval or (wd.gold_schema_eval / "metrics.json").is_file()
+    done = (
+        (wd.phase_d / "metrics.json").is_file()
+        and (not design.gold_schema_eval or (wd.gold_schema_eval / "metrics.json").is_file())
+        and (not design.stage1_eval or (wd.stage1_eval / "metrics.json").is_file())
     )
     evaluated = tuple(dict.fromkeys(p for pair in design.settings().values() for p in pair))
     out.append(Stage("eval", done, executors=evaluated))

@@ -118,9 +118,11 @@ def rl(ctx: Context) -> None:
 
 
 def evaluate(ctx: Context) -> None:
-    """Phase D's settings at once on the kept executors, then scored together (paired tests); settings that
-    share a π1 share its Stage 1 (one greedy run: the same schemas for each, so their comparison is π2's
-    alone); pi2-ab also π2 on gold schemas (sft, local, pipe)."""
+    """Phase D's settings at once on the kept executors, then scored together (paired tests). Each π1 runs
+    Stage 1 once: settings that share a π1 share its schemas (pi2-ab: π1ˢ for all three, so their
+    comparison is π2's alone). Scored and written before Phase D ends, so a lease cut during Phase D keeps
+    them: pi2-ab's π2 on gold schemas (sft, local, pipe; the B2 target), pi1-ab's π1 schemas alone (the B1
+    target)."""
     from shared import read_golden
     from trainer.evaluation.generation import GenerationClient, GenerationConfig
     from trainer.evaluation.inference import infer
@@ -142,30 +144,31 @@ def evaluate(ctx: Context) -> None:
 
         return serve
 
-    # π1 phase → its settings; a π1 of two or more settings gets one Stage 1 (pi2-ab: π1ˢ for all three)
-    by_pi1: dict[str, list[str]] = {}
+    by_pi1: dict[str, list[str]] = {}  # π1 phase → its settings
     for name, (p1, _p2) in settings.items():
         by_pi1.setdefault(p1, []).append(name)
-    shared = {p1: names for p1, names in by_pi1.items() if len(names) > 1}
 
-    def shared_stage1(p1: str) -> list[str]:
-        return stage1_schemas("+".join(shared[p1]), ctx.output(p1), examples, serving(p1, p1), gen, generate_quietly)
+    def stage1(p1: str) -> list[str]:
+        return stage1_schemas("+".join(by_pi1[p1]), ctx.output(p1), examples, serving(p1, p1), gen, generate_quietly)
 
-    def setting(name: str, schemas: Future[list[str]] | None) -> list[dict[str, Any]]:
-        """One setting; with ``schemas`` (its π1's shared Stage 1) only its Stage 2 runs here."""
+    def setting(name: str, schemas: Future[list[str]]) -> list[dict[str, Any]]:
+        """One setting's Stage 2 on its π1's schemas (waited for in this thread)."""
         p1, p2 = settings[name]
         return run_two_stage(
             name, ctx.output(p1), ctx.output(p2), examples, serving(p1, p2), gen, generate_quietly,
-            schemas=None if schemas is None else schemas.result(),
+            schemas=schemas.result(),
         )  # fmt: skip
+
+    def stage1_records(schemas: list[str]) -> list[dict[str, Any]]:
+        return [{"id": ex.id, "schema_prediction": s} for ex, s in zip(examples, schemas, strict=True)]
 
     gold: dict[str, str] = {}
     if d.gold_schema_eval:  # π2 of each setting on the gold schemas
         gold = {name: pair[1] for name, pair in settings.items()}
-    # one thread per task (a setting waits on its shared Stage 1 in its own thread: no pool starvation)
-    with ThreadPoolExecutor(max_workers=len(shared) + len(settings) + len(gold)) as pool:
-        stage1 = {p1: pool.submit(shared_stage1, p1) for p1 in shared}
-        pipelines = {name: pool.submit(setting, name, stage1.get(settings[name][0])) for name in settings}
+    # one thread per task (a setting waits on its Stage 1 in its own thread: no pool starvation)
+    with ThreadPoolExecutor(max_workers=len(by_pi1) + len(settings) + len(gold)) as pool:
+        schemas = {p1: pool.submit(stage1, p1) for p1 in by_pi1}
+        pipelines = {name: pool.submit(setting, name, schemas[settings[name][0]]) for name in settings}
         on_gold = {
             name: pool.submit(
                 infer,
@@ -177,13 +180,19 @@ def evaluate(ctx: Context) -> None:
             )
             for name, p in gold.items()
         }
-        # π2 on gold schemas is one stage, Phase D two: scored and written first, so a lease that ends
-        # during Phase D still has it (issue 23: the B2 target)
+        # one stage scored before Phase D's two: a lease that ends during Phase D still has it (issue 23)
+        if d.stage1_eval:
+            first_error(list(schemas.values()))
+            preds = {name: stage1_records(schemas[p1].result()) for name, (p1, _p2) in settings.items()}
+            out = write_outputs(
+                wd.stage1_eval, examples, preds, f"π1 schemas alone ({d.name})", write_predictions=False
+            )
+            ctx.say(f"π1 schemas alone: {out.report}")
         first_error(list(on_gold.values()))
         if gold:
-            preds = {name: load_predictions(wd.gold_schema / f"{name}.jsonl") for name in gold}
+            gold_preds = {name: load_predictions(wd.gold_schema / f"{name}.jsonl") for name in gold}
             out = write_outputs(
-                wd.gold_schema_eval, examples, preds, f"π2 on gold schemas ({d.name})", write_predictions=False
+                wd.gold_schema_eval, examples, gold_preds, f"π2 on gold schemas ({d.name})", write_predictions=False
             )
             ctx.say(f"π2 on gold schemas: {out.report}")
         first_error(list(pipelines.values()))

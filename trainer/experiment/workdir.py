@@ -7,7 +7,7 @@
 | ``data/c2/`` | pi2-ab: π1ˢ's schemas (``data precompute-schemas``) |
 | ``<phase>_control/positive_control.json`` | the positive control |
 | ``<arm>/phase_result.json`` (``b1``, ``c1`` / ``b2``, ``c2``) | RL |
-| ``phase_d/``, ``gold_schema/``, ``gold_schema_eval/`` | evaluation |
+| ``phase_d/``, ``gold_schema/``, ``gold_schema_eval/``, ``stage1_eval/`` | evaluation |
 | ``logs/`` | executors and reward APIs |
 | ``experiment_manifest.json`` | the config whole, and each stage's wall time |
 """
@@ -60,6 +60,10 @@ class Workdir:
     @property
     def gold_schema_eval(self) -> Path:
         return self.root / "gold_schema_eval"
+
+    @property
+    def stage1_eval(self) -> Path:
+        return self.root / "stage1_eval"
 
     @property
     def logs(self) -> Path:

@@ -46,6 +46,11 @@ EQUAL = 1e-9  # rewards closer than this count as equal (GRPO's std would be ~0)
 # GRPO mostly sharpens the mode it already has (issue 23: E2E/RotoWire sit near 0, WikiTableText well above).
 MIN_IMPROVABLE = 0.10
 Criterion = Literal["improvable", "informative"]
+# Calls in flight to the policy's executor: sampling requests of n completions each, and greedy ones.
+# GenerationConfig's default 16 kept 16 x n 16 = 256 sequences running (a quarter of the 1,024 vLLM runs at
+# once on a >= 70 GiB GPU) and sent 600 greedy prompts in ~40 waves of 16 (issue 23's leases).
+SAMPLE_REQUESTS_IN_FLIGHT = 64
+GREEDY_IN_FLIGHT = 256
 
 
 @dataclass(frozen=True)
@@ -270,16 +275,19 @@ def advantage_check(
     min_improvable: float = MIN_IMPROVABLE,
     sources: Sequence[str] | None = None,
     seed: int = 0,
+    sample_in_flight: int = SAMPLE_REQUESTS_IN_FLIGHT,
+    greedy_in_flight: int = GREEDY_IN_FLIGHT,
 ) -> PreflightReport:
-    """Sample ``n`` outputs and one greedy answer for ``prompts`` random training prompts of each source;
-    score them all through reward_api; report what GRPO can use (:func:`build_report`)."""
+    """Sample ``n`` outputs and one greedy answer for ``prompts`` random training prompts of each source
+    (at most ``sample_in_flight`` sampling and ``greedy_in_flight`` greedy requests at once); score them all
+    through reward_api; report what GRPO can use (:func:`build_report`)."""
     if n < 2:
         raise ValueError(f"n must be >= 2 (a group of one has no spread), got {n}")
     picked = sample_per_source(read_golden(golden / "common_train_schemas.jsonl"), prompts, seed, sources)
     messages = [prompt_for(reward, ex) for ex in picked]
-    hot = GenerationConfig(max_tokens=max_tokens, temperature=temperature, seed=seed)
+    hot = GenerationConfig(max_tokens=max_tokens, temperature=temperature, seed=seed, concurrency=sample_in_flight)
     samples = asyncio.run(GenerationClient(policy_url, model, hot).sample(messages, n))
-    greedy_cfg = GenerationConfig(max_tokens=max_tokens, temperature=0.0, seed=seed)
+    greedy_cfg = GenerationConfig(max_tokens=max_tokens, temperature=0.0, seed=seed, concurrency=greedy_in_flight)
     greedy = asyncio.run(GenerationClient(policy_url, model, greedy_cfg).generate(messages))
     items = [reward_item(reward, ex, f"{ex.id}#{j}", s) for ex, outs in zip(picked, samples, strict=True)
              for j, s in enumerate(outs)]  # fmt: skip

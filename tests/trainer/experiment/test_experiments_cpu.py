@@ -61,6 +61,10 @@ def test_pi1_ab_on_cpu_end_to_end(tmp_path: Path) -> None:
         assert "actor_rollout_ref.rollout.temperature=1.0" in result["command"]
         assert Path(result["hf_dir"], "config.json").is_file()
         arms[phase] = result["hf_dir"]
+    # π1's schemas alone (the B1 target), scored before Phase D: paired tests on schema F1
+    stage1 = json.loads((wd / "stage1_eval" / "metrics.json").read_text())
+    assert list(stage1["settings"]) == ["sft", "local", "pipe"]
+    assert {t["metric"] for t in stage1["paired_tests"]} == {"schema_f1"}
     # Phase D: the three settings scored together, each served by the models the phase results name
     metrics = json.loads((wd / "phase_d" / "metrics.json").read_text())
     assert list(metrics["settings"]) == ["sft", "local", "pipe"] and metrics["paired_tests"]

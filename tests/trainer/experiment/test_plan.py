@@ -97,6 +97,9 @@ def test_a_rerun_skips_the_stages_whose_results_exist(tmp_path: Path) -> None:
     (wd.control("b1") / "positive_control.json").write_text("{}")
     wd.phase_d.mkdir()
     (wd.phase_d / "metrics.json").write_text("{}")
+    assert [s.name for s in stages(c, PI1, wd) if not s.done] == ["choose", "eval"]  # π1's schemas alone: not yet
+    wd.stage1_eval.mkdir()
+    (wd.stage1_eval / "metrics.json").write_text("{}")
     plan = stages(c, PI1, wd)
     assert [s.name for s in plan if not s.done] == ["choose"]  # pure and cheap: always taken again
     assert executor_timeline(plan, on_cpu=False) == [ExecutorStep("choose", (), (), ())]

@@ -197,6 +197,9 @@ def test_pi1_on_one_gpu(node: Node, tmp_path: Path) -> None:
     assert ("control", "b1", "b1_improvable.parquet") in node.events
     metrics = json.loads((wd.phase_d / "metrics.json").read_text())
     assert list(metrics["settings"]) == ["sft", "local", "pipe"] and metrics["paired_tests"]
+    stage1 = json.loads((wd.stage1_eval / "metrics.json").read_text())
+    assert list(stage1["settings"]) == ["sft", "local", "pipe"]
+    assert {t["metric"] for t in stage1["paired_tests"]} == {"schema_f1"}
     assert all(
         manifest[f"stage:{s}"]["status"] == "ok" for s in ("sft", "preflight", "choose", "control", "rl", "eval")
     )
@@ -299,6 +302,33 @@ def test_pi2_gold_schema_eval_is_written_before_phase_d_ends(
     gold = json.loads((exp.wd.gold_schema_eval / "metrics.json").read_text())
     assert set(gold["settings"]) == {"sft", "local", "pipe"}
     assert not (exp.wd.phase_d / "metrics.json").exists()
+    assert exp.ctx.manifest.data["stage:eval"]["status"] == "failed"
+
+
+def test_pi1_schemas_alone_are_scored_before_phase_d_ends(
+    node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pi1-ab: the three π1s' schemas (one stage: the B1 target) land before Phase D (two); a run cut
+    during Phase D keeps them, and each setting's scores are its own π1's."""
+    import trainer.evaluation.two_stage as two_stage
+
+    whole = two_stage.run_two_stage
+
+    def cut(setting: str, *args: Any, **kw: Any) -> Any:
+        if setting == "pipe":
+            raise RuntimeError("the lease ended")
+        return whole(setting, *args, **kw)
+
+    monkeypatch.setattr("trainer.evaluation.two_stage.run_two_stage", cut)
+    exp = experiment(node, tmp_path, gpus=("0", "1"), control="off")
+    with pytest.raises(RuntimeError, match="the lease ended"):
+        exp.run()
+    stage1 = json.loads((exp.wd.stage1_eval / "metrics.json").read_text())
+    assert list(stage1["settings"]) == ["sft", "local", "pipe"]
+    assert all(
+        m["macro"]["schema_f1"] == 1.0 and "aligned_cell_f1" not in m["macro"] for m in stage1["settings"].values()
+    )
+    assert not (exp.wd.phase_d / "metrics.json").exists() and not exp.wd.gold_schema_eval.exists()
     assert exp.ctx.manifest.data["stage:eval"]["status"] == "failed"
 
 

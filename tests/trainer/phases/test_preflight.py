@@ -68,12 +68,44 @@ def test_advantage_check_through_a_real_policy_and_reward_api(cpu_executor: obje
     assert '"informative_share"' in out.read_text()
 
 
+@pytest.mark.service
+@pytest.mark.parametrize(("sample_in_flight", "greedy_in_flight"), [(5, 3), (2, 7)])
+def test_advantage_check_holds_its_calls_in_flight(sample_in_flight: int, greedy_in_flight: int) -> None:
+    """Sampling and greedy requests each run at their own concurrency (the default 16 left most of a GPU
+    executor idle). The policy is slowed on purpose, so the calls overlap."""
+    from tests.helpers.faulty_executor import FaultyExecutor
+    from tests.helpers.servers import RewardApiServer
+    from trainer.data.sample_data import SAMPLE_DIR
+    from trainer.phases.preflight import advantage_check
+
+    with FaultyExecutor("ok", content='{"a": "string"}', delay_s=0.5) as policy, RewardApiServer() as api:
+        rep = advantage_check(
+            SAMPLE_DIR, "schema", policy.url, policy.model, api.url, n=3, prompts=20, max_tokens=32,
+            min_informative=0.0, min_improvable=0.0, sample_in_flight=sample_in_flight,
+            greedy_in_flight=greedy_in_flight,
+        )  # fmt: skip
+        sampled = [r for r in policy.requests if r.get("n") == 3]
+        greedy = [r for r in policy.requests if "n" not in r]
+        assert len(sampled) == len(greedy) == rep.prompts >= 8
+        assert policy.max_in_flight == max(sample_in_flight, greedy_in_flight)
+
+
 def _report(
     folder: Path, phase: str, t: float, share: float, mean: float = 0.9, improvable: float | None = None
 ) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    rep = {"reward": reward_of(phase), "prompts": 64, "n": 8, "temperature": t, "informative_groups": int(share * 64),
-           "informative_share": share, "mean_reward": mean, "mean_group_std": 0.01, "min_informative": 0.0, "ok": True}
+    rep = {
+        "reward": reward_of(phase),
+        "prompts": 64,
+        "n": 8,
+        "temperature": t,
+        "informative_groups": int(share * 64),
+        "informative_share": share,
+        "mean_reward": mean,
+        "mean_group_std": 0.01,
+        "min_informative": 0.0,
+        "ok": True,
+    }
     if improvable is not None:
         rep |= {"improvable_share": improvable, "best_minus_greedy": 0.1, "invalid_share": 0.05}
     (folder / f"{phase}_t{t}.json").write_text(json.dumps(rep))  # fmt: skip
