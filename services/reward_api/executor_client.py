@@ -30,8 +30,6 @@ import asyncio
 import hashlib
 import logging
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -43,6 +41,7 @@ from cachetools import LRUCache
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, stop_after_delay
 from tenacity.wait import wait_exponential_jitter
 
+from services.env_proxy import env_proxy
 from services.reward_api import metrics
 from services.reward_api.failures import (
     EJECTING,
@@ -109,15 +108,6 @@ def _is_retryable(exc: BaseException) -> bool:
 def _count_retry(state: RetryCallState) -> None:
     exc = state.outcome.exception() if state.outcome else None
     metrics.EXECUTOR_RETRIES.labels(exc.cause if isinstance(exc, ExecutorFailure) else "other").inc()
-
-
-def env_proxy(url: str) -> str | None:
-    """The proxy the environment names for ``url``: ``HTTP(S)_PROXY`` unless ``NO_PROXY`` covers its host
-    (the standard library's reading of them, as httpx's default did)."""
-    parts = urllib.parse.urlsplit(url)
-    if urllib.request.proxy_bypass(parts.hostname or ""):
-        return None
-    return urllib.request.getproxies().get(parts.scheme)
 
 
 class ExecutorClient:

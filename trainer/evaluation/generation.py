@@ -6,9 +6,13 @@ single-flight, LRU cache, replica routing and cool-down, and must not depend on 
 
 Calls run concurrently under a semaphore; each has a timeout; connection errors, 5xx and 429 are
 retried (generation with temperature 0 and a seed is repeatable). A request that still fails raises.
-The connection pool holds as many connections as the semaphore lets calls run, all kept alive: httpx's
-default pool (100 connections, 20 kept alive) held ``--concurrency 256`` to 100 requests in flight and
-opened a new connection for most calls.
+
+The transport is aiohttp, one session per run whose pool holds a connection per call the semaphore lets
+run, none closed between calls. Not httpx: its pool rescans every connection on every request start and
+end (bench/results/pipeline_cpu_cost.md), and on issue 23's fifth lease the eval process, three settings'
+clients of 256 connections each, kept only 4 to 91 of its 768 Stage-1 calls in flight (vLLM's log:
+"Running: 13 reqs, Waiting: 0"), ~38 requests/s per H200 executor. Before that, httpx's default pool (100
+connections, 20 kept alive) capped ``--concurrency 256`` at 100 in flight.
 """
 
 from __future__ import annotations
@@ -19,17 +23,27 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 from tqdm import tqdm
+
+from services.env_proxy import env_proxy
 
 Message = dict[str, str]
 
 
+class ExecutorHTTPError(RuntimeError):
+    """The executor answered an HTTP error status (``status``); the message carries the start of its body."""
+
+    def __init__(self, url: str, status: int, body: str) -> None:
+        super().__init__(f"{url} answered HTTP {status}: {body[:300]}")
+        self.status = status
+
+
 def _retryable(exc: BaseException) -> bool:
-    if isinstance(exc, httpx.HTTPStatusError):
-        return exc.response.status_code == 429 or exc.response.status_code >= 500
-    return isinstance(exc, httpx.TransportError)
+    if isinstance(exc, ExecutorHTTPError):
+        return exc.status == 429 or exc.status >= 500
+    return isinstance(exc, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError))
 
 
 def base_url(url: str) -> str:
@@ -57,15 +71,16 @@ class GenerationClient:
         self.url = f"{base_url(url)}/v1/chat/completions"
         self.model = model
         self.gen = gen or GenerationConfig()
+        self.proxy = env_proxy(self.url)  # HTTP(S)_PROXY unless NO_PROXY covers the host, read once
 
-    def _http(self) -> httpx.AsyncClient:
-        """One pool for a run: a connection per call the semaphore lets run, none closed between calls."""
-        n = self.gen.concurrency
-        limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
-        return httpx.AsyncClient(timeout=httpx.Timeout(self.gen.timeout_s), limits=limits)
+    def _http(self) -> aiohttp.ClientSession:
+        """One pool for a run: a connection per call the semaphore lets run, none closed between calls.
+        Idle ones expire after 2 s, before uvicorn's 5-s keep-alive (vLLM's server) closes them under us."""
+        connector = aiohttp.TCPConnector(limit=self.gen.concurrency, limit_per_host=0, keepalive_timeout=2.0)
+        return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=self.gen.timeout_s))
 
     async def _choices(
-        self, client: httpx.AsyncClient, sem: asyncio.Semaphore, messages: Sequence[Message], n: int, seed: int
+        self, client: aiohttp.ClientSession, sem: asyncio.Semaphore, messages: Sequence[Message], n: int, seed: int
     ) -> list[str]:
         body = {
             "model": self.model,
@@ -84,9 +99,11 @@ class GenerationClient:
                 reraise=True,
             ):
                 with attempt:
-                    resp = await client.post(self.url, json=body)
-                    resp.raise_for_status()
-                    return [str(c["message"]["content"] or "") for c in resp.json()["choices"]]
+                    async with client.post(self.url, json=body, proxy=self.proxy, allow_redirects=False) as resp:
+                        if resp.status >= 300:
+                            raise ExecutorHTTPError(self.url, resp.status, await resp.text())
+                        payload = await resp.json(content_type=None)
+                    return [str(c["message"]["content"] or "") for c in payload["choices"]]
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def generate(

@@ -8,7 +8,8 @@ import asyncio
 import aiohttp
 import pytest
 
-from services.reward_api.executor_client import ExecutorClient, env_proxy
+from services.env_proxy import env_proxy
+from services.reward_api.executor_client import ExecutorClient
 from services.reward_api.failures import ExecutorFailure, classify_transport_error
 from services.reward_api.settings import Settings
 from tests.helpers.faulty_executor import FaultyExecutor

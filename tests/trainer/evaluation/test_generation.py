@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
+import aiohttp
 import pytest
 
 from tests.helpers.faulty_executor import FaultyExecutor
-from trainer.evaluation.generation import GenerationClient, GenerationConfig
+from trainer.evaluation.generation import ExecutorHTTPError, GenerationClient, GenerationConfig
 
 PROMPT = [{"role": "user", "content": "hello"}]
 
 
 @pytest.mark.parametrize("concurrency", [7, 150])
 def test_the_client_holds_its_concurrency_in_flight_also_above_httpx_default_pool(concurrency: int) -> None:
-    """httpx's default pool has 100 connections: ``concurrency=150`` used to reach only 100 in flight."""
+    """httpx's default pool had 100 connections: ``concurrency=150`` used to reach only 100 in flight."""
     with FaultyExecutor("ok", content="x", delay_s=1.0) as ex:
         gen = GenerationConfig(concurrency=concurrency, timeout_s=30.0, max_attempts=1)
         out = asyncio.run(GenerationClient(ex.url, ex.model, gen).generate([PROMPT] * (2 * concurrency)))
@@ -44,6 +44,38 @@ def test_5xx_and_429_are_retried(mode: str) -> None:
 def test_a_400_is_not_retried_and_raises() -> None:
     with FaultyExecutor("http_400") as ex:
         gen = GenerationConfig(concurrency=1, max_attempts=3)
-        with pytest.raises(httpx.HTTPStatusError, match="400"):
+        with pytest.raises(ExecutorHTTPError, match=r"HTTP 400: .*injected 400"):
             asyncio.run(GenerationClient(ex.url, ex.model, gen).generate([PROMPT]))
         assert ex.calls == 1
+
+
+def test_a_redirect_is_not_followed_and_raises() -> None:
+    with FaultyExecutor("redirect", redirect_to="http://127.0.0.1:9/elsewhere") as ex:
+        gen = GenerationConfig(concurrency=1, max_attempts=3)
+        with pytest.raises(ExecutorHTTPError, match="HTTP 307"):
+            asyncio.run(GenerationClient(ex.url, ex.model, gen).generate([PROMPT]))
+        assert ex.calls == 1
+
+
+def test_a_refused_connection_is_retried_then_raises() -> None:
+    from services.executor_vllm.cpu_launcher import free_port
+
+    gen = GenerationConfig(concurrency=1, max_attempts=2, timeout_s=5.0)
+    with pytest.raises(aiohttp.ClientConnectionError):
+        asyncio.run(GenerationClient(f"http://127.0.0.1:{free_port()}", "m", gen).generate([PROMPT]))
+
+
+def test_a_hung_executor_times_out_within_the_deadline() -> None:
+    with FaultyExecutor("hang", hang_s=30.0) as ex:
+        gen = GenerationConfig(concurrency=1, max_attempts=1, timeout_s=1.0)
+        with pytest.raises(TimeoutError):
+            asyncio.run(GenerationClient(ex.url, ex.model, gen).generate([PROMPT]))
+
+
+def test_the_environment_proxy_is_read_once_per_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy:3128")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    assert GenerationClient("http://exec:8000/v1", "m").proxy == "http://proxy:3128"
+    assert GenerationClient("http://127.0.0.1:8000", "m").proxy is None
