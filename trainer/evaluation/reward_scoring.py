@@ -11,6 +11,7 @@ never becomes a score.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -22,6 +23,9 @@ from trainer.phases.registry import RewardKind, reward_prompt
 # A preflight of 200 prompts x 3 sources x 17 samples is 10,200 items: sent whole, it was a 413 on the GPU
 # node (issue 23's first A/B lease) and the sweep wrote no report.
 SCORE_BATCH = 1024
+# POSTs in flight at once (each one reward_api worker's): one at a time, a pipeline sweep kept one worker's
+# 256 executor calls in flight, and C1's preflight of 600 prompts x 17 took ~210 s (issue 23's fifth lease).
+SCORE_PARALLEL = 4
 
 
 def prompt_for(reward: RewardKind, ex: GoldenExample) -> list[dict[str, str]]:
@@ -58,21 +62,25 @@ def score_results(
     items: list[dict[str, Any]],
     timeout_s: float = 600.0,
     batch: int = SCORE_BATCH,
+    parallel: int = SCORE_PARALLEL,
 ) -> list[dict[str, Any]]:
     """The results of ``items`` in order (reward, valid_json, ...), from ``POST /reward/<reward>`` in batches
-    of at most ``batch`` items (errors raise)."""
-    results: list[dict[str, Any]] = []
-    with httpx.Client(timeout=timeout_s) as client:
-        for start in range(0, len(items), batch):
-            chunk = items[start : start + batch]
-            r = client.post(f"{reward_url.rstrip('/')}/reward/{reward}", json={"items": chunk})
+    of at most ``batch`` items, ``parallel`` of them at once (errors raise)."""
+    url = f"{reward_url.rstrip('/')}/reward/{reward}"
+    chunks = [items[start : start + batch] for start in range(0, len(items), batch)]
+    with httpx.Client(timeout=timeout_s, limits=httpx.Limits(max_connections=max(1, parallel))) as client:
+
+        def post(chunk: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            r = client.post(url, json={"items": chunk})
             if r.status_code != 200:
                 raise RuntimeError(f"reward_api /reward/{reward} answered {r.status_code}: {r.text[:500]}")
             got: list[dict[str, Any]] = r.json()["results"]
             if [x["id"] for x in got] != [x["id"] for x in chunk]:
                 raise RuntimeError("reward_api returned results in a different order or count")
-            results += got
-    return results
+            return got
+
+        with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(chunks)))) as pool:
+            return [r for got in pool.map(post, chunks) for r in got]
 
 
 def score(reward_url: str, reward: RewardKind, items: list[dict[str, Any]], timeout_s: float = 600.0) -> list[float]:

@@ -63,5 +63,7 @@ def test_score_results_batches_under_the_services_item_limit() -> None:
         with pytest.raises(RuntimeError, match="413"):
             score_results(srv.url, "schema", items, batch=25)
         results = score_results(srv.url, "schema", items, batch=10)
+        in_parallel = score_results(srv.url, "schema", items, batch=3, parallel=4)  # 9 batches, 4 at once
     assert [r["id"] for r in results] == [it["id"] for it in items]
     assert [r["reward"] for r in results] == [1.0 if k % 2 else -1.0 for k in range(25)]
+    assert in_parallel == results
