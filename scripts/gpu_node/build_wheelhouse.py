@@ -1,6 +1,6 @@
 """Build the wheelhouse for an air-gapped GPU node, here (where PyPI is reachable), in chunks.
 
-    python3 scripts/gpu_node/build_wheelhouse.py [--out .gpu_wheelhouse] [--chunk-mb 60] [--dry-run]
+    python3 scripts/gpu_node/build_wheelhouse.py [--out .gpu_wheelhouse] [--chunk-mb 48] [--dry-run]
 
 Steps (docs/airgap.md): resolve what ``wheelhouse.toml`` asks for, for the node's Python and platform,
 minus what the node's image already has and the GPU kernel packages we do not carry; download those
@@ -259,7 +259,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requirements", type=Path, action="append", default=None,
                     help=f"Extra requirement files (default: {TRAINER_REQUIREMENTS.relative_to(REPO)}).")  # fmt: skip
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="Output folder (git-ignored).")
-    ap.add_argument("--chunk-mb", type=float, default=60.0, help="Largest chunk, MB (10^6 bytes).")
+    ap.add_argument(
+        "--chunk-mb",
+        type=float,
+        default=48.0,
+        # a device call carries 64 MiB with the repo tree: 60 MB chunks left the tree 7 MB, and a 7.3 MB
+        # tree was refused (issue 23's fifth lease)
+        help="Largest chunk, MB (10^6 bytes).",
+    )
     ap.add_argument("--xz-min-mb", type=float, default=20.0, help="xz wheels at least this big (0: never).")
     ap.add_argument("--extra", type=Path, action="append", default=[], help="Another file to carry.")
     ap.add_argument("--no-gguf", action="store_true", help="Leave out the default model's GGUF.")
