@@ -1,4 +1,8 @@
-"""``python -m bench all|local|profile-local|pipeline|pipeline-cpu-cost|dedup|gpu-pipeline|reliability [--quick]``.
+"""``python -m bench all|local|profile-local|pipeline|pipeline-cpu-cost|generation-client-cpu|dedup|gpu-pipeline|
+reliability [--quick]``.
+
+``generation-client-cpu`` measures the eval client's (``GenerationClient``) own CPU per request at
+earlier revisions and now (bench/generation_client_cpu.py).
 
 ``reward-audit`` checks that no edit moves a reward the wrong way, per source (bench/reward_audit.py).
 
@@ -182,6 +186,41 @@ def pipeline_cpu_cost(
     p = pc.run(golden, before, items, clients, batch, max_tokens, rounds, max_in_flight, executor_url, quick=quick)
     for v in p["variants"]:
         typer.echo(f"[{p['benchmark']}] {v['label']} ({v['code'][:12]}): {v['median_cpu_ms_per_item']} CPU ms/item")
+
+
+@app.command(name="generation-client-cpu")
+def generation_client_cpu(
+    before: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--before",
+            help="REV or REV=LABEL: also measure trainer/evaluation/generation.py at this revision (repeat; "
+            "default ba05f8f and 42197c5).",
+        ),
+    ] = None,
+    requests: Annotated[int, typer.Option(min=1, help="Requests (distinct Stage-1 prompts) per round.")] = 512,
+    concurrency: Annotated[int, typer.Option(min=1, help="GenerationConfig.concurrency.")] = 256,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Executor max_tokens (small: the client is measured).")] = 4,
+    rounds: Annotated[int, typer.Option(min=1, help="Measured rounds per variant (median reported).")] = 3,
+    model: Annotated[str, typer.Option(help="Served model name on the executor.")] = "smollm2-135m-instruct",
+    quick: Quick = False,
+    golden: Golden = None,
+    executor_url: ExecutorUrl = None,
+) -> None:
+    """The eval client's CPU ms per request, earlier revisions vs the working tree (bench/generation_client_cpu.py)."""
+    from bench import generation_client_cpu as gc
+
+    try:
+        for spec in before or []:
+            gc.resolve(gc.parse_before(spec)[0])
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--before") from None
+    p = gc.run(golden, before, requests, concurrency, max_tokens, rounds, executor_url, model, quick)
+    for v in p["variants"]:
+        ms = v["median_cpu_ms_per_request"]
+        typer.echo(f"[{p['benchmark']}] {v['label']} ({v['code'][:12]}): {ms} CPU ms/request")
+    for r in p["ratios"]:
+        typer.echo(f"[{p['benchmark']}] {r['before']} / {r['after']}: {r['ratio']}×")
 
 
 @app.command(name="all")
