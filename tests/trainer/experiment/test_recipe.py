@@ -282,10 +282,9 @@ def test_pi2_c2data_gold_schemas_and_the_improvable_fallback(node: Node, tmp_pat
     assert (exp.wd.gold_schema_eval / "metrics.json").is_file() and (exp.wd.phase_d / "metrics.json").is_file()
 
 
-def test_pi2_gold_schema_eval_is_written_before_phase_d_ends(
-    node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """π2 on gold schemas (one stage) lands before Phase D (two): a run cut during Phase D keeps it."""
+def lease_ends_during_pipes_stage2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``pipe`` setting's Stage 2 fails as a lease ending mid-Phase D would (the node's fake runner's
+    ``run_two_stage``, wrapped)."""
     import trainer.evaluation.two_stage as two_stage
 
     whole = two_stage.run_two_stage
@@ -296,6 +295,13 @@ def test_pi2_gold_schema_eval_is_written_before_phase_d_ends(
         return whole(setting, *args, **kw)
 
     monkeypatch.setattr("trainer.evaluation.two_stage.run_two_stage", cut)
+
+
+def test_pi2_gold_schema_eval_is_written_before_phase_d_ends(
+    node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """π2 on gold schemas (one stage) lands before Phase D (two): a run cut during Phase D keeps it."""
+    lease_ends_during_pipes_stage2(monkeypatch)
     exp = experiment(node, tmp_path, "pi2-ab", gpus=("0", "1"), control="off")
     with pytest.raises(RuntimeError, match="the lease ended"):
         exp.run()
@@ -310,16 +316,7 @@ def test_pi1_schemas_alone_are_scored_before_phase_d_ends(
 ) -> None:
     """pi1-ab: the three π1s' schemas (one stage: the B1 target) land before Phase D (two); a run cut
     during Phase D keeps them, and each setting's scores are its own π1's."""
-    import trainer.evaluation.two_stage as two_stage
-
-    whole = two_stage.run_two_stage
-
-    def cut(setting: str, *args: Any, **kw: Any) -> Any:
-        if setting == "pipe":
-            raise RuntimeError("the lease ended")
-        return whole(setting, *args, **kw)
-
-    monkeypatch.setattr("trainer.evaluation.two_stage.run_two_stage", cut)
+    lease_ends_during_pipes_stage2(monkeypatch)
     exp = experiment(node, tmp_path, gpus=("0", "1"), control="off")
     with pytest.raises(RuntimeError, match="the lease ended"):
         exp.run()
