@@ -94,18 +94,8 @@ def _report(
     folder: Path, phase: str, t: float, share: float, mean: float = 0.9, improvable: float | None = None
 ) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    rep = {
-        "reward": reward_of(phase),
-        "prompts": 64,
-        "n": 8,
-        "temperature": t,
-        "informative_groups": int(share * 64),
-        "informative_share": share,
-        "mean_reward": mean,
-        "mean_group_std": 0.01,
-        "min_informative": 0.0,
-        "ok": True,
-    }
+    rep = {"reward": reward_of(phase), "prompts": 64, "n": 8, "temperature": t, "informative_groups": int(share * 64),
+           "informative_share": share, "mean_reward": mean, "mean_group_std": 0.01, "min_informative": 0.0, "ok": True}
     if improvable is not None:
         rep |= {"improvable_share": improvable, "best_minus_greedy": 0.1, "invalid_share": 0.05}
     (folder / f"{phase}_t{t}.json").write_text(json.dumps(rep))  # fmt: skip
