@@ -7,7 +7,12 @@ so the plan is unit-tested without a GPU.
 | CPU (cpu-smoke) | CPU | CPU | in turn (a CPU GRPO run takes ~19 GiB) |
 | 1 | GPU 0 | GPU 0 | side by side on one card (memory split), arm B staggered |
 | 2 | GPU 0 | GPU 1 | side by side |
-| 4 | GPUs 0, 1 | GPUs 2, 3 | side by side, two data-parallel ranks each |
+| 4 | GPUs 0, 1 | GPUs 2, 3 | side by side, two data-parallel ranks each in RL; SFT on the first GPU of each |
+
+SFT (A1 beside A2) takes one GPU per arm (:meth:`ArmPlacement.sft`): VERL's SFT of a 135M model is bound
+by per-step overhead (~1.5 s a step at MFU 0.006, ``bench/results/gpu_sft_speed.md``), so a second rank
+would add its all-reduce to the same overhead, and a 2-rank SFT has never run on a GPU here, while the
+1-GPU SFT is measured on every lease. RL's steps are compute: rollout and update split over the ranks.
 
 Executors (the preflight's policy, the frozen partner, the evaluated models) take a small share of the
 GPU of the arm whose model they serve: the trained policy's on arm A's first GPU, the partner's and arm
@@ -60,6 +65,11 @@ class ArmPlacement:
 
     def arm(self, index: int) -> Placement | None:
         return self.a if index == 0 else self.b
+
+    def sft(self, index: int) -> Placement | None:
+        """Arm ``index``'s SFT: the first GPU of the arm (see the module's note); None: CPU."""
+        arm = self.arm(index)
+        return Placement(arm.gpus[:1]) if arm else None
 
     def executor_slot(self, index: int) -> ExecutorSlot | None:
         """An executor on arm ``index``'s first GPU, a small share of it; None: vLLM-CPU."""

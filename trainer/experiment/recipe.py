@@ -65,7 +65,7 @@ class Experiment:
         if cfg.sft_from:
             sft = [f"reuse {cfg.sft_from}/{{data,a1,a2}}"]
         for i, p in enumerate(("a1", "a2") if d.start == "a1" else ("a2", "a1")):
-            sft.append(command_line(self.ctx.sft_phase(p, self.placement.arm(i))))
+            sft.append(command_line(self.ctx.sft_phase(p, self.placement.sft(i))))
         arms = [
             command_line(self.ctx.arm_phase(i, f"<{reward_api_of(a)} reward API>", t)) for i, a in enumerate(d.arms)
         ]

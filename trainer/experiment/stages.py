@@ -28,7 +28,7 @@ def sft(ctx: Context) -> None:
         counts = build_datasets(ctx.cfg.golden, ctx.wd.data, list(phases), limit=ctx.cfg.limit)
         ctx.manifest.set("data", counts)
     pair = ("a1", "a2") if ctx.design.start == "a1" else ("a2", "a1")
-    jobs = [(p, ctx.sft_phase(p, ctx.placement.arm(i))) for i, p in enumerate(pair)]
+    jobs = [(p, ctx.sft_phase(p, ctx.placement.sft(i))) for i, p in enumerate(pair)]
     ctx.run_phases([(p, run) for p, run in jobs if not phase_ok(ctx.wd.phase(p))], stagger_s=0.0)
 
 

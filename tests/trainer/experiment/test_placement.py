@@ -13,6 +13,7 @@ def test_cpu_runs_everything_on_cpu_and_the_arms_in_turn() -> None:
     assert p.on_cpu and not p.arms_side_by_side and not p.shared_gpu
     assert p.arm(0) is None and p.arm(1) is None
     assert p.executor_slot(0) is None and p.executor_slot(1) is None
+    assert p.sft(0) is None and p.sft(1) is None
 
 
 def test_one_gpu_is_shared_by_both_arms_which_stagger() -> None:
@@ -44,6 +45,11 @@ def test_more_gpus_split_in_halves_of_a_power_of_two(
     p = ArmPlacement.of(gpus)
     assert p.a is not None and p.b is not None
     assert (p.a.gpus, p.b.gpus) == (a, b) and not p.shared_gpu
-    assert p.a.nproc == len(a) and p.a.sft_overrides() == (f"trainer.n_gpus_per_node={len(a)}",)
+    assert p.a.nproc == len(a) and p.a.grpo_overrides()[0] == f"trainer.n_gpus_per_node={len(a)}"
+    # SFT keeps one GPU per arm: the first of each arm's
+    sft_a, sft_b = p.sft(0), p.sft(1)
+    assert sft_a is not None and sft_b is not None
+    assert (sft_a.gpus, sft_b.gpus) == (a[:1], b[:1])
+    assert sft_a.sft_overrides() == ("trainer.n_gpus_per_node=1",)
     # an executor takes a small share of its arm's first GPU
     assert p.executor_slot(1) == ExecutorSlot(b[:1], EXECUTOR_MEMORY)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from trainer.serving import gpus as g
 from trainer.serving.gpus import ExecutorSlot, GpuPlan, GpuPlanError, Placement, visible_gpus, waves
+
+CONFIGS = Path(__file__).resolve().parents[3] / "trainer" / "phases" / "configs"
 
 
 def ids(n: int) -> tuple[str, ...]:
@@ -66,7 +71,18 @@ def test_overrides_follow_the_placement() -> None:
         "trainer.n_gpus_per_node=2",
         f"actor_rollout_ref.rollout.gpu_memory_utilization={g.ROLLOUT_MEMORY}",
     )
-    assert p.sft_overrides() == ("trainer.n_gpus_per_node=2",) and p.nproc == 2
+    assert p.nproc == 2
+    # two ranks share a batch of 32: each rank's 16 rows must divide by the micro batch (VERL asserts it)
+    assert p.sft_overrides() == ("trainer.n_gpus_per_node=2", "data.micro_batch_size_per_gpu=16")
+    assert Placement(("0",)).sft_overrides() == ("trainer.n_gpus_per_node=1",)
+    assert Placement(tuple("0123")).sft_overrides()[1] == "data.micro_batch_size_per_gpu=8"
+
+
+def test_sft_batch_constant_is_the_gpu_profiles_batch() -> None:
+    """``SFT_BATCH`` mirrors the gpu SFT profile: if the profile's batch changes, the micro batch rule must too."""
+    profile = yaml.safe_load((CONFIGS / "sft_profile" / "gpu.yaml").read_text())
+    assert profile["data"]["train_batch_size"] == g.SFT_BATCH
+    assert profile["data"]["micro_batch_size_per_gpu"] <= g.SFT_BATCH
 
 
 def test_eval_runs_settings_side_by_side_up_to_the_gpu_count() -> None:
