@@ -202,6 +202,20 @@ class EvalOutputs:
     predictions: dict[str, Path]
 
 
+SFT_BASELINE = "sft"
+
+
+def comparison_pairs(names: Sequence[str]) -> list[tuple[str, str]]:
+    """Each setting against the one before it (base → sft → local → pipe), and every setting after ``sft``
+    against ``sft`` too (sft → pipe): "no source worse than sft" is a paired test for each RL setting, not
+    only for the first."""
+    pairs = list(itertools.pairwise(names))
+    if SFT_BASELINE in names:
+        after = names[names.index(SFT_BASELINE) + 1 :]
+        pairs += [(SFT_BASELINE, n) for n in after if (SFT_BASELINE, n) not in pairs]
+    return pairs
+
+
 def write_outputs(
     out: Path,
     golden: Sequence[GoldenExample],
@@ -215,9 +229,9 @@ def write_outputs(
 ) -> EvalOutputs:
     """Score every setting's predictions; write metrics.json, report.md, plots/ (and predictions).
 
-    Every setting gets 95% bootstrap intervals (``ci95``: pooled, per source and macro); each setting is
-    paired-tested against the one before it (base → sft → local → pipe) on ``paired_metric``, macro,
-    pooled and per source; on ``schema_f1`` where no setting holds a table (Stage-1 predictions only).
+    Every setting gets 95% bootstrap intervals (``ci95``: pooled, per source and macro); the settings are
+    paired-tested as :func:`comparison_pairs` lists them on ``paired_metric``, macro, pooled and per
+    source; on ``schema_f1`` where no setting holds a table (Stage-1 predictions only).
     """
     out.mkdir(parents=True, exist_ok=True)
     metrics: dict[str, Any] = {}
@@ -236,7 +250,7 @@ def write_outputs(
         # Stage-1 predictions only (`trainer infer stage1`): no table was written, so the settings are
         # compared on what they hold, the schema
         paired_metric = "schema_f1"
-    tests = paired_tests(scored, list(itertools.pairwise(names)), paired_metric)
+    tests = paired_tests(scored, comparison_pairs(names), paired_metric)
     metrics_path = out / "metrics.json"
     metrics_path.write_text(
         json.dumps(

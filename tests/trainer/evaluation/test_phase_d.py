@@ -12,7 +12,14 @@ from shared import canonical_schema_json, compute_table_reward_single, gold_ndjs
 from trainer.cli import app
 from trainer.data.sample_data import SAMPLE_DIR
 from trainer.evaluation.inference import write_jsonl
-from trainer.evaluation.phase_d import TABLE_METRICS, Setting, loop2_decision, score_predictions
+from trainer.evaluation.phase_d import (
+    TABLE_METRICS,
+    Setting,
+    comparison_pairs,
+    loop2_decision,
+    score_predictions,
+    write_outputs,
+)
 
 TEST = SAMPLE_DIR / golden_filename("test")
 
@@ -164,3 +171,24 @@ def test_stage1_only_settings_are_paired_on_schema_f1(tmp_path: Path) -> None:
     assert (pooled["baseline"], pooled["treatment"], pooled["metric"], pooled["n"]) == ("sft", "local", "schema_f1", 6)
     sft, local = (metrics["settings"][n]["overall"]["schema_f1"] for n in ("sft", "local"))
     assert local == 1.0 and sft < 1.0 and pooled["diff"] == pytest.approx(local - sft)
+
+
+def test_every_rl_setting_is_paired_against_sft_too() -> None:
+    """base → sft → local → pipe in a chain, plus sft → pipe: "no source worse than sft" needs each RL
+    setting paired with sft (issue 23's sixth lease had local → pipe but no sft → pipe)."""
+    assert comparison_pairs(["sft", "local", "pipe"]) == [("sft", "local"), ("local", "pipe"), ("sft", "pipe")]
+    assert comparison_pairs(["base", "sft", "local", "pipe", "rft"]) == [
+        ("base", "sft"), ("sft", "local"), ("local", "pipe"), ("pipe", "rft"), ("sft", "pipe"), ("sft", "rft"),
+    ]  # fmt: skip
+    assert comparison_pairs(["worse", "gold"]) == [("worse", "gold")]  # no sft: the chain alone
+    assert comparison_pairs(["local", "sft"]) == [("local", "sft")]
+
+
+def test_phase_d_writes_the_sft_pairs(tmp_path: Path) -> None:
+    golden = read_golden(TEST)
+    preds = {"sft": _worse_preds(), "local": _worse_preds(), "pipe": _gold_preds()}
+    out = write_outputs(tmp_path / "d", golden, preds, "t", write_predictions=False)
+    tests = json.loads(out.metrics_path.read_text())["paired_tests"]
+    pairs = {(t["baseline"], t["treatment"]) for t in tests}
+    assert pairs == {("sft", "local"), ("local", "pipe"), ("sft", "pipe")}
+    assert "| aligned_cell_f1 | sft → pipe | pooled | 6 |" in out.report.read_text()
