@@ -84,6 +84,24 @@ def test_sft_is_compared_with_the_hf_baseline_honestly(collected: Path) -> None:
     assert "sft is below the baseline on 2 of 6 metrics (cell_accuracy, aligned_cell_f1)" in md
 
 
+def test_sft_meets_the_hf_baseline_on_the_baselines_sources_only(collected: Path) -> None:
+    """The baseline saw E2E and RotoWire; a WikiTableText source in the test split must not count against
+    sft: the comparison pools the baseline's two sources, weighted by their documents."""
+    metrics = json.loads((collected / "phase_d" / "metrics.json").read_text())
+    sft = metrics["settings"]["sft"]
+    sft["per_source"]["wikitabletext"] = {**sft["overall"], "n": 671, "aligned_cell_f1": 0.5}
+    sft["overall"] = {**sft["overall"], "aligned_cell_f1": 0.8}  # pooled with WikiTableText: below 0.942
+    (collected / "phase_d" / "metrics.json").write_text(json.dumps(metrics))
+    p = lg.build(collected, {}, None)
+    rows = {r["metric"]: r for r in p["sft_vs_hf_baseline"]}
+    e2e, roto = sft["per_source"]["e2e"], sft["per_source"]["rotowire_sent"]
+    want = (e2e["cell_accuracy"] * e2e["n"] + roto["cell_accuracy"] * roto["n"]) / (e2e["n"] + roto["n"])
+    assert rows["cell_accuracy"]["sft"] == pytest.approx(want, abs=1e-4)
+    assert rows["aligned_cell_f1"]["sft"] == pytest.approx(e2e["aligned_cell_f1"], abs=1e-4)  # not 0.8
+    assert p["sft_vs_hf_baseline_scope"].startswith("e2e + rotowire_sent, 3011 test documents")
+    assert "On e2e + rotowire_sent, 3011 test documents" in lg.render_md(p)
+
+
 def test_markdown_marks_a_partial_run_and_shows_each_source(collected: Path) -> None:
     md = lg.render_md(lg.build(collected, {"card": "H100", "gpus": 4}, partial="base and sft only"))
     assert md.splitlines()[0].endswith("(partial run: base and sft only)")
