@@ -209,10 +209,11 @@ def generation_client_cpu(
 ) -> None:
     """The eval client's CPU ms per request, earlier revisions vs the working tree (bench/generation_client_cpu.py)."""
     from bench import generation_client_cpu as gc
+    from bench.common import resolve_commit
 
     try:
         for spec in before or []:
-            gc.resolve(gc.parse_before(spec)[0])
+            resolve_commit(gc.parse_before(spec)[0])
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--before") from None
     p = gc.run(golden, before, requests, concurrency, max_tokens, rounds, executor_url, model, quick)

@@ -64,6 +64,16 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def resolve_commit(rev: str) -> str:
+    """The full commit of git revision ``rev`` (a bench's ``--before``); ValueError naming it if unknown."""
+    out = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        raise ValueError(f"unknown git revision {rev!r}: {out.stderr.strip()}")
+    return out.stdout.strip()
+
+
 def _git_commit() -> str:
     try:
         out = subprocess.run(

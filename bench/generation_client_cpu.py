@@ -43,7 +43,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from bench.common import REPO, golden_dir, header_md, md_table, run_record, write_result
+from bench.common import REPO, golden_dir, header_md, md_table, resolve_commit, run_record, write_result
 from bench.pipeline_reward import DEFAULT_MODEL, executor
 from shared import build_stage1_messages, read_split
 
@@ -69,15 +69,6 @@ def parse_before(spec: str) -> tuple[str, str]:
     return rev, (label if sep and label else rev)
 
 
-def resolve(rev: str) -> str:
-    out = subprocess.run(
-        ["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=REPO, capture_output=True, text=True, check=False
-    )
-    if out.returncode != 0:
-        raise ValueError(f"unknown git revision {rev!r}: {out.stderr.strip()}")
-    return out.stdout.strip()
-
-
 def load_generation(rev: str | None) -> tuple[str, ModuleType]:
     """``(code, module)``: the working tree's ``trainer.evaluation.generation`` for ``None``, else that file
     at ``rev`` (``git show``), executed as a module of its own from a temporary file that is gone afterwards."""
@@ -85,7 +76,7 @@ def load_generation(rev: str | None) -> tuple[str, ModuleType]:
         from trainer.evaluation import generation
 
         return "working tree", generation
-    commit = resolve(rev)
+    commit = resolve_commit(rev)
     source = subprocess.run(
         ["git", "show", f"{commit}:{MODULE_PATH}"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout

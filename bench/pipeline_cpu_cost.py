@@ -51,6 +51,7 @@ from bench.common import (
     golden_dir,
     header_md,
     md_table,
+    resolve_commit,
     run_record,
     write_result,
 )
@@ -124,9 +125,7 @@ def checkout(rev: str | None) -> Iterator[tuple[str, Path]]:
     if rev is None:
         yield "working tree", REPO
         return
-    commit = subprocess.run(
-        ["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=REPO, capture_output=True, text=True, check=True
-    ).stdout.strip()
+    commit = resolve_commit(rev)
     folder = Path(tempfile.mkdtemp(prefix="cpu-cost-before-"))
     subprocess.run(
         ["git", "worktree", "add", "--detach", str(folder), commit], cwd=REPO, check=True, capture_output=True

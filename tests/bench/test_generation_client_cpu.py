@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from bench import generation_client_cpu as gcc
+from bench.common import resolve_commit
 from trainer.evaluation import generation
 
 
@@ -36,7 +37,7 @@ def test_a_revision_loads_as_a_module_of_its_own() -> None:
 
 def test_unknown_revision_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="unknown git revision"):
-        gcc.resolve("no-such-revision-anywhere")
+        resolve_commit("no-such-revision-anywhere")
 
 
 def test_rotation_starts_each_round_one_later() -> None:
