@@ -238,6 +238,7 @@ def build(
         if name not in phase_d:
             phase_d[name] = {**s, "from": extra.get("source") if extra else None}
     n_docs = {name: s["overall"].get("n") for name, s in settings.items()}
+    sft_on_baseline, scope = baseline_scope(settings["sft"]) if "sft" in settings else (None, "")
     payload: dict[str, Any] = {
         "benchmark": NAME,
         "partial": partial,
@@ -258,8 +259,8 @@ def build(
         "step_time_split_s": split,
         "reward_share_c1": reward_share(split),
         "hf_baseline": {"metrics": HF_BASELINE, "seconds": HF_BASELINE_SECONDS},
-        "sft_vs_hf_baseline": compare_with_baseline(baseline_scope(settings["sft"])[0]) if "sft" in settings else [],
-        "sft_vs_hf_baseline_scope": baseline_scope(settings["sft"])[1] if "sft" in settings else "",
+        "sft_vs_hf_baseline": compare_with_baseline(sft_on_baseline) if sft_on_baseline is not None else [],
+        "sft_vs_hf_baseline_scope": scope,
         "loop2": metrics.get("loop2"),
         "validation_per_source": {ph: validation_per_source(c) for ph, c in curves.items()},
         "gold_schema": gold_schema,
