@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from shared import GoldenExample, build_stage2_messages, read_golden
+from shared.golden import source_of
 from trainer.data.datasets import RL_SCHEMA, rl_row, update_manifest, write_parquet
 from trainer.data.prompt_fit import Stage2Fit
 from trainer.evaluation.two_stage import stage2_on_prediction
@@ -42,6 +43,16 @@ def seeded_sample(items: Sequence[T], n: int, seed: int) -> list[T]:
     return [items[i] for i in sorted(random.Random(seed).sample(range(len(items)), n))]
 
 
+def of_sources(examples: Sequence[GoldenExample], sources: Sequence[str], what: str) -> list[GoldenExample]:
+    """The examples of ``sources`` (``shared.golden.source_of`` of their ids); raises naming ``what`` and the
+    sources present when one of them has no example."""
+    present = {source_of(ex.id) for ex in examples}
+    missing = sorted(set(sources) - present)
+    if missing:
+        raise ValueError(f"{what}: no document of source(s) {missing} (the split has {sorted(present)})")
+    return [ex for ex in examples if source_of(ex.id) in sources]
+
+
 def precompute_c2(
     golden: Path,
     out: Path,
@@ -53,27 +64,33 @@ def precompute_c2(
     stage2_fit: Stage2Fit | None = None,
     sample: Mapping[str, int] | None = None,
     seed: int = 0,
+    sources: Mapping[str, Sequence[str]] | None = None,
 ) -> PrecomputeReport:
     """π1's schemas for each split (``predict_schemas``; ``schema_model`` names π1 in the manifest), then
     ``out/c2/<split>.parquet``: Stage-2 prompts on the *predicted* schema, ground truth = gold table. Invalid
     schemas are counted, then skipped or given the gold one.
     With ``stage2_fit``, rows whose Stage-2 prompt cannot fit that context are counted and dropped.
-    ``sample`` (split → n): a seeded random n documents of that split, in file order (all if it has fewer)."""
-    if sample:
-        unknown = sorted(set(sample) - set(splits))
+    ``sample`` (split → n): a seeded random n documents of that split, in file order (all if it has fewer).
+    ``sources`` (split → data sources): only those sources' documents of that split, before sampling (C2
+    trained where the headroom is, issue 23); a source with no document there is an error naming it."""
+    for name, keyed in (("sample", sample), ("sources", sources)):
+        unknown = sorted(set(keyed or {}) - set(splits))
         if unknown:
-            raise ValueError(f"sample: splits {unknown} are not among {list(splits)}")
+            raise ValueError(f"{name}: splits {unknown} are not among {list(splits)}")
+    if sample:
         bad_n = {k: n for k, n in sample.items() if n < 1}
         if bad_n:
             raise ValueError(f"sample: sizes must be >= 1, got {bad_n}")
     report = PrecomputeReport()
-    sources = []
+    files = []
     for split in splits:
         src = golden / f"common_{split}_schemas.jsonl"
         if not src.is_file():
             raise FileNotFoundError(f"--golden: {src} is missing")
-        sources.append(src)
+        files.append(src)
         examples = read_golden(src, limit)
+        if sources and split in sources:
+            examples = of_sources(examples, sources[split], f"sources[{split!r}]")
         if sample and split in sample:
             examples = seeded_sample(examples, sample[split], seed)
         schemas = predict_schemas(examples, split)
@@ -97,11 +114,11 @@ def precompute_c2(
         report.invalid_ids[split] = bad
     c2: dict[str, Any] = {
         "schema_model": schema_model, "on_invalid": on_invalid, "invalid_schemas": report.invalid, "limit": limit,
-        "sample": dict(sample or {}), "seed": seed,
+        "sample": dict(sample or {}), "seed": seed, "sources": {k: list(v) for k, v in (sources or {}).items()},
     }  # fmt: skip
     if stage2_fit is not None:
         c2 |= stage2_fit.describe()
         c2["stage2_too_long"] = {k: len(v) for k, v in report.too_long_ids.items()}
         c2["stage2_too_long_ids"] = report.too_long_ids
-    update_manifest(out, {"c2": report.counts}, sources, c2=c2)
+    update_manifest(out, {"c2": report.counts}, files, c2=c2)
     return report

@@ -110,6 +110,14 @@ class ExperimentConfig:
         metadata=cli_meta(help="Train each arm on its phase's improvable prompts where they fill one batch (else "
                           "on the train split, with a message)."),
     )  # fmt: skip
+    rl_sources: tuple[str, ...] = field(
+        default=(),
+        metadata=cli_meta(help="Comma-separated sources each arm trains on (default: every source of its train split; "
+                          "pi2-ab's C2 draws its --c2-train-sample documents from them too). Validation keeps "
+                          "every source, so early stopping still guards the others. --rl-improvable's set wins "
+                          "where it fills a batch (restricted to these sources too).", cli_type=str,
+                          cli_default=""),
+    )  # fmt: skip
     control: ControlMode = field(
         default="serial",
         metadata=cli_meta(help="Arm A's positive control on its improvable prompts: serial (before RL; a failed "
@@ -175,7 +183,7 @@ class ExperimentConfig:
     @classmethod
     def from_cli(cls, **values: Any) -> ExperimentConfig:
         """The command line's comma-separated forms turned into the fields' tuples."""
-        for name in ("data_phases", "preflight_phases", "preflight_sources"):
+        for name in ("data_phases", "preflight_phases", "preflight_sources", "rl_sources"):
             values[name] = _csv(str(values[name] or ""))
         values["temps"] = tuple(float(t) for t in _csv(str(values["temps"])))
         for name in ("sft_overrides", "rl_extra"):

@@ -16,7 +16,7 @@ from trainer.experiment.config import ExperimentConfig
 from trainer.experiment.design import Design
 from trainer.experiment.placement import ArmPlacement
 from trainer.experiment.plan import phase_ok
-from trainer.experiment.runs import arm_run, control_run, improvable_train_files, sft_run
+from trainer.experiment.runs import arm_run, control_run, improvable_train_files, sft_run, source_train_files
 from trainer.experiment.services import Services
 from trainer.experiment.workdir import Workdir
 from trainer.loop.manifest import Manifest
@@ -55,6 +55,9 @@ class Context:
     def arm_phase(self, index: int, reward_url: str, temperature: float | str, say: bool = False) -> PhaseRun:
         arm = self.design.arms[index]
         files, why = improvable_train_files(self.cfg, arm, self.wd.improvable(arm))
+        if files is None and self.cfg.rl_sources:
+            files, why_sources = source_train_files(self.cfg, arm, self.wd.source_set(arm, self.cfg.rl_sources))
+            why = why or why_sources
         if say and why:
             self.say(why)
         start = (

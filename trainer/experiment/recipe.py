@@ -73,6 +73,8 @@ class Experiment:
             arms.insert(1, f"(arm B starts {cfg.rl_stagger_s:.0f} s after arm A: one GPU)")
         elif self.placement.on_cpu:
             arms.insert(1, "(then arm B: in turn on CPU)")
+        if cfg.rl_sources:
+            arms.insert(0, f"train sets: each arm's train split of {','.join(cfg.rl_sources)} -> {wd.root}/train_sets/")
         evaluated = ", ".join(f"{n}=({d.served_name(p1)}, {d.served_name(p2)})" for n, (p1, p2) in d.settings().items())
         return {
             "sft": sft,
@@ -83,7 +85,9 @@ class Experiment:
             ]
             + ["(the phases' sweeps at once)"],
             "c2data": [
-                f"π1ˢ schemas of {cfg.c2_train_sample} train documents and every validation one -> {wd.data}/c2"
+                f"π1ˢ schemas of {cfg.c2_train_sample} train documents"
+                + (f" of {','.join(cfg.rl_sources)}" if cfg.rl_sources else "")
+                + f" and every validation one -> {wd.data}/c2"
             ],
             "choose": [
                 f"lowest T with macro improvable share >= {cfg.min_share} in every swept phase -> {wd.choice}",

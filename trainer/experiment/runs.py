@@ -78,19 +78,27 @@ def train_batch_size(profile: Profile, overrides: Sequence[str] = ()) -> int:
 
 def improvable_train_files(cfg: ExperimentConfig, phase: str, improvable: Path) -> tuple[str | None, str]:
     """``--rl-improvable``: the override that trains ``phase`` on its improvable prompts where they fill one
-    batch (VERL drops a partial batch: an epoch of no step), else None and why it trains on the train split."""
+    batch (VERL drops a partial batch: an epoch of no step), else None and why it trains on the train split
+    (on its ``--rl-sources`` prompts where given)."""
     if not cfg.rl_improvable:
         return None, ""
+    instead = f"training on its {','.join(cfg.rl_sources)} prompts" if cfg.rl_sources else "training on the train split"
     if not improvable.is_file():
-        return None, f"{phase}: no improvable prompt set (not swept); training on the train split"
+        return None, f"{phase}: no improvable prompt set (not swept); {instead}"
     n, batch = count_prompts(str(improvable)), train_batch_size(cfg.profile, cfg.rl_extra)
     if n < batch:
-        return (
-            None,
-            f"{phase}: {n} improvable prompts in {improvable}, fewer than a batch of {batch}; "
-            "training on the train split",
-        )
+        return None, f"{phase}: {n} improvable prompts in {improvable}, fewer than a batch of {batch}; {instead}"
     return f"data.train_files={improvable}", f"{phase}: training on its {n} improvable prompts ({improvable})"
+
+
+def source_train_files(cfg: ExperimentConfig, phase: str, source_set: Path) -> tuple[str | None, str]:
+    """``--rl-sources``: the override that trains ``phase`` on its train split's prompts of those sources
+    (``source_set``, written by the rl stage before the arms start), and what it says; (None, "") without."""
+    if not cfg.rl_sources:
+        return None, ""
+    n = f"its {count_prompts(str(source_set))}" if source_set.is_file() else "the"
+    why = f"{phase}: training on {n} {','.join(cfg.rl_sources)} prompts ({source_set})"
+    return f"data.train_files={source_set}", why
 
 
 def sft_run(

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from shared.golden import source_of
 from trainer.experiment.context import Context, ExperimentStopped, first_error
 from trainer.experiment.plan import phase_ok, preflight_phases, reward_api_of
 from trainer.phases.registry import reward_of
@@ -65,8 +66,9 @@ def c2data(ctx: Context) -> None:
     cfg, pi1 = ctx.cfg, ctx.sv.serve([ctx.design.partner])[ctx.design.partner]
     gen = GenerationConfig(max_tokens=C2_MAX_TOKENS, concurrency=cfg.eval_concurrency, timeout_s=cfg.eval_timeout_s)
     rep = write_c2_data(
-        cfg.golden, ctx.wd.data, pi1, gen, on_invalid="skip", limit=cfg.limit, train_sample=cfg.c2_train_sample
-    )
+        cfg.golden, ctx.wd.data, pi1, gen, on_invalid="skip", limit=cfg.limit, train_sample=cfg.c2_train_sample,
+        train_sources=cfg.rl_sources,
+    )  # fmt: skip
     ctx.manifest.set("c2data", dataclasses.asdict(rep) | {"schema_model": ctx.output(ctx.design.partner)})
 
 
@@ -92,6 +94,12 @@ def choose(ctx: Context) -> None:
             wd.improvable(phase).unlink(missing_ok=True)
             ctx.say(f"{phase}: no improvable prompt at T {choice.temperature}; no improvable set")
             continue
+        if cfg.rl_sources:  # --rl-sources: the arms train on those sources only, improvable set or not
+            report["improvable_ids"] = [i for i in report["improvable_ids"] if source_of(i) in cfg.rl_sources]
+            if not report["improvable_ids"]:
+                wd.improvable(phase).unlink(missing_ok=True)
+                ctx.say(f"{phase}: no improvable prompt of {','.join(cfg.rl_sources)}; no improvable set")
+                continue
         res = filter_improvable(report, wd.data / phase / "train.parquet", wd.improvable(phase), cfg.min_source_share)
         dropped = f"; sources dropped: {res.dropped_sources}" if res.dropped_sources else ""
         ctx.say(f"{phase}: {res.kept} improvable prompts -> {wd.improvable(phase)}{dropped}")
@@ -108,6 +116,15 @@ def control(ctx: Context) -> None:
 
 def rl(ctx: Context) -> None:
     t = ctx.need_temperature()
+    if ctx.cfg.rl_sources:  # each arm's train split of those sources (C2's: the π1ˢ schemas c2data wrote)
+        from trainer.phases.train_set import source_prompt_set
+
+        for arm in ctx.design.arms:
+            out = ctx.wd.source_set(arm, ctx.cfg.rl_sources)
+            if not phase_ok(ctx.wd.phase(arm)) and not out.is_file():
+                n = source_prompt_set(ctx.wd.data / arm / "train.parquet", ctx.cfg.rl_sources, out)
+                record = {"sources": list(ctx.cfg.rl_sources), "prompts": n, "path": str(out)}
+                ctx.manifest.set(f"train_set:{arm}", record)
     jobs = []
     for i, arm in enumerate(ctx.design.arms):
         if phase_ok(ctx.wd.phase(arm)):

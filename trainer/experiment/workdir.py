@@ -5,6 +5,7 @@
 | ``data/``, ``a1/``, ``a2/`` | data build and SFT (links to ``--sft-from``'s) |
 | ``preflight/<phase>_t<T>.json``, ``choice.json``, ``<phase>_improvable.parquet`` | preflight, choice, filter |
 | ``data/c2/`` | pi2-ab: π1ˢ's schemas (``data precompute-schemas``) |
+| ``train_sets/<phase>_<sources>.parquet`` | ``--rl-sources``: an arm's train split of those sources, before RL |
 | ``<phase>_control/positive_control.json`` | the positive control |
 | ``<arm>/phase_result.json`` (``b1``, ``c1`` / ``b2``, ``c2``) | RL |
 | ``phase_d/``, ``gold_schema/``, ``gold_schema_eval/``, ``stage1_eval/`` | evaluation |
@@ -45,6 +46,10 @@ class Workdir:
 
     def improvable(self, phase: str) -> Path:
         return self.preflight / f"{phase}_improvable.parquet"
+
+    def source_set(self, phase: str, sources: tuple[str, ...]) -> Path:
+        """``--rl-sources``: the arm's train split restricted to ``sources``."""
+        return self.root / "train_sets" / f"{phase}_{'+'.join(sources)}.parquet"
 
     def control(self, phase: str) -> Path:
         return self.root / f"{phase}_control"

@@ -5,6 +5,7 @@ for the same content key."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -29,9 +30,11 @@ def write_c2_data(
     on_invalid: Literal["skip", "gold"],
     limit: int | None = None,
     train_sample: int | None = None,
+    train_sources: Sequence[str] = (),
 ) -> PrecomputeReport:
     """``data_dir/c2/``: Stage-2 prompts on the schemas the π1 at ``pi1`` writes for the train (a seeded
-    ``train_sample`` of it) and validation documents; invalid schemas skipped or given the gold one."""
+    ``train_sample`` of it, drawn from ``train_sources``' documents where given) and validation documents;
+    invalid schemas skipped or given the gold one."""
     from trainer.data.precompute import precompute_c2
     from trainer.evaluation.generation import GenerationClient
     from trainer.evaluation.inference import schema_predictor
@@ -44,6 +47,7 @@ def write_c2_data(
         on_invalid=on_invalid,
         limit=limit,
         sample={"train": train_sample} if train_sample else None,
+        sources={"train": train_sources} if train_sources else None,
     )
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from shared.golden import source_of
+
 
 class TrainSetTooSmall(ValueError):
     """The prompts cannot fill one training batch."""
@@ -49,3 +51,20 @@ def check_fills_a_batch(train_files: str | Sequence[str], batch_size: int, max_s
             " data.train_batch_size."
         )
     return used
+
+
+def source_prompt_set(train_parquet: Path, sources: Sequence[str], out: Path) -> int:
+    """The rows of an RL parquet (``trainer data build`` / ``precompute-schemas``) whose ``extra_info.id`` is of
+    one of ``sources`` (:func:`shared.golden.source_of`), written to ``out`` with the same Arrow schema, so
+    ``data.train_files`` can point at it. Returns the rows kept; raises naming the source that has none."""
+    table = pq.read_table(train_parquet)
+    if "extra_info" not in table.column_names:
+        raise ValueError(f"{train_parquet}: no extra_info column (not an RL parquet of `trainer data build`)")
+    row_sources = [source_of(str((info or {}).get("id", ""))) for info in table.column("extra_info").to_pylist()]
+    missing = sorted(set(sources) - set(row_sources))
+    if missing:
+        raise ValueError(f"{train_parquet}: no prompt of source(s) {missing} (it has {sorted(set(row_sources))})")
+    keep = [i for i, src in enumerate(row_sources) if src in sources]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table.take(keep), out)
+    return len(keep)

@@ -66,3 +66,44 @@ def test_rows_are_stage2_prompts_on_the_predicted_schema_and_invalid_ones_are_co
 def test_a_predictor_that_loses_documents_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="2 predicted schemas for 3 documents"):
         precompute_c2(SAMPLE_DIR, tmp_path, lambda examples, split: ["{}"] * 2, "pi1", limit=3)
+
+
+def test_sources_narrow_a_split_before_its_sample(tmp_path: Path) -> None:
+    """``sources``: C2 drawn where the headroom is (issue 23: WikiTableText); π1 is asked only for those
+    documents, the sample comes from them, the other split stays whole, and the manifest says so."""
+    import json
+
+    from shared.golden import source_of
+    from trainer.data.datasets import read_rows
+
+    asked: dict[str, list[str]] = {}
+
+    def predict(examples: Sequence[GoldenExample], split: str) -> list[str]:
+        asked[split] = [ex.id for ex in examples]
+        return [json.dumps(ex.schema_dict()) for ex in examples]
+
+    rep = precompute_c2(SAMPLE_DIR, tmp_path, predict, "pi1", sample={"train": 3}, sources={"train": ["people"]})
+    assert len(asked["train"]) == 3 and {source_of(i) for i in asked["train"]} == {"people"}
+    assert {source_of(i) for i in asked["validation"]} == {"invoice", "people", "product"}
+    assert rep.counts == {"train": 3, "validation": 6}
+    assert [r["extra_info"]["id"] for r in read_rows(tmp_path / "c2" / "train.parquet")] == asked["train"]
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["phases"]["c2"]["sources"] == {"train": ["people"]}
+
+
+@pytest.mark.parametrize(
+    ("sources", "message"),
+    [
+        ({"test": ["people"]}, r"sources: splits \['test'\] are not among \['train', 'validation'\]"),
+        ({"train": ["wikitabletext"]}, r"sources\['train'\]: no document of source\(s\) \['wikitabletext'\]"),
+    ],
+)
+def test_precompute_names_bad_sources_before_calling_the_executor(
+    tmp_path: Path, sources: dict[str, list[str]], message: str
+) -> None:
+    def predict(examples: Sequence[GoldenExample], split: str) -> list[str]:
+        raise AssertionError("the executor was asked")
+
+    with pytest.raises(ValueError, match=message):
+        precompute_c2(SAMPLE_DIR, tmp_path, predict, "pi1", sources=sources)
+    assert not (tmp_path / "c2").exists()

