@@ -2,9 +2,9 @@
 pi1-ab: A1 and A2 (2 SFT steps each), the B1 and C1 preflight at one temperature on real vLLM-CPU executors
 and real reward APIs, the choice and the improvable sets, one VERL GRPO step of B1 and then of C1 (its reward
 through the pipeline reward API and the π2ˢ executor), Phase D on 3 test documents. pi2-ab: the same SFT,
-B2's preflight beside c2data (π1ˢ writes C2's schemas), one GRPO step of B2 and of C2 on two sources' prompts
-(`--rl-sources`), π2 on gold schemas and Phase D (one shared Stage 1 of π1ˢ). Each needs ~19 GiB free (GRPO on CPU) and 12-15 minutes on 2 cores;
-a rerun in the same folder must skip every finished stage."""
+B2's preflight beside c2data (π1ˢ writes C2's schemas), one GRPO step of B2 and of C2 on two sources'
+prompts (`--rl-sources`), π2 on gold schemas and Phase D (one shared Stage 1 of π1ˢ). Each needs ~19 GiB
+free (GRPO on CPU) and 12-15 minutes on 2 cores; a rerun in the same folder must skip every finished stage."""
 
 from __future__ import annotations
 
