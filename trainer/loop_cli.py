@@ -43,6 +43,7 @@ def to_config(ctx: typer.Context, given: dict[str, Any]) -> LoopConfig:
     if not values["base_model"] and not (values["pi1_sft"] and values["pi2_sft"]):
         values["base_model"] = default_model(values["profile"], "--base-model")
     values["sft_overrides"] = tuple(values["sft_overrides"])
+    values["rl_sources"] = tuple(x.strip() for x in str(values["rl_sources"] or "").split(",") if x.strip())
     values["executor_eager"] = not values["executor_eager"]  # the option is --executor-cuda-graphs
     return LoopConfig(**values, overrides=tuple(ctx.args))
 

@@ -231,3 +231,35 @@ def test_a_phase_result_from_other_inputs_is_not_reused(tmp_path: Path) -> None:
     with pytest.raises(StaleResultError, match=r"phase c2: its recorded result was trained from other inputs"):
         loop.phase("c2", "/b2", "http://127.0.0.1:9", out / "c2")
     assert loop.runner.launched == []  # type: ignore[attr-defined]
+
+
+def test_rl_sources_train_a_grpo_phase_on_those_sources_and_key_its_result(tmp_path: Path) -> None:
+    """--rl-sources: the phase's train split of those sources (train_sets/, before the user's overrides), in
+    the manifest and in the phase's recorded inputs, so a result trained on every source is not reused."""
+    import pyarrow.parquet as pq
+
+    from shared.golden import source_of
+    from trainer.data.datasets import build_datasets
+    from trainer.loop import PHASE_INPUTS, StaleResultError
+
+    out = tmp_path / "loop"
+    cfg = LoopConfig(golden=SAMPLE, out=out, profile="cpu-smoke", pi1_sft="/a", pi2_sft="/b",
+                     rl_sources=("people", "invoice"), overrides=("x=1",))  # fmt: skip
+    loop = Loop(cfg, runner=FaultyPhaseRunner())
+    build_datasets(SAMPLE, loop.data, ["b1"])
+    with pytest.raises(RuntimeError, match="phase b1 failed"):
+        loop.phase("b1", "/a", "http://127.0.0.1:9", out / "b1")
+    train = out / "train_sets" / "b1_people+invoice.parquet"
+    assert loop.runner.launched[0].overrides == (f"data.train_files={train}", "x=1")  # type: ignore[attr-defined]
+    ids = [r["id"] for r in pq.read_table(train).column("extra_info").to_pylist()]
+    assert len(ids) == 8 and {source_of(i) for i in ids} == {"people", "invoice"}
+    assert json.loads((out / MANIFEST).read_text())["train_set:b1"]["prompts"] == 8
+    recorded(out / "b1", "b1", out / "b1" / "hf")
+    (out / "b1" / PHASE_INPUTS).write_text(json.dumps(phase_inputs("b1", "/a", loop.data)))  # every source
+    with pytest.raises(StaleResultError, match="trained from other inputs"):
+        loop.phase("b1", "/a", "http://127.0.0.1:9", out / "b1")
+    every = Loop(dataclasses.replace(cfg, rl_sources=()), runner=FaultyPhaseRunner())
+    assert every.phase("b1", "/a", "http://127.0.0.1:9", out / "b1") == str(out / "b1" / "hf")  # reused
+    key = precompute_key(cfg, "/c1")
+    assert key["config"]["train_sources"] == ["people", "invoice"]
+    assert "train_sources" not in precompute_key(dataclasses.replace(cfg, rl_sources=()), "/c1")["config"]

@@ -45,7 +45,7 @@ def test_every_config_field_is_an_option_with_help() -> None:
         "rft_threshold", "gpus", "until", "reward_workers", "preflight_min", "c2_train_prompts",
         "executor_cuda_graphs",
     }  # fmt: skip
-    assert before | {"decision_metric", "executor_max_tokens", "eval_max_tokens"} == set(options)
+    assert before | {"decision_metric", "executor_max_tokens", "eval_max_tokens", "rl_sources"} == set(options)
 
 
 def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -74,7 +74,7 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         "--limit", "5", "--eval-limit", "3", "--loops", "2", "--min-gain", "0.5", "--decision-metric",
         "cell_accuracy", "--executor-max-tokens", "384", "--eval-max-tokens", "128", "--rft", "--rft-k", "2",
         "--rft-threshold", "0.25", "--until", "c1", "--reward-workers", "2", "--preflight-min", "0.3",
-        "--c2-train-prompts", "7", "--executor-cuda-graphs", "x=1", "y=2",
+        "--c2-train-prompts", "7", "--rl-sources", "wikitabletext", "--executor-cuda-graphs", "x=1", "y=2",
     ]  # fmt: skip
     res = CliRunner().invoke(app, [*base, *given])
     assert res.exit_code == 0, res.output
@@ -84,6 +84,7 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         limit=5, eval_limit=3, loops=2, min_gain=0.5, decision_metric="cell_accuracy", overrides=("x=1", "y=2"),
         executor_max_tokens=384, eval_max_tokens=128, rft=True, rft_k=2, rft_threshold=0.25, gpus=(),
         until="c1", reward_workers=2, preflight_min=0.3, executor_eager=False, c2_train_prompts=7,
+        rl_sources=("wikitabletext",),
     )  # fmt: skip
     # every field was given something other than its default above (gpus: the cpu-smoke profile has none)
     changed = {f.name for f in dataclasses.fields(LoopConfig) if getattr(seen[-1], f.name) != getattr(defaults, f.name)}

@@ -193,6 +193,9 @@ def test_loop_cli_passes_the_c2_sample_and_executor_mode(tmp_path: Path, monkeyp
     res = CliRunner().invoke(app, [*base, "--gpus", "0,1", "--c2-train-prompts", "4096", "trainer.x=1"])
     assert res.exit_code == 0, res.output
     assert seen[-1].c2_train_prompts == 4096 and seen[-1].executor_eager and seen[-1].overrides == ("trainer.x=1",)
+    assert seen[-1].rl_sources == ()
+    res = CliRunner().invoke(app, [*base, "--gpus", "0", "--rl-sources", "wikitabletext, e2e"])
+    assert res.exit_code == 0 and seen[-1].rl_sources == ("wikitabletext", "e2e")
     res = CliRunner().invoke(app, [*base, "--gpus", "0", "--executor-cuda-graphs"])
     assert res.exit_code == 0 and seen[-1].executor_eager is False and seen[-1].c2_train_prompts is None
     res = CliRunner().invoke(app, [*base, "--gpus", "0", "--c2-train-prompts", "0"])

@@ -69,7 +69,8 @@ def precompute_c2_data(ws: Workspace, pi1_pipe: str, data_dir: Path, tag: str) -
         if served is not None:
             ws.manifest.set(f"served:precompute_{tag}", served)
         rep = write_c2_data(
-            cfg.golden, data_dir, ep, gen, on_invalid="gold", limit=cfg.limit, train_sample=cfg.c2_train_prompts
-        )
+            cfg.golden, data_dir, ep, gen, on_invalid="gold", limit=cfg.limit, train_sample=cfg.c2_train_prompts,
+            train_sources=cfg.rl_sources,
+        )  # fmt: skip
     key_path.write_text(json.dumps(key, indent=2) + "\n")
     ws.manifest.set(f"precompute:{tag}", asdict(rep) | {"schema_model": pi1_pipe, "key": key, "served": served})

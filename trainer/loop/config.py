@@ -127,6 +127,17 @@ class LoopConfig:
             min=1,
         ),
     )
+    # Each GRPO phase on its train split's prompts of these sources only (issue 23: WikiTableText is where the
+    # headroom is; the seventh lease's π2 A/B moved only so); C2's precompute draws its documents from them.
+    rl_sources: tuple[str, ...] = field(
+        default=(),
+        metadata=cli_meta(
+            help="Comma-separated sources every GRPO phase trains on (default: every source); validation keeps "
+            "every source, and the C2 precompute and the preflight draw from these.",
+            cli_type=str,
+            cli_default="",
+        ),
+    )
     # GPU executors (C1's frozen π2, the C2 precompute, Phase D) without CUDA graphs / torch.compile: each
     # starts in well under a minute, where compilation costs more than it saves for a 135M model.
     executor_eager: bool = field(

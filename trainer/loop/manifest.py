@@ -102,6 +102,8 @@ def precompute_key(cfg: LoopConfig, pi1_pipe: str) -> dict[str, Any]:
             "on_invalid": "gold",
             "prompt_version": PROMPT_VERSION,
             "train_prompts": cfg.c2_train_prompts,
+            # only when given: a key recorded before the option existed still matches
+            **({"train_sources": list(cfg.rl_sources)} if cfg.rl_sources else {}),
         },
     }
 

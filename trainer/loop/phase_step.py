@@ -48,7 +48,9 @@ def run_phase_step(
     cfg = ws.cfg
     data_dir = data_dir or ws.data
     key = str(out_dir.relative_to(ws.out))
-    inputs = phase_inputs(name, model, data_dir)
+    sft = get_phase(name).kind == "sft"
+    sources = () if sft else cfg.rl_sources
+    inputs = phase_inputs(name, model, data_dir) | ({"train_sources": list(sources)} if sources else {})
     done = phase_done(out_dir)
     recorded_inputs = read_json(out_dir / PHASE_INPUTS)
     if done is not None and recorded_inputs is not None and recorded_inputs != inputs:
@@ -57,12 +59,13 @@ def run_phase_step(
             f"now {inputs}); move {out_dir} aside to train it again from the current ones"
         )
     if done is None:
-        sft = get_phase(name).kind == "sft"
         if not sft and cfg.preflight_min is not None and reward_url:
             preflight(ws, name, model, reward_url, out_dir, placement)
         placed: tuple[str, ...] = ()
         if placement is not None:
             placed = placement.sft_overrides() if sft else placement.grpo_overrides()
+        if sources:  # before the user's overrides, which win
+            placed = (*placed, f"data.train_files={source_set(ws, name, key, data_dir, sources)}")
         run = PhaseRun(
             phase=get_phase(name),
             profile=cfg.profile,
@@ -85,6 +88,17 @@ def run_phase_step(
     return done.hf_dir
 
 
+def source_set(ws: Workspace, name: str, key: str, data_dir: Path, sources: tuple[str, ...]) -> Path:
+    """``--rl-sources``: the phase's train split restricted to ``sources``, written under ``train_sets/``
+    (named by the phase's folder, so loop 2's C1/C2 get their own); recorded in the manifest."""
+    from trainer.phases.train_set import source_prompt_set
+
+    out = ws.out / "train_sets" / f"{key.replace('/', '_')}_{'+'.join(sources)}.parquet"
+    n = source_prompt_set(data_dir / name / "train.parquet", sources, out)
+    ws.manifest.set(f"train_set:{key}", {"sources": list(sources), "prompts": n, "path": str(out)})
+    return out
+
+
 def preflight(
     ws: Workspace, name: str, model: str, reward_url: str, out_dir: Path, placement: Placement | None
 ) -> None:
@@ -98,6 +112,7 @@ def preflight(
         rep = advantage_check(
             cfg.golden, reward_of(name), ep.url, ep.served_name, reward_url,
             min_informative=float(cfg.preflight_min or 0.0), max_tokens=cfg.eval_max_tokens,
+            sources=cfg.rl_sources or None,
         )  # fmt: skip
     write_report(rep, out_dir / "preflight.json")
     ws.manifest.set(f"preflight:{key}", rep.as_dict())
