@@ -19,6 +19,11 @@ from typing import Any, get_type_hints
 import typer
 
 
+def csv_values(text: str | None) -> tuple[str, ...]:
+    """A comma-separated option's values, blanks dropped (``"a, b,"`` → ``("a", "b")``)."""
+    return tuple(x.strip() for x in (text or "").split(",") if x.strip())
+
+
 def cli_meta(
     *,
     help: str,

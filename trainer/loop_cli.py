@@ -16,7 +16,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from trainer.config_cli import command_signature, given_values, set_signature
+from trainer.config_cli import command_signature, csv_values, given_values, set_signature
 from trainer.loop import PARTS, Loop, LoopConfig
 from trainer.phases.cli import bad_param, default_model
 from trainer.phases.launch import check_profile
@@ -43,7 +43,7 @@ def to_config(ctx: typer.Context, given: dict[str, Any]) -> LoopConfig:
     if not values["base_model"] and not (values["pi1_sft"] and values["pi2_sft"]):
         values["base_model"] = default_model(values["profile"], "--base-model")
     values["sft_overrides"] = tuple(values["sft_overrides"])
-    values["rl_sources"] = tuple(x.strip() for x in str(values["rl_sources"] or "").split(",") if x.strip())
+    values["rl_sources"] = csv_values(values["rl_sources"])
     values["executor_eager"] = not values["executor_eager"]  # the option is --executor-cuda-graphs
     return LoopConfig(**values, overrides=tuple(ctx.args))
 

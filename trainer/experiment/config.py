@@ -9,16 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from trainer.config_cli import cli_meta
+from trainer.config_cli import cli_meta, csv_values
 from trainer.phases.launch import PROFILES, Profile
 from trainer.phases.registry import GRPO_PHASES, SFT_PHASES
 
 ControlMode = Literal["serial", "parallel", "off"]
 CONTROL_MODES: tuple[ControlMode, ...] = ("serial", "parallel", "off")
-
-
-def _csv(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
 @dataclass
@@ -184,8 +180,8 @@ class ExperimentConfig:
     def from_cli(cls, **values: Any) -> ExperimentConfig:
         """The command line's comma-separated forms turned into the fields' tuples."""
         for name in ("data_phases", "preflight_phases", "preflight_sources", "rl_sources"):
-            values[name] = _csv(str(values[name] or ""))
-        values["temps"] = tuple(float(t) for t in _csv(str(values["temps"])))
+            values[name] = csv_values(values[name])
+        values["temps"] = tuple(float(t) for t in csv_values(values["temps"]))
         for name in ("sft_overrides", "rl_extra"):
             values[name] = tuple(values[name] or ())
         return cls(**values)

@@ -90,16 +90,14 @@ def choose(ctx: Context) -> None:
         ctx.say(f"no headroom: {where}; going on (--force-rl)")
     for phase in swept:
         report = json.loads(wd.report(phase, choice.temperature).read_text())
-        if not report.get("improvable_ids"):  # only with --force-rl: nothing to filter, the arm trains on all
+        # --rl-sources: the arms train on those sources only, improvable set or not
+        ids = [i for i in report.get("improvable_ids") or () if not cfg.rl_sources or source_of(i) in cfg.rl_sources]
+        if not ids:  # only with --force-rl: nothing to filter, the arm trains on its train split (or source set)
             wd.improvable(phase).unlink(missing_ok=True)
-            ctx.say(f"{phase}: no improvable prompt at T {choice.temperature}; no improvable set")
+            where = f" of {','.join(cfg.rl_sources)}" if cfg.rl_sources else ""
+            ctx.say(f"{phase}: no improvable prompt{where} at T {choice.temperature}; no improvable set")
             continue
-        if cfg.rl_sources:  # --rl-sources: the arms train on those sources only, improvable set or not
-            report["improvable_ids"] = [i for i in report["improvable_ids"] if source_of(i) in cfg.rl_sources]
-            if not report["improvable_ids"]:
-                wd.improvable(phase).unlink(missing_ok=True)
-                ctx.say(f"{phase}: no improvable prompt of {','.join(cfg.rl_sources)}; no improvable set")
-                continue
+        report["improvable_ids"] = ids
         res = filter_improvable(report, wd.data / phase / "train.parquet", wd.improvable(phase), cfg.min_source_share)
         dropped = f"; sources dropped: {res.dropped_sources}" if res.dropped_sources else ""
         ctx.say(f"{phase}: {res.kept} improvable prompts -> {wd.improvable(phase)}{dropped}")
@@ -117,13 +115,12 @@ def control(ctx: Context) -> None:
 def rl(ctx: Context) -> None:
     t = ctx.need_temperature()
     if ctx.cfg.rl_sources:  # each arm's train split of those sources (C2's: the π1ˢ schemas c2data wrote)
-        from trainer.phases.train_set import source_prompt_set
+        from trainer.phases.train_set import write_source_set
 
         for arm in ctx.design.arms:
             out = ctx.wd.source_set(arm, ctx.cfg.rl_sources)
             if not phase_ok(ctx.wd.phase(arm)) and not out.is_file():
-                n = source_prompt_set(ctx.wd.data / arm / "train.parquet", ctx.cfg.rl_sources, out)
-                record = {"sources": list(ctx.cfg.rl_sources), "prompts": n, "path": str(out)}
+                record = write_source_set(ctx.wd.data / arm / "train.parquet", ctx.cfg.rl_sources, out)
                 ctx.manifest.set(f"train_set:{arm}", record)
     jobs = []
     for i, arm in enumerate(ctx.design.arms):

@@ -49,7 +49,9 @@ class Workdir:
 
     def source_set(self, phase: str, sources: tuple[str, ...]) -> Path:
         """``--rl-sources``: the arm's train split restricted to ``sources``."""
-        return self.root / "train_sets" / f"{phase}_{'+'.join(sources)}.parquet"
+        from trainer.phases.train_set import source_set_path
+
+        return source_set_path(self.root / "train_sets", phase, sources)
 
     def control(self, phase: str) -> Path:
         return self.root / f"{phase}_control"

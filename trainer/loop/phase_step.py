@@ -91,11 +91,10 @@ def run_phase_step(
 def source_set(ws: Workspace, name: str, key: str, data_dir: Path, sources: tuple[str, ...]) -> Path:
     """``--rl-sources``: the phase's train split restricted to ``sources``, written under ``train_sets/``
     (named by the phase's folder, so loop 2's C1/C2 get their own); recorded in the manifest."""
-    from trainer.phases.train_set import source_prompt_set
+    from trainer.phases.train_set import source_set_path, write_source_set
 
-    out = ws.out / "train_sets" / f"{key.replace('/', '_')}_{'+'.join(sources)}.parquet"
-    n = source_prompt_set(data_dir / name / "train.parquet", sources, out)
-    ws.manifest.set(f"train_set:{key}", {"sources": list(sources), "prompts": n, "path": str(out)})
+    out = source_set_path(ws.out / "train_sets", key.replace("/", "_"), sources)
+    ws.manifest.set(f"train_set:{key}", write_source_set(data_dir / name / "train.parquet", sources, out))
     return out
 
 

@@ -40,6 +40,7 @@ from shared.golden import source_of
 from trainer.evaluation.generation import GenerationClient, GenerationConfig
 from trainer.evaluation.reward_scoring import prompt_for, reward_item, score_results
 from trainer.phases.registry import RewardKind
+from trainer.phases.train_set import rl_row_ids
 
 EQUAL = 1e-9  # rewards closer than this count as equal (GRPO's std would be ~0)
 # Default headroom threshold: below 10% of prompts whose best sample beats greedy (macro over sources),
@@ -327,9 +328,7 @@ def improvable_prompt_set(train_parquet: Path, ids: Iterable[str], out: Path) ->
     ids not found in the file). Raises when nothing is kept."""
     wanted = set(ids)
     table = pq.read_table(train_parquet)
-    if "extra_info" not in table.column_names:
-        raise ValueError(f"{train_parquet}: no extra_info column (not an RL parquet of `trainer data build`)")
-    row_ids = [(info or {}).get("id") for info in table.column("extra_info").to_pylist()]
+    row_ids = rl_row_ids(table, train_parquet)
     keep = [i for i, rid in enumerate(row_ids) if rid in wanted]
     if not keep:
         raise ValueError(f"{train_parquet}: none of the {len(wanted)} improvable ids is in this file")

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shared.golden import source_of
@@ -53,14 +54,26 @@ def check_fills_a_batch(train_files: str | Sequence[str], batch_size: int, max_s
     return used
 
 
+
+def rl_row_ids(table: pa.Table, path: Path) -> list[str | None]:
+    """Each row's ``extra_info.id`` of an RL parquet's ``table`` read from ``path``; raises naming ``path``
+    when it has no ``extra_info`` column."""
+    if "extra_info" not in table.column_names:
+        raise ValueError(f"{path}: no extra_info column (not an RL parquet of `trainer data build`)")
+    return [(info or {}).get("id") for info in table.column("extra_info").to_pylist()]
+
+
+def source_set_path(folder: Path, name: str, sources: Sequence[str]) -> Path:
+    """Where ``--rl-sources`` writes ``name``'s train split of ``sources``: ``folder/<name>_<a+b>.parquet``."""
+    return folder / f"{name}_{'+'.join(sources)}.parquet"
+
+
 def source_prompt_set(train_parquet: Path, sources: Sequence[str], out: Path) -> int:
     """The rows of an RL parquet (``trainer data build`` / ``precompute-schemas``) whose ``extra_info.id`` is of
     one of ``sources`` (:func:`shared.golden.source_of`), written to ``out`` with the same Arrow schema, so
     ``data.train_files`` can point at it. Returns the rows kept; raises naming the source that has none."""
     table = pq.read_table(train_parquet)
-    if "extra_info" not in table.column_names:
-        raise ValueError(f"{train_parquet}: no extra_info column (not an RL parquet of `trainer data build`)")
-    row_sources = [source_of(str((info or {}).get("id", ""))) for info in table.column("extra_info").to_pylist()]
+    row_sources = [source_of(str(rid or "")) for rid in rl_row_ids(table, train_parquet)]
     missing = sorted(set(sources) - set(row_sources))
     if missing:
         raise ValueError(f"{train_parquet}: no prompt of source(s) {missing} (it has {sorted(set(row_sources))})")
@@ -68,3 +81,9 @@ def source_prompt_set(train_parquet: Path, sources: Sequence[str], out: Path) ->
     out.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table.take(keep), out)
     return len(keep)
+
+
+def write_source_set(train_parquet: Path, sources: Sequence[str], out: Path) -> dict[str, Any]:
+    """:func:`source_prompt_set`, and what a manifest records of it (sources, prompts kept, path)."""
+    n = source_prompt_set(train_parquet, sources, out)
+    return {"sources": list(sources), "prompts": n, "path": str(out)}
