@@ -263,3 +263,80 @@ def test_rl_sources_train_a_grpo_phase_on_those_sources_and_key_its_result(tmp_p
     key = precompute_key(cfg, "/c1")
     assert key["config"]["train_sources"] == ["people", "invoice"]
     assert "train_sources" not in precompute_key(dataclasses.replace(cfg, rl_sources=()), "/c1")["config"]
+
+
+class WaitingRunnerForTests:
+    """Plays the C1 trainer against the real services the loop starts beside it: at launch it looks whether
+    the reward API already answers, then waits for it as PhaseTrainer does (trainer/phases/reward_ready.py)
+    and 'trains' (a recorded result) once it can score, or fails as the phase would."""
+
+    def __init__(self) -> None:
+        self.ready_at_launch: bool | None = None
+        self.waited_s: float | None = None
+        self.error: str | None = None
+
+    def __call__(self, run: PhaseRun) -> PhaseResult:
+        from trainer.phases.reward_ready import ABORT_FILE, check_once, wait_for_reward_api
+
+        assert run.reward_url
+        self.ready_at_launch = check_once(run.reward_url, pipeline=True).ready
+        try:
+            self.waited_s = wait_for_reward_api(
+                run.reward_url, pipeline=True, timeout_s=600, abort_file=run.out_dir / ABORT_FILE, poll_s=0.5
+            )
+        except RuntimeError as exc:
+            self.error = str(exc)
+            return PhaseResult(run.phase.name, run.profile, "failed", 1, run.command(), run.model_path,
+                               str(run.data_dir), str(run.out_dir), "t", 0.1, error=self.error)  # fmt: skip
+        return recorded(run.out_dir, run.phase.name, run.out_dir / "hf")
+
+
+def c1_config(out: Path) -> LoopConfig:
+    return LoopConfig(
+        golden=SAMPLE, out=out, profile="cpu-smoke", pi1_sft="/pi1s", pi2_sft="/pi2s",
+        reward_url="http://127.0.0.1:9", until="c1",
+    )  # fmt: skip
+
+
+@pytest.mark.service
+def test_c1_starts_beside_its_executors_and_waits_for_them(tmp_path: Path, default_model_dir: Path) -> None:
+    out = tmp_path / "loop"
+    recorded(out / "b1", "b1", out / "b1" / "hf")
+    recorded(out / "b2", "b2", default_model_dir)  # π2ʳ-local: a real model the vLLM-CPU executor serves
+    runner = WaitingRunnerForTests()
+    manifest = Loop(c1_config(out), runner=runner).run()
+    assert manifest["stopped_after"] == "c1" and runner.error is None
+    # launched before the reward API and its executor answered, and waited until they did
+    assert runner.ready_at_launch is False and runner.waited_s is not None and runner.waited_s > 1.0
+    services = manifest["services:c1_loop1"]
+    assert services["beside_trainer"] and services["ready_s"] > 1.0
+    assert not (out / "c1" / "reward_api_failed.txt").exists()
+    # a rerun with C1 recorded trains nothing (the faulty runner would fail it) and starts no services
+    api_log = out / "logs" / "reward_api_c1_loop1.log"
+    size = api_log.stat().st_size
+    manifest = Loop(dataclasses.replace(c1_config(out), until="c1"), runner=FaultyPhaseRunner()).run()
+    assert manifest["stopped_after"] == "c1" and api_log.stat().st_size == size
+
+
+@pytest.mark.service
+def test_c1_services_that_fail_to_start_stop_the_trainer_at_once_and_are_the_named_cause(tmp_path: Path) -> None:
+    out = tmp_path / "loop"
+    recorded(out / "b1", "b1", out / "b1" / "hf")
+    recorded(out / "b2", "b2", out / "b2" / "hf")  # the fault: an empty folder, no model for vLLM to serve
+    runner = WaitingRunnerForTests()
+    with pytest.raises(RuntimeError, match=r"c1_loop1: the reward API and executors of .*b2/hf failed to start") as err:
+        Loop(c1_config(out), runner=runner).run()
+    assert runner.error is not None and "its services failed to start" in runner.error  # not the 600 s deadline
+    assert isinstance(err.value.__context__, RuntimeError) and "phase c1 failed" in str(err.value.__context__)
+    assert err.value.__cause__ is not None  # the executor's own start error
+    assert (out / "c1" / "reward_api_failed.txt").is_file()
+
+
+def test_abort_file_name_is_the_one_grpo_base_gives_the_trainer() -> None:
+    import yaml
+
+    from trainer.phases.reward_ready import ABORT_FILE
+
+    base = Path(__file__).resolve().parents[2] / "trainer" / "phases" / "configs" / "grpo_base.yaml"
+    cfg = yaml.safe_load(base.read_text())
+    assert cfg["reward_ready"]["abort_file"] == "${oc.env:TRAINER_OUT_DIR}/" + ABORT_FILE

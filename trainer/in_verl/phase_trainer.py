@@ -25,6 +25,10 @@ has a checkpoint; the others are pruned (the latest is kept for resume). On resu
 after ``_load_checkpoint`` set ``global_steps``) a step the state file already scored is not
 validated again, and a step it never scored (its validation failed) is.
 
+Reward API readiness: ``on_init_end`` (workers and rollout servers up, before validation step 0) waits
+for the phase's reward API (:mod:`trainer.phases.reward_ready`, the ``reward_ready`` keys): the loop starts
+C1's executors beside the trainer, so the minutes of VERL's start-up and theirs overlap.
+
 Dynamic sampling and monitors (:mod:`trainer.phases.monitors`): ``prepare_step`` and
 ``_add_prompts_to_generate`` (the replay buffer's refill) count the prompts a step generates, and
 stop the phase past ``algorithm.filter_groups.max_num_gen_batches`` batches (VERL's V1 buffer ignores
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +61,8 @@ from trainer.phases.monitors import (
     valid_output_metrics,
     write_monitor_config,
 )
+from trainer.phases.registry import GRPO_PHASES, reward_of
+from trainer.phases.reward_ready import DEFAULT_TIMEOUT_S, READY_FILE, wait_for_reward_api
 from trainer.phases.rollout_failures import (
     FAILURE_FILE,
     FailureCount,
@@ -100,6 +107,34 @@ def reward_failure_log_path(config: DictConfig) -> str | None:
     return str(path) if path else None
 
 
+def wait_for_reward_api_of(config: DictConfig) -> float:
+    """Wait (``reward_ready``) until the phase's reward API can score; a pipeline phase also needs its executor."""
+    url = (config.reward.custom_reward_function.get("reward_kwargs") or {}).get("url")
+    if not url:
+        return 0.0
+    ready = config.get("reward_ready") or {}
+    abort = ready.get("abort_file")
+    name = str(config.phase.name)
+    pipeline = name in GRPO_PHASES and reward_of(name) == "pipeline"
+    waited = wait_for_reward_api(
+        str(url),
+        pipeline=pipeline,
+        timeout_s=float(ready.get("timeout_s", DEFAULT_TIMEOUT_S)),
+        abort_file=Path(str(abort)) if abort else None,
+    )
+    # beside the checkpoints: what the start-up report reads (how long the trainer waited, and when it went on)
+    ckpt_dir = Path(str(config.trainer.default_local_dir))
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    record = {
+        "url": str(url),
+        "pipeline": pipeline,
+        "waited_s": round(waited, 1),
+        "ready_at_unix": round(time.time(), 1),
+    }
+    (ckpt_dir / READY_FILE).write_text(json.dumps(record) + "\n")
+    return waited
+
+
 def apply_decision(trainer: Any, decision: Decision) -> None:
     """Make VERL's loop end after the current step (it checks ``global_steps <= total_training_steps``)."""
     if decision.stop and decision.step > 0:
@@ -138,6 +173,7 @@ class PhaseTrainer(PPOTrainerSync):
     # -- resume -------------------------------------------------------------------------------------
     def on_init_end(self) -> None:
         super().on_init_end()  # type: ignore[no-untyped-call]
+        wait_for_reward_api_of(self.config)
         step = int(self.global_steps)
         if step <= 0:
             return

@@ -4,6 +4,7 @@ what each part does, what is reused and what the manifest records)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -14,11 +15,12 @@ from trainer.loop.c2_precompute import precompute_c2_data
 from trainer.loop.config import LoopConfig
 from trainer.loop.manifest import record_inputs
 from trainer.loop.phase_d_step import evaluate_phase_d
-from trainer.loop.phase_step import PhaseRunner, run_phase_step
+from trainer.loop.phase_step import PhaseRunner, phase_done, run_phase_step
 from trainer.loop.rft_step import rft_baseline
 from trainer.loop.workspace import Workspace
 from trainer.phases.launch import run_phase
 from trainer.phases.registry import BUILD_PHASES, SFT_PHASES
+from trainer.phases.reward_ready import ABORT_FILE
 from trainer.serving.gpus import ExecutorSlot, Placement
 
 
@@ -57,6 +59,8 @@ class Loop:
         self.finished("local")
         pi1_pipe, pi2_pipe = self.pipeline_round(pi1_local, pi2_local, "loop1")
         settings = {"sft": (pi1_sft, pi2_sft), "local": (pi1_local, pi2_local), "pipe": (pi1_pipe, pi2_pipe)}
+        if cfg.eval_base and cfg.base_model:  # where SFT started from (π1 = π2 = the base model)
+            settings = {"base": (cfg.base_model, cfg.base_model), **settings}
         if rft:
             settings["rft"] = rft
         # loop 1's end-to-end gain: the pipeline round (pipe) over its start (local)
@@ -122,7 +126,7 @@ class Loop:
             # the frozen π2 on executors of its own beside the C1 trainer (one GPU: a shared card)
             trainer, gpu_slots = self.plan.c1()
             slots = list(gpu_slots)
-        with self.ws.reward_api(pi2_start, self.cfg.c1_reward_url, f"c1_{tag}", slots) as url:
+        with self.c1_services(pi2_start, f"c1_{tag}", slots, base / "c1") as url:
             pi1_pipe = self.phase("c1", pi1_start, url, base / "c1", data, placement=trainer)
         if tag == "loop1":
             self.finished("c1")
@@ -132,6 +136,18 @@ class Loop:
         if tag == "loop1":
             self.finished("c2")
         return pi1_pipe, pi2_pipe
+
+    def c1_services(
+        self, pi2: str, tag: str, slots: list[ExecutorSlot | None], c1_dir: Path
+    ) -> contextlib.AbstractContextManager[str | None]:
+        """C1's reward API with π2 in its executors: the cluster's (checked to serve π2), none when C1's
+        result is recorded, else local ones started beside the trainer (it waits for them before its first
+        reward) unless they share its one GPU (two vLLM start-ups on one card would misjudge its free memory)."""
+        if self.cfg.c1_reward_url or (self.plan is not None and self.plan.shared):
+            return self.ws.reward_api(pi2, self.cfg.c1_reward_url, tag, slots)
+        if phase_done(c1_dir) is not None:
+            return contextlib.nullcontext(None)
+        return self.ws.reward_api_beside(pi2, tag, slots, c1_dir / ABORT_FILE)
 
     def _link_c1_data(self, data: Path) -> None:
         """Loop 2 re-uses loop 1's C1 data but gets its own C2 (new π1 schemas)."""

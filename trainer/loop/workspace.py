@@ -4,10 +4,13 @@ reward APIs it asks :mod:`trainer.serving` for."""
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.executor_vllm.cpu_launcher import free_port
 from trainer.loop.config import LoopConfig
 from trainer.loop.manifest import MANIFEST, Manifest
 from trainer.serving.executors import replica_logs
@@ -66,3 +69,53 @@ class Workspace:
             if api.identity is not None:
                 self.manifest.set(f"served:{tag}", api.identity.as_dict())
             yield api.url
+
+    @contextlib.contextmanager
+    def reward_api_beside(
+        self, executor_model: str, tag: str, slots: Sequence[ExecutorSlot | None], abort_file: Path
+    ) -> Iterator[str]:
+        """A local reward API with executors of ``executor_model``, started in a thread of its own while the
+        block starts the trainer (issue 25: "executors that start while the trainer starts, not after it").
+
+        The URL is yielded at once, before anything answers on it: the trainer waits for it before its first
+        reward (:mod:`trainer.phases.reward_ready`). A start that fails writes ``abort_file`` (the trainer's
+        wait then stops at once) and is raised when the block ends, as the cause of whatever the block saw.
+        The services run until the block ends (the thread holds them: their processes die with it). The
+        manifest gets ``services:<tag>``: when they were ready, counted from the start of the block.
+        """
+        abort_file.unlink(missing_ok=True)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        release, errors, began = threading.Event(), list[BaseException](), time.monotonic()
+
+        def serve() -> None:
+            try:
+                with serve_reward_api(
+                    self.logs / f"reward_api_{tag}.log",
+                    executor_model=executor_model,
+                    executor_logs=replica_logs(self.logs / f"executor_{tag}", len(slots)),
+                    slots=slots,
+                    eager=self.cfg.executor_eager,
+                    max_tokens=self.cfg.executor_max_tokens,
+                    workers=self.cfg.reward_workers,
+                    port=port,
+                ):
+                    ready_s = round(time.monotonic() - began, 1)
+                    self.manifest.set(f"services:{tag}", {"url": url, "ready_s": ready_s, "beside_trainer": True})
+                    release.wait()
+            except BaseException as exc:
+                errors.append(exc)
+                abort_file.parent.mkdir(parents=True, exist_ok=True)
+                abort_file.write_text(f"{type(exc).__name__}: {exc}"[:4000])
+
+        thread = threading.Thread(target=serve, name=f"services-{tag}", daemon=True)
+        thread.start()
+        try:
+            yield url
+        finally:
+            release.set()
+            thread.join()
+            if errors:
+                raise RuntimeError(
+                    f"{tag}: the reward API and executors of {executor_model} failed to start"
+                ) from errors[0]

