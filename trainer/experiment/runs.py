@@ -9,8 +9,7 @@ temperature. On GPUs also: the placement's GPU count, eager vLLM rollout (no com
 the card for the rollout (two trainers and executors share it), Ray on loopback (the node has no network),
 micro batches of ``--rl-micro`` samples (a mini batch of 8 prompts x 16 is 128 samples on one GPU; the
 profile's 16, sized for 8 GPUs, made 64 passes a step, update_actor 25-35 s of a 43-73 s step with the GPU
-nearly idle) and one transfer-queue storage unit (the profile's 8 made the start wait ~20 s for their
-actors). ``--rl-extra`` comes last and wins.
+nearly idle); one transfer-queue storage unit comes from the gpu profile. ``--rl-extra`` comes last and wins.
 """
 
 from __future__ import annotations
@@ -53,7 +52,6 @@ def rl_overrides(cfg: ExperimentConfig, temperature: float | str, placement: Pla
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
-        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     )  # fmt: skip
     return (
         *gpu_overrides(placement),

@@ -37,7 +37,6 @@ def test_rl_overrides_on_one_gpu_per_arm(tmp_path: Path) -> None:
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32",
-        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
         "trainer.total_training_steps=10",
         "trainer.test_freq=5",
         "trainer.save_freq=5",

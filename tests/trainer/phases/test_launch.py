@@ -97,6 +97,7 @@ def test_grpo_configs(env: None, phase: str, profile: str) -> None:
         assert c.trainer.device == "cuda" and c.trainer.n_gpus_per_node == 8
         assert arr.actor.fsdp_config.mixed_precision.param_dtype == "bf16"
         assert "_node_ip_address" not in c.ray_kwargs.ray_init
+        assert c.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1  # the start waited on 8
 
 
 def test_early_stopping_metrics_per_phase(env: None) -> None:
