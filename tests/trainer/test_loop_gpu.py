@@ -6,6 +6,7 @@ what the loop asks for: each phase's GPUs, its overrides, and which phases overl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -92,6 +93,23 @@ def test_four_gpus_run_pairs_side_by_side_on_disjoint_halves(tmp_path: Path, mon
     assert runner3.runs["c2"].gpus == ("0", "1", "2", "3")
     m = json.loads((out / MANIFEST).read_text())
     assert m["done:sft"] and m["done:local"] and m["done:c1"] and m["done:c2"]
+    # ... and Phase D scores the base model beside sft, local and pipe (one wave on four GPUs)
+    from trainer.loop import recipe
+
+    asked: list[dict[str, tuple[str, str]]] = []
+
+    def phase_d_recorded(_ws: object, settings: dict[str, tuple[str, str]], *_a: object) -> dict[str, str]:
+        asked.append(settings)
+        return {"decision": "stop"}
+
+    monkeypatch.setattr(recipe, "evaluate_phase_d", phase_d_recorded)
+    Loop(config(out, ("0", "1", "2", "3")), runner=RecordingRunnerForTests(0.01)).run()
+    assert list(asked[0]) == ["base", "sft", "local", "pipe"] and asked[0]["base"] == ("/base", "/base")
+    assert asked[0]["pipe"] == (str(out / "c1" / "hf"), str(out / "c2" / "hf"))
+    Loop(
+        dataclasses.replace(config(out, ("0", "1", "2", "3")), eval_base=False), runner=RecordingRunnerForTests()
+    ).run()
+    assert list(asked[1]) == ["sft", "local", "pipe"]
 
 
 def test_one_gpu_runs_pairs_in_turn_on_the_whole_card(tmp_path: Path) -> None:

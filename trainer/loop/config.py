@@ -84,6 +84,10 @@ class LoopConfig:
             help="Max new tokens of the loop's own generation: Phase D, C2 precompute, preflight, RFT.", min=1
         ),
     )
+    eval_base: bool = field(
+        default=True,
+        metadata=cli_meta(help="Phase D also scores the base model (π1 = π2 = --base-model), when one is given."),
+    )
     rft: bool = field(
         default=False, metadata=cli_meta(help="Also train the RFT baseline from π1ˢ/π2ˢ and add it to Phase D.")
     )
