@@ -113,11 +113,12 @@ def _int_list(text: str, param: str) -> list[int]:
 def grpo_startup(
     collected: Annotated[Path, typer.Option(exists=True, file_okay=False, help="Unpacked probe archive.")],
     notes: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, help="Markdown appended as notes.")] = None,
+    name: Annotated[str, typer.Option(help="Report name: bench/results/NAME.{json,md}.")] = "grpo_startup",
 ) -> None:
     """Where a GRPO phase's start-up goes, from start-up probe runs: bench/results/grpo_startup.*."""
     from bench import grpo_startup as gs
 
-    for r in gs.run(collected, notes).get("runs", []):
+    for r in gs.run(collected, notes, name).get("runs", []):
         first = r["seconds_to_first_generation"]
         print(f"{r['run']}: {r['total_seconds']} s in all, {first} s to the first generation")
 

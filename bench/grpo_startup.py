@@ -36,9 +36,7 @@ class Marker:
 # "YYYY-mm-dd HH:MM:SS,mmm\tINFO".
 MARKERS = (
     Marker("ray_started", r"Started a local Ray instance", "Python, Hydra config and Ray start"),
-    Marker(
-        "dataloader", r"train and validate dataloader initialized", "TaskRunner actor, transfer queue, datasets"
-    ),
+    Marker("dataloader", r"train and validate dataloader initialized", "TaskRunner actor, transfer queue, datasets"),
     Marker("worker_group", r"create worker group", "resource pool"),
     Marker("actor_ref_ready", r"actor and ref model engine initialized", "FSDP actor + reference workers"),
     Marker("vllm_server_up", r"Enabling cumem allocator|Resolved architecture", "vLLM server actor start + import"),
@@ -130,6 +128,7 @@ def timed_run(name: str, start: float, end: float | None, rc: str | None, train_
     found = markers(log, year)
     rows = stages(start, end, found)
     first = found.get("first_generation")
+    ready = reward_ready(train_log.parent, start)
     return {
         "run": name,
         "exit_code": None if rc is None else int(rc),
@@ -137,7 +136,35 @@ def timed_run(name: str, start: float, end: float | None, rc: str | None, train_
         "seconds_to_first_generation": None if first is None else round(first - start, 1),
         "markers": {k: round(v - start, 1) for k, v in found.items()},
         "stages": rows,
+        "reward_api": ready,
+        "steps": step_timings(train_log.parent / "metrics.jsonl"),
     }
+
+
+def reward_ready(run_dir: Path, start: float) -> dict[str, Any] | None:
+    """What the trainer recorded when its reward API was ready (``checkpoints/reward_ready.json``, written
+    by ``PhaseTrainer`` before validation step 0): how long it waited, and when that was after the start."""
+    path = run_dir / "checkpoints" / "reward_ready.json"
+    if not path.is_file():
+        return None
+    rec = json.loads(path.read_text())
+    return {"waited_s": rec["waited_s"], "ready_after_start_s": round(float(rec["ready_at_unix"]) - start, 1)}
+
+
+STEP_KEYS = ("timing_s/step", "timing_s/gen", "timing_s/update_actor")
+
+
+def step_timings(metrics: Path) -> dict[str, float]:
+    """Mean seconds of the training steps' parts (VERL's ``timing_s/*``) in the phase's ``metrics.jsonl``."""
+    if not metrics.is_file():
+        return {}
+    rows = [json.loads(line)["data"] for line in metrics.read_text().splitlines() if line.strip()]
+    out: dict[str, float] = {}
+    for key in STEP_KEYS:
+        vals = [float(r[key]) for r in rows if key in r]
+        if vals:
+            out[key.split("/", 1)[1]] = round(sum(vals) / len(vals), 2)
+    return out
 
 
 def build(collected: Path, notes: str = "") -> dict[str, Any]:
@@ -165,9 +192,21 @@ def render_md(p: dict[str, Any]) -> str:
         "steps of 64 x 8, validation on 512 prompts at steps 0 and 2; docs/benchmarks.md), then `collect`; "
         "this report: `python -m bench grpo-startup --collected DIR`\n\n"
     )
+
+    def waited(r: dict[str, Any]) -> str:
+        ready = r.get("reward_api")
+        return "–" if not ready else f"{ready['waited_s']} (ready at +{ready['ready_after_start_s']})"
+
+    def step(r: dict[str, Any]) -> str:
+        t = r.get("steps") or {}
+        return "–" if "step" not in t else f"{t['step']} (gen {t.get('gen', '–')})"
+
     md += "## Runs\n\n" + md_table(
-        ["run", "exit", "total s", "s to first generation"],
-        [[r["run"], r["exit_code"], r["total_seconds"], r["seconds_to_first_generation"]] for r in p["runs"]],
+        ["run", "exit", "total s", "s to first generation", "waited for reward API s", "step s"],
+        [
+            [r["run"], r["exit_code"], r["total_seconds"], r["seconds_to_first_generation"], waited(r), step(r)]
+            for r in p["runs"]
+        ],
     )
     if p.get("unfinished"):
         md += f"\nStill running when collected (not timed): {', '.join(p['unfinished'])}.\n"
@@ -178,7 +217,7 @@ def render_md(p: dict[str, Any]) -> str:
     return md + (("\n" + p["notes"].strip() + "\n") if p.get("notes") else "")
 
 
-def run(collected: Path, notes_file: Path | None = None) -> dict[str, Any]:
+def run(collected: Path, notes_file: Path | None = None, name: str = NAME) -> dict[str, Any]:
     payload = build(collected, notes_file.read_text() if notes_file else "")
-    write_result(NAME, payload, render_md(payload), quick=False)
+    write_result(name, payload, render_md(payload), quick=False)
     return payload

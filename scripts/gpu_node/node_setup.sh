@@ -19,7 +19,10 @@ python3 scripts/gpu_node/install.py --staging "$STAGE" --target "$SITE"
 export PYTHONPATH=$SITE:$PWD
 # The wheels go in with --no-compile: without this, a node's first processes spent ~50 s compiling
 # modules. In a session of its own, so it outlives the device call; a second run only checks mtimes.
-setsid python3 -m compileall -q -j 16 "$SITE" < /dev/null > /tmp/stx-compileall.log 2>&1 &
+# STX_COMPILE=off leaves it out (a measurement of import times without bytecode runs it itself).
+if [[ ${STX_COMPILE:-background} != off ]]; then
+  setsid python3 -m compileall -q -j 16 "$SITE" < /dev/null > /tmp/stx-compileall.log 2>&1 &
+fi
 python3 -m services.executor_vllm.default_model --out "$MODEL_DIR"
 if [[ -f $STAGE/files/golden.tar.xz && ! -d /tmp/golden ]]; then tar -xJf "$STAGE/files/golden.tar.xz" -C /tmp; fi
 export GOLDEN_DIR=${GOLDEN_DIR:-/tmp/golden}

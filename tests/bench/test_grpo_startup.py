@@ -54,7 +54,7 @@ def test_build_keeps_unfinished_runs_out_of_the_timings(tmp_path: Path) -> None:
     p = gs.build(tmp_path, notes="## Notes\n\nx")
     assert [r["run"] for r in p["runs"]] == ["p1"] and p["unfinished"] == ["p2"]
     md = gs.render_md(p)
-    assert "| p1 | 0 | 342 | 246 |" in md and "Still running when collected (not timed): p2." in md
+    assert "| p1 | 0 | 342 | 246 | – | – |" in md and "Still running when collected (not timed): p2." in md
     assert "card: 0, NVIDIA H200" in md and "vllm 0.24.0" in md and md.rstrip().endswith("x")
     (tmp_path / "no_runs").mkdir()
     with pytest.raises(FileNotFoundError, match="--collected: no probe run"):
@@ -76,3 +76,27 @@ def test_build_reads_a_job_sh_archive(tmp_path: Path) -> None:
     assert [r["run"] for r in p["runs"]] == ["p1"] and p["unfinished"] == ["p2"]  # reward_api: no probe run
     assert p["runs"][0]["exit_code"] == 0 and p["runs"][0]["total_seconds"] == 342.0
     assert p["runs"][0]["seconds_to_first_generation"] == pytest.approx(245.6, abs=1.0)
+
+
+def test_a_run_reports_its_wait_for_the_reward_api_and_its_step_times(tmp_path: Path) -> None:
+    """C1 started beside its executors: the trainer's own record of the wait, and VERL's step timings."""
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "c1_beside.log").write_text("")
+    (jobs / "c1_beside.rc").write_text("0\n")
+    (jobs / "stages.tsv").write_text(f"c1_beside\t{START:.0f}\t{START + 400:.0f}\t400\n")
+    run = tmp_path / "probe" / "c1_beside"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "train.log").write_text(LOG)
+    ready = {"url": "http://127.0.0.1:18412", "pipeline": True, "waited_s": 12.5, "ready_at_unix": START + 240.0}
+    (run / "checkpoints" / "reward_ready.json").write_text(json.dumps(ready))
+    steps = [{"step": 0, "data": {"val-core/x": 0.1}}]
+    steps += [
+        {"step": i, "data": {"timing_s/step": t, "timing_s/gen": g}} for i, t, g in ((1, 30.0, 6.0), (2, 34.0, 8.0))
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    p = gs.build(tmp_path)
+    [r] = p["runs"]
+    assert r["reward_api"] == {"waited_s": 12.5, "ready_after_start_s": 240.0}
+    assert r["steps"] == {"step": 32.0, "gen": 7.0}
+    assert "| c1_beside | 0 | 400 | 246 | 12.5 (ready at +240.0) | 32.0 (gen 7.0) |" in gs.render_md(p)
