@@ -98,7 +98,7 @@ class Loop:
         def job(name: str) -> Callable[[Placement | None], str]:
             return lambda place: self.phase(name, str(base), None, self.out / name, placement=place)
 
-        models.update(zip(todo, self.side_by_side([job(n) for n in todo]), strict=True))
+        models.update(zip(todo, self.side_by_side([job(n) for n in todo], sft=True), strict=True))
         pi1, pi2 = models["a1"], models["a2"]
         assert pi1 and pi2
         return pi1, pi2
@@ -179,9 +179,10 @@ class Loop:
     def whole(self) -> Placement | None:
         return self.plan.whole() if self.plan else None
 
-    def side_by_side(self, jobs: Sequence[Callable[[Placement | None], str]]) -> list[str]:
-        """Two independent jobs: on disjoint GPU halves at once when the node has them, else in turn."""
-        pair = self.plan.pair() if self.plan else None
+    def side_by_side(self, jobs: Sequence[Callable[[Placement | None], str]], sft: bool = False) -> list[str]:
+        """Two independent jobs: on disjoint GPU halves at once when the node has them (SFT: the first GPU of
+        each half), else in turn."""
+        pair = (self.plan.sft_pair() if sft else self.plan.pair()) if self.plan else None
         if pair is None or len(jobs) != 2:
             return [job(self.whole()) for job in jobs]
         with ThreadPoolExecutor(max_workers=2) as pool:

@@ -4,12 +4,14 @@ The architecture's shape: in C1 the frozen π2 executor has GPUs of its own besi
 independent jobs (A1 beside A2, B1 beside B2, Phase-D settings) run side by side when there are
 GPUs enough. Everything here is a pure function of the GPU list, so the plan is unit-tested on CPU.
 
-| GPUs | A1‖A2, B1‖B2 | C1: trainer / executors | Phase D |
-|---|---|---|---|
-| 1 | in turn, the whole GPU each | GPU 0 shared (memory split below) | settings in turn |
-| 2 | one GPU each | 1 / 1 | 2 settings at a time |
-| 4 | two GPUs each | 2 / 2 replicas | 4 at a time |
-| 8 | four GPUs each | 4 / 4 replicas | 8 at a time |
+| GPUs | A1‖A2 | B1‖B2 | C1: trainer / executors | Phase D |
+|---|---|---|---|---|
+| 1 | in turn, the whole GPU each | in turn | GPU 0 shared (memory split below) | settings in turn |
+| 2 | one GPU each | one GPU each | 1 / 1 | 2 settings at a time |
+| 4 | GPUs 0 and 2 | two GPUs each | 2 / 2 replicas | 4 at a time |
+| 8 | GPUs 0 and 4 | four GPUs each | 4 / 4 replicas | 8 at a time |
+
+SFT keeps one GPU per stage (:meth:`GpuPlan.sft_pair`): a second rank made it slower (measured).
 
 The trainer's data-parallel size is the largest power of two that leaves the executor a GPU: VERL
 needs the batch sizes (powers of two here) to divide by it. GPUs the trainer cannot use serve more
@@ -124,6 +126,15 @@ class GpuPlan:
             return None
         half = _pow2_floor(len(self.gpus) // 2)
         return Placement(self.gpus[:half]), Placement(self.gpus[half : 2 * half])
+
+    def sft_pair(self) -> tuple[Placement, Placement] | None:
+        """A1 beside A2: the first GPU of each half, one rank each (None: in turn). Measured on 4 x H100
+        (issue 25): 150 steps of A1 took 50 s on one GPU and 60 s on two ranks; a 135M model's SFT step
+        is overhead, which a second rank's all-reduce only adds to."""
+        pair = self.pair()
+        if pair is None:
+            return None
+        return Placement(pair[0].gpus[:1]), Placement(pair[1].gpus[:1])
 
     def c1(self) -> tuple[Placement, list[ExecutorSlot]]:
         """The C1 trainer and the executors of the frozen π2 (each on a GPU of its own when possible)."""

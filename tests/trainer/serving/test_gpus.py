@@ -37,7 +37,7 @@ def test_bare_node_counts_gpus_with_nvidia_smi(monkeypatch: pytest.MonkeyPatch) 
 
 def test_one_gpu_shares_it_and_runs_pairs_in_turn() -> None:
     plan = GpuPlan(ids(1))
-    assert plan.pair() is None
+    assert plan.pair() is None and plan.sft_pair() is None
     trainer, executors = plan.c1()
     assert trainer.gpus == ("0",) and executors == [ExecutorSlot(("0",), g.SHARED_EXECUTOR_MEMORY)]
     assert trainer.rollout_memory + executors[0].memory < 0.8  # room left for the FSDP actor and reference
@@ -45,18 +45,20 @@ def test_one_gpu_shares_it_and_runs_pairs_in_turn() -> None:
 
 
 @pytest.mark.parametrize(
-    ("n", "pair", "c1_trainer", "c1_executors"),
+    ("n", "pair", "sft", "c1_trainer", "c1_executors"),
     [
-        (2, (("0",), ("1",)), ("0",), [("1",)]),
-        (4, (("0", "1"), ("2", "3")), ("0", "1"), [("2",), ("3",)]),
-        (8, (ids(4), ids(8)[4:]), ids(4), [(str(i),) for i in range(4, 8)]),
-        (3, (("0",), ("1",)), ("0", "1"), [("2",)]),
+        (2, (("0",), ("1",)), (("0",), ("1",)), ("0",), [("1",)]),
+        (4, (("0", "1"), ("2", "3")), (("0",), ("2",)), ("0", "1"), [("2",), ("3",)]),
+        (8, (ids(4), ids(8)[4:]), (("0",), ("4",)), ids(4), [(str(i),) for i in range(4, 8)]),
+        (3, (("0",), ("1",)), (("0",), ("1",)), ("0", "1"), [("2",)]),
     ],
 )
-def test_pairs_and_c1_on_several_gpus(n: int, pair: tuple, c1_trainer: tuple, c1_executors: list) -> None:
+def test_pairs_and_c1_on_several_gpus(n: int, pair: tuple, sft: tuple, c1_trainer: tuple, c1_executors: list) -> None:
     plan = GpuPlan(ids(n))
     left, right = plan.pair() or (None, None)
     assert (left.gpus, right.gpus) == pair  # type: ignore[union-attr]
+    a1, a2 = plan.sft_pair() or (None, None)
+    assert (a1.gpus, a2.gpus) == sft  # type: ignore[union-attr]  # SFT: one GPU of each half
     assert not set(left.gpus) & set(right.gpus)  # type: ignore[union-attr]
     trainer, executors = plan.c1()
     assert trainer.gpus == c1_trainer and [e.gpus for e in executors] == c1_executors
