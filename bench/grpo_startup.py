@@ -185,11 +185,11 @@ def build(collected: Path, notes: str = "") -> dict[str, Any]:
 def render_md(p: dict[str, Any]) -> str:
     v = p["versions"]
     md = (
-        "# Where a GRPO phase's start-up goes (B1, 2 steps, one GPU)\n\n"
-        f"- card: {p['card']}\n"
+        "# Where a GRPO phase's start-up goes (probe runs of 2 steps, one GPU each)\n\n"
+        f"- card: {'; '.join((p['card'] or 'unknown').splitlines())}\n"
         f"- versions: {', '.join(f'{k} {x}' for k, x in v.items())}\n"
-        "- command on the node: one `scripts/gpu_node/job.sh` job per run (B1 from the base model, 2 GRPO "
-        "steps of 64 x 8, validation on 512 prompts at steps 0 and 2; docs/benchmarks.md), then `collect`; "
+        "- command on the node: one `scripts/gpu_node/job.sh` job per run (a GRPO phase from the base model, 2 "
+        "steps, validation on 512 prompts; docs/benchmarks.md, and the notes below), then `collect`; "
         "this report: `python -m bench grpo-startup --collected DIR`\n\n"
     )
 
