@@ -113,6 +113,8 @@ def wait_for_reward_api_of(config: DictConfig) -> float:
     if not url:
         return 0.0
     ready = config.get("reward_ready") or {}
+    if not ready.get("wait", True):
+        return 0.0
     abort = ready.get("abort_file")
     name = str(config.phase.name)
     pipeline = name in GRPO_PHASES and reward_of(name) == "pipeline"

@@ -90,6 +90,9 @@ def test_phase_config_decides_what_is_waited_for(tmp_path: Path) -> None:
                 }
             )
 
+        off = cfg("c1")
+        off.reward_ready.wait = False  # type: ignore[attr-defined]
+        assert wait_for_reward_api_of(off) == 0.0  # no wait at all (not even for the missing executor)
         assert wait_for_reward_api_of(cfg("b1")) < 1.0  # schema reward: /healthz is enough
         record = json.loads((tmp_path / "ckpt" / READY_FILE).read_text())  # what the start-up report reads
         assert record["pipeline"] is False and record["waited_s"] < 1.0 and record["url"] == api.url
