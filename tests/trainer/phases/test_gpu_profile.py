@@ -75,7 +75,7 @@ def test_the_recipe_survives_the_node_scripts_overrides(env: None) -> None:  # n
 # Our own top-level blocks (VERL ignores them; trainer/phases reads them) and keys VERL 0.9.1's ppo_trainer
 # leaves open by design. Every other key a phase config sets must exist in VERL's own config: a misspelt
 # key composes without a word (a defaults file may add keys) and then does nothing.
-OWN_BLOCKS = {"phase", "early_stopping", "failures", "monitors"}
+OWN_BLOCKS = {"phase", "early_stopping", "failures", "monitors", "reward_ready"}
 OPEN_IN_VERL = ("reward.custom_reward_function.reward_kwargs", "actor_rollout_ref.model.override_config",
                 "ray_kwargs.ray_init", "transfer_queue")  # fmt: skip
 
