@@ -9,13 +9,14 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from services.executor_vllm.cpu_launcher import free_port
 from trainer.loop.config import LoopConfig
 from trainer.loop.manifest import MANIFEST, Manifest
 from trainer.serving.executors import replica_logs
 from trainer.serving.gpus import ExecutorSlot, GpuPlan
-from trainer.serving.reward_api import serve_reward_api
+from trainer.serving.reward_api import RewardApi, serve_reward_api
 
 
 @dataclass
@@ -41,6 +42,21 @@ class Workspace:
     def logs(self) -> Path:
         return self.cfg.out / "logs"
 
+    def _serve(
+        self, executor_model: str | None, tag: str, slots: Sequence[ExecutorSlot | None], **where: Any
+    ) -> contextlib.AbstractContextManager[RewardApi]:
+        """:func:`serve_reward_api` with the loop's logs and settings (``where``: external/what or port)."""
+        return serve_reward_api(
+            self.logs / f"reward_api_{tag}.log",
+            executor_model=executor_model,
+            executor_logs=replica_logs(self.logs / f"executor_{tag}", len(slots)),
+            slots=slots,
+            eager=self.cfg.executor_eager,
+            max_tokens=self.cfg.executor_max_tokens,
+            workers=self.cfg.reward_workers,
+            **where,
+        )
+
     @contextlib.contextmanager
     def reward_api(
         self,
@@ -55,17 +71,7 @@ class Workspace:
         An external reward API whose executor must serve ``executor_model`` is checked first
         (:func:`~trainer.serving.identity.check_reward_api_url`); the manifest records what it serves.
         """
-        with serve_reward_api(
-            self.logs / f"reward_api_{tag}.log",
-            executor_model=executor_model,
-            executor_logs=replica_logs(self.logs / f"executor_{tag}", len(slots)),
-            slots=slots,
-            external=external,
-            what=f"{tag} reward API",
-            eager=self.cfg.executor_eager,
-            max_tokens=self.cfg.executor_max_tokens,
-            workers=self.cfg.reward_workers,
-        ) as api:
+        with self._serve(executor_model, tag, slots, external=external, what=f"{tag} reward API") as api:
             if api.identity is not None:
                 self.manifest.set(f"served:{tag}", api.identity.as_dict())
             yield api.url
@@ -90,16 +96,7 @@ class Workspace:
 
         def serve() -> None:
             try:
-                with serve_reward_api(
-                    self.logs / f"reward_api_{tag}.log",
-                    executor_model=executor_model,
-                    executor_logs=replica_logs(self.logs / f"executor_{tag}", len(slots)),
-                    slots=slots,
-                    eager=self.cfg.executor_eager,
-                    max_tokens=self.cfg.executor_max_tokens,
-                    workers=self.cfg.reward_workers,
-                    port=port,
-                ):
+                with self._serve(executor_model, tag, slots, port=port):
                     ready_s = round(time.monotonic() - began, 1)
                     self.manifest.set(f"services:{tag}", {"url": url, "ready_s": ready_s, "beside_trainer": True})
                     release.wait()
