@@ -123,7 +123,7 @@ def rl_curves(rows: list[dict[str, Any]], early: dict[str, Any] | None) -> dict[
             point["validation"] = val
         if "critic/score/mean" in d:
             point["reward"] = {q: d.get(f"critic/score/{q}") for q in ("mean", "min", "max")}
-            point["entropy"] = d.get("actor/entropy")
+            point["entropy"] = d.get("actor/entropy", d.get("actor/entropy_loss"))  # the update's, in bypass mode
             point["kl_loss"] = d.get("actor/kl_loss")
             point["failed_samples"] = d.get("training/rollout_failure/failed_samples")
         steps.append(point)

@@ -35,6 +35,8 @@ stop the phase past ``algorithm.filter_groups.max_num_gen_batches`` batches (VER
 that key and would refill for ever); ``_balance_batch`` (first call after sampling) logs the share of
 the step's samples whose reward reported ``valid_json``.
 
+Sampling: ``_build_replay_buffer`` sets the buffer's poll interval from ``replay_buffer.poll_s``.
+
 Failures: ``on_sample_end`` (right after ``ReplayBuffer.sample``, before the update and the
 checkpoint) counts the failed samples of the step; ``_val_metrics_update`` (which ``_validate``
 calls with every scored sample and ``expected_acc_counts``) compares the scored samples with the
@@ -171,6 +173,18 @@ class PhaseTrainer(PPOTrainerSync):
         self._step_prompts = 0
         monitors = config.get("monitors") or {}
         write_monitor_config(ckpt_dir, float(monitors.get("kl_floor", DEFAULT_KL_FLOOR)))
+
+    # -- sampling -----------------------------------------------------------------------------------
+    def _build_replay_buffer(self) -> Any:
+        """VERL's buffer, polling every ``replay_buffer.poll_s`` (VERL hard-codes 2.0 s: a step's sampling
+        then ends up to 2 s after its last group finished, and generation times cluster at multiples of 2 s)."""
+        buffer = super()._build_replay_buffer()
+        poll = (self.config.get("replay_buffer") or {}).get("poll_s")
+        if poll is not None:
+            if float(poll) <= 0:
+                raise ValueError(f"replay_buffer.poll_s must be positive, got {poll}")
+            buffer.poll_interval = float(poll)
+        return buffer
 
     # -- resume -------------------------------------------------------------------------------------
     def on_init_end(self) -> None:

@@ -1,7 +1,10 @@
 """VERL entry point of the GRPO phases: ``python -m trainer.in_verl.verl_main --config-name c1_grpo ...``.
 
-It is VERL 0.9.1's ``main_ppo`` with two differences: the configs are this project's phase files
-(``trainer/phases/configs``, composed on top of VERL's ``ppo_trainer``), and the Ray task runner first
+It is VERL 0.9.1's ``main_ppo`` with four differences: the configs are this project's phase files
+(``trainer/phases/configs``, composed on top of VERL's ``ppo_trainer``); the prompt length filter runs
+here, once per file and tokenizer (:mod:`trainer.phases.prompt_filter`); gradient checkpointing and the
+micro batches the config leaves null are chosen by the policy's size (:mod:`trainer.phases.sizing`);
+and the Ray task runner first
 calls :func:`trainer.in_verl.phase_trainer.install`, so that in the process that builds the
 trainer, VERL's ``trainer_mode=sync`` builds :class:`~trainer.in_verl.phase_trainer.PhaseTrainer` (VERL's
 ``PPOTrainerSync`` with early stopping, the failure policy and the monitors) while every
@@ -10,6 +13,7 @@ trainer, VERL's ``trainer_mode=sync`` builds :class:`~trainer.in_verl.phase_trai
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import hydra
@@ -20,6 +24,7 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 from verl.utils.device import auto_set_device
 
+from trainer.phases import prompt_filter, sizing
 from trainer.phases.launch import CONFIG_DIR
 
 
@@ -41,6 +46,18 @@ def main(config: DictConfig) -> None:
 
     # before Ray and the workers start: a prompt set that cannot fill one batch fails here, by name
     check_fills_a_batch(config.data.train_files, config.data.train_batch_size, config.data.get("train_max_samples"))
+    # the prompt length filter once per file and tokenizer (cached), instead of in every phase's TaskRunner
+    ckpt_dir = Path(str(config.trainer.default_local_dir))
+    filtered = prompt_filter.apply(config, ckpt_dir.parent / "prompts")
+    if filtered is not None:
+        for split in filtered:
+            print(split.describe(), flush=True)
+        prompt_filter.record(ckpt_dir, filtered)
+    # gradient checkpointing and micro batches by the policy's size, where the config leaves them null
+    chosen = sizing.apply(config)
+    if chosen is not None:
+        print(chosen.describe(), flush=True)
+        sizing.record(config, chosen)
     auto_set_device(config)
     validate_config(
         config=config,

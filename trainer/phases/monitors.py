@@ -9,7 +9,8 @@ Per step, from VERL's file logger (``metrics.jsonl``, lines ``{"step", "data"}``
 - ``ppo_kl`` (``actor/ppo_kl``): KL between the rollout-time and the updated policy within a step;
 - ``kl_to_ref`` (``actor/kl_loss``): the KL loss against the frozen reference = the start policy;
 - ``clipfrac`` / ``clipfrac_lower`` (``actor/pg_clipfrac``, ``actor/pg_clipfrac_lower``);
-- ``entropy`` (``actor/entropy``), ``grad_norm`` (``actor/grad_norm``);
+- ``entropy`` (``actor/entropy``, or the update's ``actor/entropy_loss`` where the old_log_prob pass is
+  skipped), ``grad_norm`` (``actor/grad_norm``);
 - ``evicted_groups`` (``training/filter_groups/evicted_samples``: VERL counts evicted *groups* under
   that name) and ``generated_prompts`` (``training/dynamic_sampling/generated_prompts``, ours);
 - ``valid_share`` (``training/valid_output/share``, ours: the share of the step's samples whose
@@ -48,6 +49,9 @@ STEP_KEYS: dict[str, str] = {
     "generated_prompts": "training/dynamic_sampling/generated_prompts",
     "valid_share": "training/valid_output/share",
 }
+# Where the old_log_prob pass is skipped (algorithm.rollout_correction.bypass_mode), the entropy comes from
+# the update (actor.calculate_entropy): the mean over the step's micro batches, on the updating policy.
+UPDATE_ENTROPY = "actor/entropy_loss"
 _VAL_VALID = re.compile(r"^val-(?:core|aux)/(?P<ds>[^/]+)/valid_json/mean@\d+$")
 
 
@@ -60,6 +64,8 @@ def step_monitors(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         for name, key in STEP_KEYS.items():
             if isinstance(data.get(key), int | float):
                 entry[name] = float(data[key])
+        if "entropy" not in entry and isinstance(data.get(UPDATE_ENTROPY), int | float):
+            entry["entropy"] = float(data[UPDATE_ENTROPY])
         val = {m["ds"]: float(v) for k, v in data.items() if (m := _VAL_VALID.match(k)) and isinstance(v, int | float)}
         if val:
             entry["val_valid_share"] = val
@@ -79,7 +85,10 @@ def summarise(rows: Sequence[Mapping[str, Any]], kl_floor: float = DEFAULT_KL_FL
     kl = values("kl_to_ref")
     max_kl = max(kl) if kl else None
     moved = None if max_kl is None else max_kl >= kl_floor
-    if moved is None:
+    if moved is None and trained:
+        verdict = ("no step logged actor/kl_loss (the KL loss is off: actor_rollout_ref.actor.use_kl_loss=false, "
+                   "no reference pass): cannot tell whether the policy moved from the KL; see entropy and validation")
+    elif moved is None:
         verdict = "no step logged actor/kl_loss: cannot tell whether the policy moved"
     elif moved:
         verdict = f"policy moved: KL to the start policy reached {max_kl:.3g} (floor {kl_floor:g})"

@@ -47,7 +47,16 @@ def test_grpo_gpu_recipe(env: None, phase: str, response: int) -> None:  # noqa:
     assert c.data.val_max_samples == -1 and c.data.val_files == f"/data/{phase}/validation.parquet"
     assert c.monitors.kl_floor == pytest.approx(0.01)
     assert c.data.max_response_length == response
-    assert actor.use_kl_loss and actor.kl_loss_coef == pytest.approx(1e-3)
+    # no reference pass unless the KL term is asked for (the coefficient stays ready for it); the rollout's
+    # log-probs stand in for the actor's recomputation, and the update logs the entropy instead
+    assert actor.use_kl_loss is False and actor.kl_loss_coef == pytest.approx(1e-3)
+    assert c.algorithm.rollout_correction.bypass_mode is True and actor.calculate_entropy is True
+    # speed: the buffer's poll, vLLM's sequence and token limits, speculative refills, sizing by model size
+    assert c.replay_buffer.poll_s == pytest.approx(0.1)
+    assert arr.rollout.max_num_seqs == 1024 and arr.rollout.max_num_batched_tokens == 32768
+    assert fg.max_inflight_gen_batches == 2
+    assert c.sizing.auto is True and c.prompt_filter.enabled is True
+    assert arr.model.enable_gradient_checkpointing is None and actor.ppo_micro_batch_size_per_gpu is None
     assert "tensorboard" in c.trainer.logger and "file" in c.trainer.logger
     # sdpa without packing: packed micro batches make sdpa attend over the whole pack
     assert arr.model.override_config.attn_implementation == "sdpa"
@@ -56,10 +65,9 @@ def test_grpo_gpu_recipe(env: None, phase: str, response: int) -> None:  # noqa:
     assert c.data.train_max_samples == 4096 and c.data.train_files.endswith("train.parquet")
     assert arr.rollout.enforce_eager is True
     assert c.ray_kwargs.ray_init.include_dashboard is False and "_node_ip_address" not in c.ray_kwargs.ray_init
-    # a mini batch's samples split evenly over 1, 2, 4 or 8 GPUs into whole micro batches
+    # a mini batch's samples split evenly over 1, 2, 4 or 8 GPUs (sizing then picks a micro batch dividing it)
     mini_samples = actor.ppo_mini_batch_size * arr.rollout.n
-    for gpus in (1, 2, 4, 8):
-        assert mini_samples % gpus == 0 and (mini_samples // gpus) % actor.ppo_micro_batch_size_per_gpu == 0
+    assert all(mini_samples % gpus == 0 for gpus in (1, 2, 4, 8))
 
 
 def test_the_recipe_survives_the_node_scripts_overrides(env: None) -> None:  # noqa: F811
@@ -75,7 +83,8 @@ def test_the_recipe_survives_the_node_scripts_overrides(env: None) -> None:  # n
 # Our own top-level blocks (VERL ignores them; trainer/phases reads them) and keys VERL 0.9.1's ppo_trainer
 # leaves open by design. Every other key a phase config sets must exist in VERL's own config: a misspelt
 # key composes without a word (a defaults file may add keys) and then does nothing.
-OWN_BLOCKS = {"phase", "early_stopping", "failures", "monitors", "reward_ready"}
+OWN_BLOCKS = {"phase", "early_stopping", "failures", "monitors", "reward_ready", "replay_buffer", "sizing",
+              "prompt_filter"}  # fmt: skip
 OPEN_IN_VERL = ("reward.custom_reward_function.reward_kwargs", "actor_rollout_ref.model.override_config",
                 "ray_kwargs.ray_init", "transfer_queue")  # fmt: skip
 
@@ -141,11 +150,16 @@ def test_cpu_smoke_keeps_its_toy_sizes(env: None, phase: str) -> None:  # noqa: 
 
 @pytest.mark.parametrize("phase", ["a1", "a2"])
 def test_sft_gpu_matches_the_hf_baseline_budget(env: None, phase: str) -> None:  # noqa: F811
+    from trainer.phases.launch import REPO_ROOT
+
     c = composed(f"{phase}_sft", "sft_profile=gpu")
     assert c.optim.lr == pytest.approx(1e-4) and c.optim.lr_scheduler_type == "cosine"
     assert c.trainer.total_epochs == 1 and c.data.train_batch_size == 32
     assert c.model.override_config.attn_implementation == "sdpa" and c.model.use_remove_padding is False
     assert c.data.use_dynamic_bsz is False and c.model.enable_gradient_checkpointing is False
+    assert c.data.num_workers == 8  # the loader renders and tokenises each example: 2 processes starved the GPU
+    before = _script_array(REPO_ROOT / "scripts" / "gpu_node" / "rl_step.sh", "SFT_BEFORE")
+    assert composed(f"{phase}_sft", "sft_profile=gpu", *before).data.num_workers == 2  # the bench's "before"
     assert "tensorboard" in c.trainer.logger
 
 
@@ -160,10 +174,19 @@ def test_tensorboard_writes_under_the_phase_folder(tmp_path: object) -> None:
     assert run.env({})["TENSORBOARD_DIR"] == str((out / "tensorboard").resolve())
 
 
-def _verl_validate(c: Any) -> None:
+def _verl_validate(c: Any, model_dir: Path) -> None:
+    """As ``verl_main`` does: sizing fills the null micro batches from the model's config.json, then VERL checks."""
+    from omegaconf import open_dict
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
+    from tests.trainer.phases.test_sizing import write_model_config
+    from trainer.phases import sizing
+
+    write_model_config(model_dir)
+    with open_dict(c):
+        c.actor_rollout_ref.model.path = str(model_dir)
+    sizing.apply(c)
     validate_config(config=c, use_reference_policy=need_reference_policy(c), use_critic=need_critic(c))
 
 
@@ -174,13 +197,55 @@ def test_verl_accepts_the_recipe_and_the_positive_control(env: None, gpus: int, 
     from trainer.phases.positive_control import ControlConfig, control_run
 
     for phase in ("b1", "b2", "c1", "c2"):
-        _verl_validate(composed_command(gpu_run(phase, f"trainer.n_gpus_per_node={gpus}")))
+        _verl_validate(composed_command(gpu_run(phase, f"trainer.n_gpus_per_node={gpus}")), tmp_path / "m")
         ctl = control_run(get_phase(phase), "gpu", tmp_path / "i.parquet", tmp_path / "o", "/m", "http://r",
                           ControlConfig(), (f"trainer.n_gpus_per_node={gpus}",))  # fmt: skip
-        _verl_validate(composed_command(ctl))
+        _verl_validate(composed_command(ctl), tmp_path / "m")
     # and they can fail: VERL rejects a train batch below the mini batch and an unknown loss aggregation
     # (it instantiates the actor's config dataclass); the micro-batch split per GPU is test_grpo_gpu_recipe's
     with pytest.raises(ValueError, match=r"train_batch_size \(4\) must be >= actor.ppo_mini_batch_size \(8\)"):
-        _verl_validate(composed_command(gpu_run("b1", "data.train_batch_size=4")))
+        _verl_validate(composed_command(gpu_run("b1", "data.train_batch_size=4")), tmp_path / "m")
     with pytest.raises(Exception, match="Invalid loss_agg_mode: foo"):
-        _verl_validate(composed_command(gpu_run("b1", "actor_rollout_ref.actor.loss_agg_mode=foo")))
+        _verl_validate(composed_command(gpu_run("b1", "actor_rollout_ref.actor.loss_agg_mode=foo")), tmp_path / "m")
+
+
+def _script_array(script: Path, name: str) -> list[str]:
+    """A bash array's words, as ``NAME=(...)`` in the script (one array, no expansions in it)."""
+    import re
+    import shlex
+
+    m = re.search(rf"^{name}=\((.*?)\)$", script.read_text(), re.S | re.M)
+    assert m, f"{script}: no {name}=(...) array"
+    return shlex.split(m.group(1), comments=True)
+
+
+def test_the_speed_benchmarks_before_overrides_give_the_recipe_as_it_was(env: None) -> None:  # noqa: F811
+    """``scripts/gpu_node/rl_step.sh`` runs "before" as the gpu profile without the speed settings: every
+    value of the earlier recipe comes back, and nothing else changes."""
+    from trainer.phases.launch import REPO_ROOT
+
+    before = _script_array(REPO_ROOT / "scripts" / "gpu_node" / "rl_step.sh", "BEFORE")
+    c = composed_command(gpu_run("c1", *before))
+    arr, actor = c.actor_rollout_ref, c.actor_rollout_ref.actor
+    assert actor.use_kl_loss is True and actor.kl_loss_coef == pytest.approx(1e-3)
+    assert c.algorithm.rollout_correction.bypass_mode is False and actor.calculate_entropy is False
+    assert c.replay_buffer.poll_s == 2.0 and c.prompt_filter.enabled is False and c.sizing.auto is False
+    assert arr.model.enable_gradient_checkpointing is True and actor.ppo_micro_batch_size_per_gpu == 16
+    assert arr.ref.log_prob_micro_batch_size_per_gpu == arr.rollout.log_prob_micro_batch_size_per_gpu == 32
+    assert arr.rollout.max_num_seqs == 256 and arr.rollout.max_num_batched_tokens == 8192
+    assert c.algorithm.filter_groups.max_inflight_gen_batches == 1
+    after = composed_command(gpu_run("c1"))
+    changed = {k for k in _leaves(_container(after)) if _get(after, k) != _get(c, k)}
+    assert changed == {k.split("=")[0] for k in before}
+
+
+def _container(c: Any) -> Any:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(c, resolve=True)
+
+
+def _get(c: Any, key: str) -> Any:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.select(c, key)

@@ -67,7 +67,8 @@ def test_grpo_configs(env: None, phase: str, profile: str) -> None:
     assert c.data.train_files == f"/data/{phase}/train.parquet"
     assert c.data.val_files == f"/data/{phase}/validation.parquet"
     assert arr.model.path == "/models/start"
-    assert arr.actor.use_kl_loss is True and arr.actor.kl_loss_type == "low_var_kl" and arr.actor.kl_loss_coef > 0
+    # KL off by default (no reference pass); a user who turns it on gets low_var_kl at a positive coefficient
+    assert arr.actor.use_kl_loss is False and arr.actor.kl_loss_type == "low_var_kl" and arr.actor.kl_loss_coef > 0
     assert arr.actor.strategy == "fsdp2" and arr.ref.strategy == "fsdp2"
     # the reward function is configured under reward.* (the top-level key is silently ignored)
     assert c.reward.custom_reward_function.path == f"{REPO_ROOT}/trainer/in_verl/reward_fn.py"

@@ -62,6 +62,21 @@ def test_no_kl_logged_is_unknown_not_moved() -> None:
     assert step_monitors([]) == []
 
 
+def test_without_the_kl_loss_and_the_old_log_prob_pass_the_update_gives_the_entropy() -> None:
+    """The gpu recipe: no reference (use_kl_loss false), old log-probs from the rollout (bypass_mode), so VERL
+    logs no actor/entropy; the update's actor/entropy_loss (calculate_entropy) stands in for it."""
+    rows = [
+        {"step": 1, "data": {"actor/ppo_kl": 1e-4, "actor/entropy_loss": 0.30, "actor/pg_clipfrac": 0.01}},
+        {"step": 2, "data": {"actor/ppo_kl": -2e-4, "actor/entropy_loss": 0.20}},
+        {"step": 3, "data": {"actor/ppo_kl": 1e-4, "actor/entropy": 0.5, "actor/entropy_loss": 0.1}},  # both: VERL's
+    ]  # fmt: skip
+    m = summarise(rows)
+    assert [s["entropy"] for s in m["steps"]] == [0.30, 0.20, 0.5]
+    assert m["mean_entropy"] == pytest.approx((0.3 + 0.2 + 0.5) / 3) and m["last_entropy"] == 0.5
+    assert m["trained_steps"] == 3 and m["policy_moved"] is None
+    assert "use_kl_loss=false" in m["verdict"] and "cannot tell" in m["verdict"]
+
+
 def test_kl_floor_round_trip(tmp_path: Path) -> None:
     assert read_kl_floor(tmp_path) == 0.01  # no file: the default
     write_monitor_config(tmp_path / "ckpt", 0.05)
