@@ -1,0 +1,117 @@
+"""The before/after report of a GRPO step, an SFT epoch and a start-up (bench/rl_step.py), from a collected
+``job.sh`` archive laid out as the node script leaves it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import rl_step
+
+T0 = 1_790_000_000.0  # a run's start (epoch seconds)
+
+
+def _stamp(t: float) -> str:
+    """VERL's log time stamp."""
+    d = dt.datetime.fromtimestamp(t, dt.UTC)
+    return d.strftime("%Y-%m-%d %H:%M:%S") + f",{int(t * 1000) % 1000:03d}"
+
+
+def _grpo_run(root: Path, name: str, steps: list[dict[str, float]], gpus: int, first_gen: float) -> None:
+    d = root / "rl" / name
+    d.mkdir(parents=True)
+    cmd = "python -m trainer.in_verl.verl_main --config-name b1_grpo profile=gpu"
+    (d / "command.sh").write_text(f"{cmd} trainer.n_gpus_per_node={gpus} trainer.total_training_steps={len(steps)}\n")
+    rows = [{"step": i + 1, "data": s} for i, s in enumerate(steps)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "train.log").write_text(f"INFO:{_stamp(T0 + 5)}:Started a local Ray instance\n"
+                                 f"INFO:{_stamp(T0 + first_gen)}:Passing raw prompts\n")  # fmt: skip
+
+
+def _step(step: float, gen: float, old: float, ref: float, upd: float, tokens: float = 3e5, **extra: float) -> dict:
+    return {"timing_s/step": step, "timing_s/gen": gen, "timing_s/old_log_prob": old, "timing_s/ref": ref,
+            "timing_s/adv": 0.5, "timing_s/update_actor": upd, "timing_s/update_weights": 0.5,
+            "perf/total_num_tokens": tokens, "prompt_length/mean": 250.0, "response_length/mean": 35.0,
+            **extra}  # fmt: skip
+
+
+@pytest.fixture
+def collected(tmp_path: Path) -> Path:
+    root = tmp_path / "collected"
+    mism = {"rollout_corr/kl": 7e-5, "training/rollout_probs_diff_mean": 1.1e-3, "actor/ppo_kl": 1.5e-4}
+    # before: the first step is a warm-up outlier and is left out of the means
+    _grpo_run(root, "b1_before", [_step(60, 20, 4, 4, 10, **mism), _step(25, 6, 4, 4, 10, **mism),
+                                  _step(24, 5, 4, 4, 10, **mism)], gpus=2, first_gen=260)  # fmt: skip
+    _grpo_run(root, "b1_after", [_step(30, 10, 0, 0, 5), _step(9, 3, 0, 0, 5), _step(9, 3, 0, 0, 5)], 2, 140)
+    _grpo_run(root, "c1_before", [_step(40, 15, 4, 4, 10), _step(33, 13, 4, 4, 10)], 2, 270)
+    _grpo_run(root, "c1_after", [_step(20, 8, 0, 0, 5), _step(11, 4, 0, 0, 5)], 2, 150)
+    sft = root / "rl" / "a1_after"
+    sft.mkdir(parents=True)
+    # tqdm's carriage-returned progress: 300 of 1,119 steps in 1:40
+    (sft / "train.log").write_text("Epoch 1/1:  10%|█         | 112/1119 [00:37<05:33, 3.0it/s]\r"
+                                   "Epoch 1/1:  27%|██▋       | 300/1119 [01:40<04:33, 3.0it/s]\n")  # fmt: skip
+    (sft / "metrics.jsonl").write_text(json.dumps({"step": 300, "data": {"train/loss": 0.21, "val/loss": 0.25}}) + "\n")
+    (sft / "command.sh").write_text("torchrun ... a1_sft\n")
+    jobs = root / "jobs"
+    jobs.mkdir()
+    names = ["b1_before", "b1_after", "c1_before", "c1_after", "a1_after"]
+    jobs.joinpath("stages.tsv").write_text("".join(f"{n}\t{T0}\t{T0 + 400}\t400\n" for n in names) + "api\t1\t2\t1\n")
+    for n in names:
+        (jobs / f"{n}.rc").write_text("0\n")
+    (root / "card.txt").write_text("0, NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04\n")
+    (root / "versions.json").write_text(json.dumps({"vllm": "0.24.0", "verl": "0.9.1"}))
+    (root / "rl" / "runs.json").write_text(json.dumps({"b1_after": {"gpus": "2,3"}, "a1_after": {"gpus": "1"}}))
+    lines = []
+    for k in range(0, 800):  # every 0.5 s: GPUs 2 and 3 at 80% after the first generation, GPU 1 at 40%
+        t = T0 + k * 0.5
+        stamp = dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
+        lines += [f"{stamp}, {i}, {(80 if t >= T0 + 140 else 0) if i in (2, 3) else 40}, 1000" for i in range(4)]
+    (root / "rl" / "gpu_util.csv").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def test_report_fields_and_values(collected: Path, tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(rl_step, "RESULTS_DIR", tmp_path / "results")
+    monkeypatch.setattr("bench.common.RESULTS_DIR", tmp_path / "results")
+    p = rl_step.run([collected])
+    b, a = p["before"]["b1"], p["after"]["b1"]
+    assert b["step_s"] == pytest.approx(24.5) and b["first_step_s"] == 60 and b["steps_averaged"] == 2
+    assert a["step_s"] == pytest.approx(9.0) and a["split_s"]["gen"] == pytest.approx(3.0)
+    # other = step - (gen + old + ref + adv + update + weight sync)
+    assert b["split_s"]["other"] == pytest.approx(24.5 - (5.5 + 4 + 4 + 0.5 + 10 + 0.5))
+    # the floor: 8 N T / (peak x GPUs)
+    floor = 8 * rl_step.SMOLLM2_135M_PARAMS * 3e5 / (989.4e12 * 2)
+    assert a["floor_s"] == pytest.approx(floor, abs=1e-3) and p["floor_s"]["b1"] == a["floor_s"]
+    assert a["tokens_per_s"] == pytest.approx(3e5 / 9.0, rel=1e-3)
+    assert b["startup_s"] == pytest.approx(260) and a["startup_s"] == pytest.approx(140)
+    assert p["startup_s"] == pytest.approx(150)  # the slowest after-run's start
+    # C1's reward share: its generation beyond B1's at the same settings, over its step
+    assert p["after"]["c1"]["reward_share"] == pytest.approx((4 - 3) / 11, abs=1e-3)
+    assert p["before"]["c1"]["reward_share"] == pytest.approx((13 - 5.5) / 33, abs=1e-3)
+    assert b["mismatch"]["rollout_kl"] == pytest.approx(7e-5) and a["mismatch"]["rollout_kl"] is None
+    assert a["busy_share"] == pytest.approx(0.8, abs=0.01)  # GPUs 2,3 from the first generation on
+    sft = p["sft"]["a1_after"]
+    assert sft["epoch_s"] == pytest.approx(100 * 1119 / 300, abs=0.1) and sft["steps"] == 300
+    assert sft["val_loss"] == 0.25 and sft["busy_share"] == pytest.approx(0.4)
+    assert p["sft_epoch_s"] == {"a1": sft["epoch_s"]} and "H100" in p["card"]
+    md = (tmp_path / "results" / "rl_step.md").read_text()
+    assert "| b1 | before | 2 | 2 | 24.50 |" in md and "reward share" in md and "KL(rollout, actor)" in md
+    assert (tmp_path / "results" / "rl_step.png").stat().st_size > 1000
+    saved = json.loads((tmp_path / "results" / "rl_step.json").read_text())
+    assert saved["after"]["c1"]["reward_share"] == p["after"]["c1"]["reward_share"]
+
+
+def test_nothing_collected_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no finished run"):
+        rl_step.build([tmp_path])
+
+
+def test_gpu_count_and_card() -> None:
+    assert rl_step.gpus_of("python -m x profile=gpu trainer.n_gpus_per_node=4") == 4
+    assert rl_step.gpus_of("python -m x") == 8  # the profile's default
+    assert rl_step.card_peak("NVIDIA H200") == rl_step.card_peak("NVIDIA H100 80GB HBM3") == 989.4e12
+    assert rl_step.card_peak("Tesla T4") is None and rl_step.floor_s(3e5, 2, None, 1) is None
