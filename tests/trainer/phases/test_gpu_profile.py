@@ -51,10 +51,9 @@ def test_grpo_gpu_recipe(env: None, phase: str, response: int) -> None:  # noqa:
     # log-probs stand in for the actor's recomputation, and the update logs the entropy instead
     assert actor.use_kl_loss is False and actor.kl_loss_coef == pytest.approx(1e-3)
     assert c.algorithm.rollout_correction.bypass_mode is True and actor.calculate_entropy is True
-    # speed: the buffer's poll, vLLM's sequence and token limits, speculative refills, sizing by model size
+    # speed: the buffer's poll and sizing by model size; vLLM's limits and the refills stay VERL's
     assert c.replay_buffer.poll_s == pytest.approx(0.1)
-    assert arr.rollout.max_num_seqs == 1024 and arr.rollout.max_num_batched_tokens == 32768
-    assert fg.max_inflight_gen_batches == 2
+    assert arr.rollout.max_num_seqs == 256 and fg.max_inflight_gen_batches == 1
     assert c.sizing.auto is True and c.prompt_filter.enabled is True
     assert arr.model.enable_gradient_checkpointing is None and actor.ppo_micro_batch_size_per_gpu is None
     assert "tensorboard" in c.trainer.logger and "file" in c.trainer.logger
@@ -150,16 +149,11 @@ def test_cpu_smoke_keeps_its_toy_sizes(env: None, phase: str) -> None:  # noqa: 
 
 @pytest.mark.parametrize("phase", ["a1", "a2"])
 def test_sft_gpu_matches_the_hf_baseline_budget(env: None, phase: str) -> None:  # noqa: F811
-    from trainer.phases.launch import REPO_ROOT
-
     c = composed(f"{phase}_sft", "sft_profile=gpu")
     assert c.optim.lr == pytest.approx(1e-4) and c.optim.lr_scheduler_type == "cosine"
     assert c.trainer.total_epochs == 1 and c.data.train_batch_size == 32
     assert c.model.override_config.attn_implementation == "sdpa" and c.model.use_remove_padding is False
     assert c.data.use_dynamic_bsz is False and c.model.enable_gradient_checkpointing is False
-    assert c.data.num_workers == 8  # the loader renders and tokenises each example: 2 processes starved the GPU
-    before = _script_array(REPO_ROOT / "scripts" / "gpu_node" / "rl_step.sh", "SFT_BEFORE")
-    assert composed(f"{phase}_sft", "sft_profile=gpu", *before).data.num_workers == 2  # the bench's "before"
     assert "tensorboard" in c.trainer.logger
 
 
@@ -232,8 +226,6 @@ def test_the_speed_benchmarks_before_overrides_give_the_recipe_as_it_was(env: No
     assert c.replay_buffer.poll_s == 2.0 and c.prompt_filter.enabled is False and c.sizing.auto is False
     assert arr.model.enable_gradient_checkpointing is True and actor.ppo_micro_batch_size_per_gpu == 16
     assert arr.ref.log_prob_micro_batch_size_per_gpu == arr.rollout.log_prob_micro_batch_size_per_gpu == 32
-    assert arr.rollout.max_num_seqs == 256 and arr.rollout.max_num_batched_tokens == 8192
-    assert c.algorithm.filter_groups.max_inflight_gen_batches == 1
     after = composed_command(gpu_run("c1"))
     changed = {k for k in _leaves(_container(after)) if _get(after, k) != _get(c, k)}
     assert changed == {k.split("=")[0] for k in before}

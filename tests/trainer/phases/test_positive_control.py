@@ -39,8 +39,12 @@ def test_the_control_is_the_phase_recipe_on_its_own_prompts(env: None, profile: 
     if profile == "gpu":  # the recipe itself is untouched
         assert c.algorithm.filter_groups.enable and c.algorithm.norm_adv_by_std_in_grpo is False
         assert c.actor_rollout_ref.actor.clip_ratio_high == pytest.approx(0.28)
+        # micro batches are left to sizing, which divides the control's mini batch (4 prompts x 4 samples)
+        assert c.sizing.auto is True and c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu is None
+        from trainer.phases.sizing import SizingRule, choose
+
         mini_samples = 4 * c.actor_rollout_ref.rollout.n
-        assert mini_samples % c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 0
+        assert mini_samples % choose(134_479_872, mini_samples, SizingRule()).micro_batch == 0
     else:
         assert c.trainer.device == "cpu"
 
