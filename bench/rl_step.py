@@ -187,6 +187,9 @@ def build(collected: Sequence[Path], notes: str = "", params: int = SMOLLM2_135M
         for log in sorted(root.glob("*/*/train.log")):
             name = log.parent.name
             if name not in stages:
+                # still running when collected: its logged steps count, its start and end are unknown
+                if step_rows(log.parent / "metrics.jsonl") and name not in runs:
+                    runs[name] = {"dir": log.parent, "times": None, "rc": None}
                 continue
             runs[name] = {"dir": log.parent, "times": stages[name],
                           "rc": (root / "jobs" / f"{name}.rc").read_text().strip()
@@ -205,8 +208,11 @@ def build(collected: Sequence[Path], notes: str = "", params: int = SMOLLM2_135M
         gpu_ids = [int(g) for g in str(layout.get(name, {}).get("gpus", "")).split(",") if g.strip()]
         t = r["times"]
         rec: dict[str, Any] = {"phase": phase, "setting": setting, "exit_code": r["rc"], "gpus": gpu_ids,
-                               "wall_s": t["seconds"], "command": command.strip()}  # fmt: skip
+                               "wall_s": t["seconds"] if t else None, "unfinished": t is None,
+                               "command": command.strip()}  # fmt: skip
         if phase.startswith("a"):
+            if t is None:
+                continue
             rec.update(sft_summary((folder / "train.log").read_text(errors="replace"), folder / "metrics.jsonl",
                                    t["seconds"]))  # fmt: skip
             rec["busy_share"] = busy_share(util, gpu_ids, t["start"], t["end"])
@@ -214,11 +220,13 @@ def build(collected: Sequence[Path], notes: str = "", params: int = SMOLLM2_135M
         else:
             n_gpus = gpus_of(command)
             rec.update(grpo_summary(step_rows(folder / "metrics.jsonl"), n_gpus, peak, params))
-            timed = timed_run(name, t["start"], t["end"], r["rc"], folder / "train.log")
-            rec["startup_s"] = timed["seconds_to_first_generation"]
             rec["n_gpus"] = n_gpus
-            first = timed["markers"].get("first_generation")
-            rec["busy_share"] = busy_share(util, gpu_ids, t["start"] + first, t["end"]) if first else None
+            rec["startup_s"] = rec["busy_share"] = None
+            if t is not None:
+                timed = timed_run(name, t["start"], t["end"], r["rc"], folder / "train.log")
+                rec["startup_s"] = timed["seconds_to_first_generation"]
+                first = timed["markers"].get("first_generation")
+                rec["busy_share"] = busy_share(util, gpu_ids, t["start"] + first, t["end"]) if first else None
             if setting in ("before", "after"):
                 out[setting][phase] = rec
         out["runs"][name] = {k: v for k, v in rec.items() if k != "command"} | {"command": rec["command"]}
@@ -234,6 +242,7 @@ def build(collected: Sequence[Path], notes: str = "", params: int = SMOLLM2_135M
     out["sft_epoch_s"] = {n.split("_")[0]: rec["epoch_s"] for n, rec in out["sft"].items() if n.endswith("_after")}
     starts = [rec["startup_s"] for rec in after.values() if rec.get("startup_s") is not None]
     out["startup_s"] = max(starts) if starts else None
+    out["startup_s_by_phase"] = {ph: rec.get("startup_s") for ph, rec in after.items()}
     out["notes"] = notes
     return out
 
@@ -247,8 +256,8 @@ def render_md(p: dict[str, Any], command: str) -> str:
     md = ("# RL at the speed of the hardware: a GRPO step, an SFT epoch and a start-up, before and after\n\n"
           f"- card: {'; '.join((p['card'] or 'unknown').splitlines())}\n"
           f"- versions: {', '.join(f'{k} {x}' for k, x in v.items()) or 'unknown'}\n"
-          f"- policy: {p['params'] / 1e6:.1f}M parameters; floor = 8 N T / (bf16 peak {_f(p['peak_bf16_flops'], 0)} "
-          "FLOP/s x GPUs), T the step's prompt + response tokens\n"
+          f"- policy: {p['params'] / 1e6:.1f}M parameters; floor = 8 N T / (bf16 peak "
+          f"{(p['peak_bf16_flops'] or 0) / 1e12:.1f} TFLOP/s x GPUs), T the step's prompt + response tokens\n"
           "- on the node: `scripts/gpu_node/rl_step.sh` (jobs of `scripts/gpu_node/job.sh`); this report: "
           f"`{command}`\n\n")  # fmt: skip
     rows = []
@@ -258,7 +267,8 @@ def render_md(p: dict[str, Any], command: str) -> str:
             if not r:
                 continue
             s = r["split_s"]
-            rows.append([phase, setting, r["n_gpus"], r["steps_averaged"], _f(r["step_s"]), _f(r["floor_s"], 3),
+            steps = f"{r['steps_averaged']}{' (unfinished)' if r.get('unfinished') else ''}"
+            rows.append([phase, setting, r["n_gpus"], steps, _f(r["step_s"]), _f(r["floor_s"], 3),
                          *[_f(s.get(k)) for k in (*STAGES, "other")], _f(r["tokens_per_s"], 0), _f(r["busy_share"]),
                          _f(r["startup_s"], 0)])  # fmt: skip
     md += "## GRPO steps (64 prompts x 16 samples)\n\n" + md_table(
@@ -276,10 +286,10 @@ def render_md(p: dict[str, Any], command: str) -> str:
     ]
     if mism:
         md += "\n## Rollout vs actor log-probs (where the actor recomputed them)\n\n" + md_table(
-            ["phase", "KL(rollout, actor) per token", "mean |p diff|", "PPO KL in one update"], mism
+            ["phase", "KL(rollout, actor) per token", "mean abs(p diff)", "PPO KL in one update"], mism
         )
     if p["sft"]:
-        md += "\n## SFT (one epoch of the golden train split)\n\n" + md_table(
+        md += "\n## SFT (an epoch of the golden train split, extrapolated from the steps run)\n\n" + md_table(
             ["run", "GPUs", "steps run", "steps/epoch", "epoch s", "job wall s", "val loss", "GPU busy"],
             [[n, ",".join(map(str, r["gpus"])), r["steps"], r["steps_per_epoch"], _f(r["epoch_s"], 0),
               _f(r["wall_s"], 0), _f(r.get("val_loss"), 4), _f(r["busy_share"])] for n, r in sorted(p["sft"].items())],

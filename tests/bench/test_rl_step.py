@@ -49,6 +49,8 @@ def collected(tmp_path: Path) -> Path:
     _grpo_run(root, "b1_after", [_step(30, 10, 0, 0, 5), _step(9, 3, 0, 0, 5), _step(9, 3, 0, 0, 5)], 2, 140)
     _grpo_run(root, "c1_before", [_step(40, 15, 4, 4, 10), _step(33, 13, 4, 4, 10)], 2, 270)
     _grpo_run(root, "c1_after", [_step(20, 8, 0, 0, 5), _step(11, 4, 0, 0, 5)], 2, 150)
+    # still running when collected: no stages.tsv line, two steps logged
+    _grpo_run(root, "b2_before", [_step(66, 11, 5, 5, 18), _step(36, 10, 4, 4, 16)], 2, 250)
     sft = root / "rl" / "a1_after"
     sft.mkdir(parents=True)
     # tqdm's carriage-returned progress: 300 of 1,119 steps in 1:40
@@ -98,7 +100,11 @@ def test_report_fields_and_values(collected: Path, tmp_path: Path, monkeypatch: 
     assert sft["epoch_s"] == pytest.approx(100 * 1119 / 300, abs=0.1) and sft["steps"] == 300
     assert sft["val_loss"] == 0.25 and sft["busy_share"] == pytest.approx(0.4)
     assert p["sft_epoch_s"] == {"a1": sft["epoch_s"]} and "H100" in p["card"]
+    b2 = p["before"]["b2"]
+    assert b2["unfinished"] is True and b2["step_s"] == 36 and b2["steps_averaged"] == 1 and b2["startup_s"] is None
+    assert b["unfinished"] is False
     md = (tmp_path / "results" / "rl_step.md").read_text()
+    assert "| b2 | before | 2 | 1 (unfinished) | 36.00 |" in md
     assert "| b1 | before | 2 | 2 | 24.50 |" in md and "reward share" in md and "KL(rollout, actor)" in md
     assert (tmp_path / "results" / "rl_step.png").stat().st_size > 1000
     saved = json.loads((tmp_path / "results" / "rl_step.json").read_text())
