@@ -242,3 +242,30 @@ def test_resume_validates_a_step_whose_validation_failed(
     assert cfg.trainer.val_before_train is True
     t.fit(agent_loop_manager=None)
     assert [e.step for e in t.early_stopper.state.history] == [1, 2, 3, 4, 5]
+
+
+def test_the_replay_buffer_polls_at_the_configured_interval(c1_config: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """VERL's ReplayBuffer sleeps ``poll_interval`` (2.0 s) between looks at a step's groups; ours is
+    ``replay_buffer.poll_s`` (0.1 s in grpo_base.yaml), set on the buffer VERL built."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    from trainer.in_verl.phase_trainer import PhaseTrainer
+
+    built = ReplayBuffer.__new__(ReplayBuffer)
+    built.poll_interval = 2.0  # VERL's default, as its constructor sets it
+    monkeypatch.setattr(PPOTrainerSync, "_build_replay_buffer", lambda self: built)
+    t: Any = PhaseTrainer.__new__(PhaseTrainer)
+    t.config = c1_config
+    assert c1_config.replay_buffer.poll_s == pytest.approx(0.1)
+    assert t._build_replay_buffer() is built and built.poll_interval == pytest.approx(0.1)
+    # VERL's own wait uses that interval
+    slept: list[float] = []
+    monkeypatch.setattr("verl.trainer.ppo.v1.replay_buffer.time.sleep", slept.append)
+    built.pending_keys = built.running_keys = built.finished_keys = built.failure_keys = {"train": []}
+    built._wait_for_next_poll("train", last_debug_time=1e18)
+    assert slept == [pytest.approx(0.1)]
+    t.config = OmegaConf.merge(c1_config, {"replay_buffer": {"poll_s": 0}})
+    with pytest.raises(ValueError, match=r"replay_buffer\.poll_s must be positive"):
+        t._build_replay_buffer()
