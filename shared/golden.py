@@ -131,8 +131,14 @@ def iter_golden(path: Path | str) -> Iterator[GoldenExample]:
     """Stream examples from one file; blank lines are allowed, bad lines raise."""
     p = Path(path)
     seen: dict[str, int] = {}
-    with p.open(encoding="utf-8") as fh:
-        for lineno, raw in enumerate(fh, start=1):
+    with p.open("rb") as fh:
+        for lineno, data in enumerate(fh, start=1):
+            try:
+                raw = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                byte = data[exc.start : exc.start + 1].hex()
+                reason = f"not UTF-8: byte 0x{byte} at column {exc.start + 1}"
+                raise GoldenFormatError(p, lineno, "(line)", reason) from None
             if not raw.strip():
                 continue
             ex = parse_golden_line(raw, p, lineno)

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shared import read_golden
+from shared.golden import GoldenFormatError
 from trainer.data.datasets import build_datasets
 from trainer.data.precompute import precompute_c2
 from trainer.data.prompt_fit import Stage2Fit
@@ -96,12 +97,15 @@ def data_build(
 ) -> None:
     """SFT (A1, A2) and RL (B1, B2, C1) parquet files, plus the manifest."""
     selected = [p.strip().lower() for p in phases.split(",") if p.strip()]
+    unknown = [p for p in selected if p not in BUILD_PHASES]
+    if unknown:
+        raise _bad("--phases", f"unknown {unknown}; choose from {list(BUILD_PHASES)} (c2: precompute-schemas)")
     fit = _stage2_fit(stage2_tokenizer, stage2_max_len)
     try:
         with console.status("building datasets"):
             counts = build_datasets(golden, out, selected, limit=limit, stage2_fit=fit)
-    except ValueError as exc:
-        raise _bad("--phases", str(exc)) from None
+    except GoldenFormatError as exc:  # file:line: field: reason
+        raise _bad("--golden", str(exc)) from None
     if fit is not None:
         dropped = json.loads((out / "manifest.json").read_text())["phases"].get("c1", {}).get("stage2_too_long", {})
         console.print(f"C1: dropped documents whose Stage-2 prompt does not fit {fit.max_model_len} tokens: {dropped}")

@@ -76,3 +76,28 @@ def test_validate_folder_and_cli(tmp_path: Path) -> None:
     (tmp_path / "common_test_schemas.jsonl").write_text('{"id": 1}\n')
     res = CliRunner().invoke(app, ["validate", str(tmp_path)])
     assert res.exit_code == 1 and "common_test_schemas.jsonl:1" in res.output
+
+
+def test_a_byte_that_is_not_utf8_names_file_line_and_column(tmp_path: Path) -> None:
+    """A stray Latin-1 byte (0xe9, "é") on line 2: the reader, ``shared validate`` and ``trainer data build``
+    each name the file, the line and the byte, not a bare UnicodeDecodeError or a wrong option."""
+    from typer.testing import CliRunner
+
+    good = json.dumps(GOOD).encode()
+    bad = json.dumps({**GOOD, "id": "x-2"}).encode().replace(b"Alimentum is", b"Alimentum \xe9s")
+    for split in ("train", "validation", "test"):
+        (tmp_path / f"common_{split}_schemas.jsonl").write_bytes(good + b"\n" + bad + b"\n")
+    f = tmp_path / "common_train_schemas.jsonl"
+    column = bad.index(b"\xe9") + 1
+    with pytest.raises(GoldenFormatError) as info:
+        read_golden(f)
+    assert str(info.value) == f"{f}:2: (line): not UTF-8: byte 0xe9 at column {column}"
+    res = CliRunner().invoke(app, ["validate", str(tmp_path)])
+    assert res.exit_code == 1 and "common_train_schemas.jsonl:2" in res.output and "not UTF-8" in res.output
+
+    from trainer.cli import app as trainer_app
+
+    built = CliRunner().invoke(trainer_app, ["data", "build", "--golden", str(tmp_path), "--out", str(tmp_path / "o"),
+                                             "--phases", "a1"])  # fmt: skip
+    assert built.exit_code == 2 and "--golden" in built.output and "--phases" not in built.output
+    assert "not UTF-8" in built.output
