@@ -104,7 +104,7 @@ def data_build(
     try:
         with console.status("building datasets"):
             counts = build_datasets(golden, out, selected, limit=limit, stage2_fit=fit)
-    except GoldenFormatError as exc:  # file:line: field: reason
+    except (GoldenFormatError, FileNotFoundError) as exc:  # file:line: field: reason, or a missing split file
         raise _bad("--golden", str(exc)) from None
     if fit is not None:
         dropped = json.loads((out / "manifest.json").read_text())["phases"].get("c1", {}).get("stage2_too_long", {})
