@@ -214,6 +214,8 @@ def evaluate_pipeline(
     if len({s.name for s in settings}) != len(settings):
         raise _bad("--setting", "setting names must be unique")
     examples = read_golden(golden, limit)
+    if not examples:
+        raise _bad("--golden", f"{golden}: no examples to evaluate (an empty split)")
     gen = _gen(max_tokens, concurrency, timeout, seed)
     preds = {s.name: run_pipeline(s, examples, gen) for s in settings}
     res = write_outputs(out, examples, preds, f"Pipeline evaluation: {golden.name}", decision_metric, min_gain)

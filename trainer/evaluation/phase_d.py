@@ -233,6 +233,9 @@ def write_outputs(
     paired-tested as :func:`comparison_pairs` lists them on ``paired_metric``, macro, pooled and per
     source; on ``schema_f1`` where no setting holds a table (Stage-1 predictions only).
     """
+    if not golden:
+        # a report over n = 0 would read as a finished evaluation with no numbers in it
+        raise ValueError(f"{title}: no golden examples to evaluate (an empty split, or --limit 0)")
     out.mkdir(parents=True, exist_ok=True)
     metrics: dict[str, Any] = {}
     pred_paths: dict[str, Path] = {}
