@@ -120,19 +120,29 @@ _KWARG_ALIASES = {"timeout": "timeout_s", "api_url": "url", "reward_api_url": "u
 _CONFIG_KEYS = ("schema_config", "table_config", "pipeline_config")
 
 
+TOKEN_IN_CONFIG = (
+    "the reward API token comes from the environment only ($REWARD_API_TOKEN, which `trainer run` passes to VERL's "
+    f"processes as ${TOKEN_ENV}): as a config key it is written to command.sh, phase_result.json, the loop's "
+    "manifest and VERL's config log"
+)
+
+
 def client_config_from_kwargs(kwargs: Mapping[str, Any]) -> RewardClientConfig:
-    """Build the config from VERL ``reward_kwargs``; unknown keys are an error that names them."""
+    """Build the config from VERL ``reward_kwargs``; unknown keys are an error that names them. The token is
+    read from ``$TRAINER_REWARD_TOKEN`` only (:data:`TOKEN_IN_CONFIG` says why)."""
     raw: dict[str, Any] = {}
     for key, value in kwargs.items():
         if key in ("reward_router_address", "reward_model_tokenizer"):
             continue  # passed by VERL's managers for reward models; not ours
+        if key == "token" and value:
+            raise ValueError(f"reward_kwargs.token: {TOKEN_IN_CONFIG}")
         name = _KWARG_ALIASES.get(key, key)
         value = _plain(value)
         if name in _CONFIG_KEYS and isinstance(value, str):
             value = json.loads(value)
         raw[name] = value
     raw.setdefault("url", os.environ.get(URL_ENV))
-    raw.setdefault("token", os.environ.get(TOKEN_ENV))
+    raw["token"] = os.environ.get(TOKEN_ENV) or None
     if not raw["url"]:
         raise ValueError(
             f"reward API url missing: set reward_kwargs.url or {URL_ENV} (`trainer run` sets it from "

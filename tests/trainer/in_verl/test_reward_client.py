@@ -154,7 +154,10 @@ def test_config_errors_name_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(TOKEN_ENV, "secret")
     cfg = client_config_from_kwargs({})
     assert cfg.url == "http://launcher" and cfg.token == "secret"
-    assert client_config_from_kwargs({"url": "http://x", "token": "t"}).token == "t"  # kwargs win
+    # a token in the config would land in command.sh, phase_result.json and VERL's config log: refused by name
+    with pytest.raises(ValueError, match=r"reward_kwargs\.token: the reward API token comes from the environment"):
+        client_config_from_kwargs({"url": "http://x", "token": "t"})
+    assert client_config_from_kwargs({"url": "http://x", "token": None}).token == "secret"  # an empty key is no token
     with pytest.raises(ValueError, match=r"reward_kwargs\.max_batchh"):
         client_config_from_kwargs({"url": "http://x", "max_batchh": 3})
     with pytest.raises(ValueError, match=r"reward_kwargs\.max_batch"):

@@ -227,3 +227,13 @@ def test_table_phases_spell_out_the_default_table_metric(env: None, name: str, p
     for key in path:
         node = node[key]
     assert node["table_metric"] == "aligned"
+
+
+def test_a_token_override_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """A token as a reward_kwargs override would be written to command.sh, phase_result.json and VERL's config
+    log; the launch refuses it by name, before any file exists."""
+    name = "reward.custom_reward_function.reward_kwargs.token"
+    for key in (f"+{name}", name):
+        with pytest.raises(ValueError, match=r"reward_kwargs\.token: the reward API token comes from the environment"):
+            PhaseRun(get_phase("c1"), "gpu", tmp_path, tmp_path / "c1", "/m", "http://r", (f"{key}=s3cret",))
+    assert not (tmp_path / "c1").exists()
