@@ -225,12 +225,37 @@ def test_a_phase_result_from_other_inputs_is_not_reused(tmp_path: Path) -> None:
     (loop.data / "c2").mkdir(parents=True)
     (loop.data / "c2" / "train.parquet").write_bytes(b"schemas of the first pi1-pipe")
     recorded(out / "c2", "c2", out / "c2" / "hf")
-    (out / "c2" / PHASE_INPUTS).write_text(json.dumps(phase_inputs("c2", "/b2", loop.data)))
+    (out / "c2" / PHASE_INPUTS).write_text(json.dumps(phase_inputs("c2", "/b2", loop.data, "cpu-smoke")))
     assert loop.phase("c2", "/b2", "http://127.0.0.1:9", out / "c2") == str(out / "c2" / "hf")  # same inputs: reused
     (loop.data / "c2" / "train.parquet").write_bytes(b"schemas of a new pi1-pipe")
     with pytest.raises(StaleResultError, match=r"phase c2: its recorded result was trained from other inputs"):
         loop.phase("c2", "/b2", "http://127.0.0.1:9", out / "c2")
     assert loop.runner.launched == []  # type: ignore[attr-defined]
+
+
+def test_a_phase_trained_with_other_overrides_profile_or_config_is_not_reused(tmp_path: Path) -> None:
+    """A1 recorded with 4 SFT steps; a rerun asking for 6 must not reuse it (the manifest would show 6 beside a
+    command that says 4), and neither may a rerun with another profile or an edited config file."""
+    from trainer.loop import PHASE_INPUTS, StaleResultError
+    from trainer.loop.manifest import inputs_difference
+
+    out = tmp_path / "loop"
+    cfg = LoopConfig(golden=SAMPLE, out=out, profile="cpu-smoke", sft_overrides=("trainer.total_training_steps=4",))
+    loop = Loop(cfg, runner=FaultyPhaseRunner())
+    recorded(out / "a1", "a1", out / "a1" / "hf")
+    four = phase_inputs("a1", "/base", loop.data, "cpu-smoke", ("trainer.total_training_steps=4",))
+    (out / "a1" / PHASE_INPUTS).write_text(json.dumps(four))
+    assert loop.phase("a1", "/base", None, out / "a1") == str(out / "a1" / "hf")  # same inputs: reused
+    six = Loop(dataclasses.replace(cfg, sft_overrides=("trainer.total_training_steps=6",)), runner=FaultyPhaseRunner())
+    with pytest.raises(StaleResultError, match=r"overrides: recorded \['trainer.total_training_steps=4'\], now "
+                                               r"\['trainer.total_training_steps=6'\]"):  # fmt: skip
+        six.phase("a1", "/base", None, out / "a1")
+    assert six.runner.launched == []  # type: ignore[attr-defined]
+    gpu = phase_inputs("a1", "/base", loop.data, "gpu", ("trainer.total_training_steps=4",))
+    assert inputs_difference(four, gpu).startswith("configs: ") and "profile: recorded 'cpu-smoke', now 'gpu'" in (
+        inputs_difference(four, gpu))
+    edited = {**four, "configs": {**four["configs"], "a1_sft.yaml": "0" * 64}}
+    assert inputs_difference(edited, four).startswith("configs: recorded")
 
 
 def test_rl_sources_train_a_grpo_phase_on_those_sources_and_key_its_result(tmp_path: Path) -> None:
@@ -255,7 +280,8 @@ def test_rl_sources_train_a_grpo_phase_on_those_sources_and_key_its_result(tmp_p
     assert len(ids) == 8 and {source_of(i) for i in ids} == {"people", "invoice"}
     assert json.loads((out / MANIFEST).read_text())["train_set:b1"]["prompts"] == 8
     recorded(out / "b1", "b1", out / "b1" / "hf")
-    (out / "b1" / PHASE_INPUTS).write_text(json.dumps(phase_inputs("b1", "/a", loop.data)))  # every source
+    every_source = phase_inputs("b1", "/a", loop.data, "cpu-smoke", ("x=1",))
+    (out / "b1" / PHASE_INPUTS).write_text(json.dumps(every_source))
     with pytest.raises(StaleResultError, match="trained from other inputs"):
         loop.phase("b1", "/a", "http://127.0.0.1:9", out / "b1")
     every = Loop(dataclasses.replace(cfg, rl_sources=()), runner=FaultyPhaseRunner())

@@ -3,7 +3,8 @@
 The manifest records the config whole (``config``), the inputs (``inputs``: the golden files by sha256
 and every setting), the phase configs' sha256 (``configs``), and after every step what it made; it is
 rewritten after every step. A phase's result is reused only for the same inputs (``phase_inputs.json``:
-its start model's content, its data files); C2's precomputed data and Phase D's scores only for the same
+its start model's content, its data files, the profile, the user's overrides and the phase's config files'
+content; a difference is an error that names it); C2's precomputed data and Phase D's scores only for the same
 key (``precompute_key.json``, ``eval_key.json``: model contents, golden files, settings).
 """
 
@@ -83,10 +84,36 @@ def golden_sha256(cfg: LoopConfig, splits: Sequence[str]) -> dict[str, str]:
     return {s: sha256(cfg.golden / f"common_{s}_schemas.jsonl") for s in splits}
 
 
-def phase_inputs(name: str, model: str, data_dir: Path) -> dict[str, Any]:
-    """What a phase's result depends on: its start model's content and its data files."""
+def phase_config_files(name: str, profile: str) -> list[Path]:
+    """The YAML files a phase's command composes: the base, the phase's own file and the profile."""
+    from trainer.phases.registry import get_phase
+
+    kind = get_phase(name).kind
+    profile_dir = "sft_profile" if kind == "sft" else "profile"
+    names = (f"{kind}_base.yaml", f"{name}_{kind}.yaml", f"{profile_dir}/{profile}.yaml")
+    return [CONFIG_DIR / n for n in names]
+
+
+def phase_inputs(
+    name: str, model: str, data_dir: Path, profile: str = "gpu", overrides: Sequence[str] = ()
+) -> dict[str, Any]:
+    """What a phase's result depends on: its start model's content, its data files, the profile, the user's
+    overrides and the content of the config files its command composes."""
     files = sorted((data_dir / name).glob("*.parquet")) if (data_dir / name).is_dir() else []
-    return {"model_in": fingerprint(model), "data": {f.name: sha256(f) for f in files}}
+    configs = {str(p.relative_to(CONFIG_DIR)): sha256(p) for p in phase_config_files(name, profile)}
+    return {
+        "model_in": fingerprint(model),
+        "data": {f.name: sha256(f) for f in files},
+        "profile": profile,
+        "overrides": list(overrides),
+        "configs": configs,
+    }
+
+
+def inputs_difference(recorded: dict[str, Any], now: dict[str, Any]) -> str:
+    """The keys in which two phase inputs differ, each with both values."""
+    keys = sorted(k for k in set(recorded) | set(now) if recorded.get(k) != now.get(k))
+    return "; ".join(f"{k}: recorded {recorded.get(k)!r}, now {now.get(k)!r}" for k in keys)
 
 
 def precompute_key(cfg: LoopConfig, pi1_pipe: str) -> dict[str, Any]:

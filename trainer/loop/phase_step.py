@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from trainer.loop.manifest import PHASE_INPUTS, phase_inputs, read_json
+from trainer.loop.manifest import PHASE_INPUTS, inputs_difference, phase_inputs, read_json
 from trainer.loop.workspace import Workspace
 from trainer.phases.launch import PhaseResult, PhaseRun, read_result
 from trainer.phases.registry import get_phase, reward_of
@@ -50,13 +50,16 @@ def run_phase_step(
     key = str(out_dir.relative_to(ws.out))
     sft = get_phase(name).kind == "sft"
     sources = () if sft else cfg.rl_sources
-    inputs = phase_inputs(name, model, data_dir) | ({"train_sources": list(sources)} if sources else {})
+    user_overrides = cfg.sft_overrides if sft else cfg.overrides
+    inputs = phase_inputs(name, model, data_dir, cfg.profile, user_overrides)
+    inputs |= {"train_sources": list(sources)} if sources else {}
     done = phase_done(out_dir)
     recorded_inputs = read_json(out_dir / PHASE_INPUTS)
     if done is not None and recorded_inputs is not None and recorded_inputs != inputs:
+        differ = inputs_difference(recorded_inputs, inputs)
         raise StaleResultError(
-            f"phase {key}: its recorded result was trained from other inputs (recorded {recorded_inputs}, "
-            f"now {inputs}); move {out_dir} aside to train it again from the current ones"
+            f"phase {key}: its recorded result was trained from other inputs ({differ}); move {out_dir} aside to "
+            "train it again from the current ones"
         )
     if done is None:
         if not sft and cfg.preflight_min is not None and reward_url:
@@ -73,7 +76,7 @@ def run_phase_step(
             out_dir=out_dir,
             model_path=model,
             reward_url=reward_url,
-            overrides=(*placed, *(cfg.sft_overrides if sft else cfg.overrides)),
+            overrides=(*placed, *user_overrides),
             nproc=placement.nproc if placement else 1,
             gpus=placement.gpus if placement else (),
         )

