@@ -32,6 +32,8 @@ def cache_dir() -> Path:
 
 
 def sha256_file(path: Path | str) -> str:
+    """Hex sha256 of a file. Its own few lines: ``shared.golden.sha256_file`` comes with ``shared``'s import,
+    which needs pydantic, and this module must run before anything is installed."""
     h = hashlib.sha256()
     with Path(path).open("rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
