@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from shared import EXECUTOR_FAILED, EXECUTOR_TRUNCATED, PROMPT_TOO_LONG
@@ -81,7 +81,8 @@ class RewardClientConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: str = Field(description="Base URL of the reward API, e.g. http://127.0.0.1:8000.")
-    token: str | None = Field(None, description="Bearer token sent as Authorization header.")
+    # SecretStr: a config printed or logged shows '**********', never the token
+    token: SecretStr | None = Field(None, description="Bearer token sent as Authorization header.")
     timeout_s: float = Field(120.0, gt=0, description="Deadline of one sample's reward, retries included.")
     attempt_timeout_s: float | None = Field(
         None, gt=0, description="Timeout of one HTTP attempt (default: the deadline)."
@@ -203,7 +204,7 @@ class RewardBatcher:
         self._pending: list[_Pending] = []
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        headers = {"Authorization": f"Bearer {cfg.token}"} if cfg.token else {}
+        headers = {"Authorization": f"Bearer {cfg.token.get_secret_value()}"} if cfg.token else {}
         self._client = httpx.AsyncClient(
             headers=headers,
             timeout=httpx.Timeout(cfg.attempt_timeout_s or cfg.timeout_s),

@@ -153,11 +153,13 @@ def test_config_errors_name_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(URL_ENV, "http://launcher")
     monkeypatch.setenv(TOKEN_ENV, "secret")
     cfg = client_config_from_kwargs({})
-    assert cfg.url == "http://launcher" and cfg.token == "secret"
+    assert cfg.url == "http://launcher" and cfg.token is not None and cfg.token.get_secret_value() == "secret"
+    assert "secret" not in repr(cfg) and "secret" not in str(cfg.model_dump())  # printed or logged, it stays hidden
     # a token in the config would land in command.sh, phase_result.json and VERL's config log: refused by name
     with pytest.raises(ValueError, match=r"reward_kwargs\.token: the reward API token comes from the environment"):
         client_config_from_kwargs({"url": "http://x", "token": "t"})
-    assert client_config_from_kwargs({"url": "http://x", "token": None}).token == "secret"  # an empty key is no token
+    unset = client_config_from_kwargs({"url": "http://x", "token": None}).token  # an empty key is no token
+    assert unset is not None and unset.get_secret_value() == "secret"
     with pytest.raises(ValueError, match=r"reward_kwargs\.max_batchh"):
         client_config_from_kwargs({"url": "http://x", "max_batchh": 3})
     with pytest.raises(ValueError, match=r"reward_kwargs\.max_batch"):
