@@ -27,6 +27,7 @@ Failure policy (applied by :class:`RewardBatcher`, stated here once):
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import json
 import logging
@@ -321,7 +322,9 @@ def get_batcher(data_source: str, cfg: RewardClientConfig) -> RewardBatcher:
         raise ValueError(f"data_source must be one of {list(SCORE_KEYS)}, got {data_source!r}")
     loop = asyncio.get_running_loop()
     per_loop = _BATCHERS.setdefault(loop, {})
-    key = f"{data_source}|{cfg.model_dump_json()}"
+    # the dump shows a SecretStr as '**********': the token's hash keeps two tokens apart
+    token = hashlib.sha256(cfg.token.get_secret_value().encode()).hexdigest() if cfg.token else ""
+    key = f"{data_source}|{cfg.model_dump_json()}|{token}"
     batcher = per_loop.get(key)
     if batcher is None:
         batcher = per_loop[key] = RewardBatcher(data_source, cfg, cfg.reward_config(data_source))

@@ -212,3 +212,25 @@ def test_executor_truncated_is_its_own_part_and_says_what_to_do(caplog: pytest.L
     assert list(parts) == list(SCORE_KEYS["pipeline"])
     assert parts["executor_truncated"] == 1.0 and parts["executor_failed"] == 0.0 and parts["prompt_too_long"] == 0.0
     assert "max_tokens setting (docs/reward_api.md)" in caplog.text
+
+
+@pytest.mark.service
+async def test_the_token_from_the_environment_reaches_a_protected_reward_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real reward API that wants a bearer token: the reward function sends the one the launcher put in
+    ``TRAINER_REWARD_TOKEN``; a wrong one is the service's 401, named, not a low reward."""
+    import json
+
+    from trainer.serving.reward_api import reward_api_process
+
+    truth = json.dumps(GOLD)
+    with reward_api_process(None, token="s3cret-token") as api:
+        monkeypatch.setenv(URL_ENV, api.url)
+        monkeypatch.setenv(TOKEN_ENV, "s3cret-token")
+        try:
+            s = await compute_score("schema", PREDS[1], truth, {"id": "x"})
+            assert s["score"] == 1.0 and s["f1"] == 1.0
+            monkeypatch.setenv(TOKEN_ENV, "wrong-token")
+            with pytest.raises(RewardServiceError, match="401"):
+                await compute_score("schema", PREDS[1], truth, {"id": "y"})
+        finally:
+            await _close()
