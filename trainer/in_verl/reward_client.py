@@ -123,9 +123,9 @@ _CONFIG_KEYS = ("schema_config", "table_config", "pipeline_config")
 
 
 TOKEN_IN_CONFIG = (
-    "the reward API token comes from the environment only ($REWARD_API_TOKEN, which `trainer run` passes to VERL's "
-    f"processes as ${TOKEN_ENV}): as a config key it is written to command.sh, phase_result.json, the loop's "
-    "manifest and VERL's config log"
+    "the reward API token comes from the environment only (the user's token variable, which `trainer run` passes "
+    f"to VERL's processes as ${TOKEN_ENV}): as a config key it is written to command.sh, phase_result.json, the "
+    "loop's manifest and VERL's config log"
 )
 
 

@@ -86,9 +86,7 @@ def golden_sha256(cfg: LoopConfig, splits: Sequence[str]) -> dict[str, str]:
 
 def phase_config_files(name: str, profile: str) -> list[Path]:
     """The YAML files a phase's command composes: the base, the phase's own file and the profile."""
-    from trainer.phases.registry import get_phase
-
-    kind = get_phase(name).kind
+    kind = "sft" if (CONFIG_DIR / f"{name}_sft.yaml").is_file() else "grpo"  # a1_sft.yaml, b1_grpo.yaml …
     profile_dir = "sft_profile" if kind == "sft" else "profile"
     names = (f"{kind}_base.yaml", f"{name}_{kind}.yaml", f"{profile_dir}/{profile}.yaml")
     return [CONFIG_DIR / n for n in names]

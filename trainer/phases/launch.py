@@ -45,6 +45,7 @@ from trainer.phases.registry import Phase
 from trainer.serving.reward_api_env import (
     CLIENT_TOKEN_ENV,
     CLIENT_URL_ENV,
+    TOKEN_IN_CONFIG,
     TRAINER_TOKEN_ENV,
     TRAINER_URL_ENV,
     trainer_reward_env,
@@ -118,8 +119,6 @@ class PhaseRun:
         for item in self.overrides:
             key = item.lstrip("+~").split("=", 1)[0]
             if key.endswith("reward_kwargs.token"):
-                from trainer.in_verl.reward_client import TOKEN_IN_CONFIG
-
                 raise ValueError(f"phase {self.phase.name}: override {key}: {TOKEN_IN_CONFIG}")
 
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -9,7 +9,7 @@ export (VERL GRPO: FSDP2 actor, vLLM-CPU rollout, our reward function → reward
 exports the best checkpoint, and checks: exit codes, our reward parts in VERL's logged metrics,
 reward_api and executor traffic, the early-stopping state, the exported HF directories, that every
 listening socket is reachable over loopback only, and that no file the phase wrote holds the reward
-API's bearer token (the service wants one; the phase gets it as a user sets it, ``$REWARD_API_TOKEN``).
+API's bearer token (the service wants one; the phase gets it as a user sets it, ``CLIENT_TOKEN_ENV``).
 Peak RSS of the whole process tree is sampled every second. The last line is ``N passed, N failed``.
 
 ``--kill-reward-api`` (CI uses it) adds the failure check to the same run at the cost of one more
@@ -260,7 +260,7 @@ def smoke(
                 return finish(out, checks, summary, mem)
             policy = sft_res.hf_dir
         t_services = time.monotonic()
-        # The service wants a bearer token, which reaches the phase as the user sets it ($REWARD_API_TOKEN);
+        # The service wants a bearer token, which reaches the phase as the user sets it (CLIENT_TOKEN_ENV);
         # no file the phase writes may hold it (checked below).
         secret = f"smoke-{os.urandom(12).hex()}"
         with (
@@ -350,7 +350,7 @@ def smoke(
 
 @contextlib.contextmanager
 def user_token(token: str) -> Iterator[None]:
-    """``$REWARD_API_TOKEN`` set for the phases launched inside, as a user sets it; restored after."""
+    """The user's token variable (``CLIENT_TOKEN_ENV``) set for the phases launched inside; restored after."""
     old = os.environ.get(CLIENT_TOKEN_ENV)
     os.environ[CLIENT_TOKEN_ENV] = token
     try:
