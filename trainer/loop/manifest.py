@@ -84,27 +84,21 @@ def golden_sha256(cfg: LoopConfig, splits: Sequence[str]) -> dict[str, str]:
     return {s: sha256(cfg.golden / f"common_{s}_schemas.jsonl") for s in splits}
 
 
-def phase_config_files(name: str, profile: str) -> list[Path]:
-    """The YAML files a phase's command composes: the base, the phase's own file and the profile."""
-    kind = "sft" if (CONFIG_DIR / f"{name}_sft.yaml").is_file() else "grpo"  # a1_sft.yaml, b1_grpo.yaml …
-    profile_dir = "sft_profile" if kind == "sft" else "profile"
-    names = (f"{kind}_base.yaml", f"{name}_{kind}.yaml", f"{profile_dir}/{profile}.yaml")
-    return [CONFIG_DIR / n for n in names]
-
-
 def phase_inputs(
     name: str, model: str, data_dir: Path, profile: str = "gpu", overrides: Sequence[str] = ()
 ) -> dict[str, Any]:
     """What a phase's result depends on: its start model's content, its data files, the profile, the user's
     overrides and the content of the config files its command composes."""
+    from trainer.phases.launch import check_profile, composed_files
+
     files = sorted((data_dir / name).glob("*.parquet")) if (data_dir / name).is_dir() else []
-    configs = {str(p.relative_to(CONFIG_DIR)): sha256(p) for p in phase_config_files(name, profile)}
+    composed = composed_files(name, check_profile(profile))
     return {
         "model_in": fingerprint(model),
         "data": {f.name: sha256(f) for f in files},
         "profile": profile,
         "overrides": list(overrides),
-        "configs": configs,
+        "configs": {str(p.relative_to(CONFIG_DIR)): sha256(p) for p in composed},
     }
 
 

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from services.child_process import spawn
-from trainer.phases.registry import Phase
+from trainer.phases.registry import Phase, get_phase
 from trainer.serving.reward_api_env import (
     CLIENT_TOKEN_ENV,
     CLIENT_URL_ENV,
@@ -182,6 +182,13 @@ class PhaseRun:
             f"sft_profile={self.profile}",
             *self.overrides,
         ]
+
+
+def composed_files(name: str, profile: Profile) -> list[Path]:
+    """The YAML files of ours that phase ``name``'s command composes: the base, its own file, the profile."""
+    phase = get_phase(name)
+    base, profile_dir = ("sft_base.yaml", "sft_profile") if phase.kind == "sft" else ("grpo_base.yaml", "profile")
+    return [CONFIG_DIR / base, CONFIG_DIR / f"{phase.config_name}.yaml", CONFIG_DIR / profile_dir / f"{profile}.yaml"]
 
 
 def checkpoint_dir(out_dir: Path) -> Path:
