@@ -33,6 +33,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from services.executor_vllm.gguf_source import cache_dir as project_cache_dir
+from trainer.phases.train_set import files_of
+
 RECORD_FILE = "prompt_filter.json"
 _SHOWN_IDS = 20
 
@@ -58,12 +61,8 @@ class SplitFilter:
         return head + f": {self.dropped} dropped as too long ({shown}); the phase reads {self.used_files}"
 
 
-def _files(value: Any) -> list[str]:
-    return [value] if isinstance(value, str) else [str(v) for v in value]
-
-
 def cache_dir() -> Path:
-    return Path(os.environ.get("STX_CACHE_DIR", Path.home() / ".cache" / "schema-table-rl")) / "prompt_lengths"
+    return project_cache_dir() / "prompt_lengths"
 
 
 def tokenizer_key(tokenizer_dir: str, template_kwargs: dict[str, Any]) -> str:
@@ -239,7 +238,7 @@ def apply(config: Any, out_dir: Path) -> list[SplitFilter] | None:
     results = [
         filter_split(
             split,
-            _files(data[f"{split}_files"]),
+            files_of(data[f"{split}_files"]),
             limit,
             str(data.prompt_key),
             tokenizer,

@@ -22,7 +22,8 @@ class TrainSetTooSmall(ValueError):
     """The prompts cannot fill one training batch."""
 
 
-def _files(train_files: Any) -> list[str]:
+def files_of(train_files: Any) -> list[str]:
+    """``data.train_files`` / ``data.val_files`` as a list (VERL takes one path or several)."""
     if isinstance(train_files, str):
         return [train_files]
     return [str(f) for f in train_files]
@@ -31,7 +32,7 @@ def _files(train_files: Any) -> list[str]:
 def count_prompts(train_files: str | Sequence[str]) -> int:
     """Rows over the parquet files (their metadata only; nothing is read)."""
     total = 0
-    for f in _files(train_files):
+    for f in files_of(train_files):
         if not Path(f).is_file():
             raise TrainSetTooSmall(f"data.train_files: {f} does not exist")
         total += pq.ParquetFile(f).metadata.num_rows
@@ -45,7 +46,7 @@ def check_fills_a_batch(train_files: str | Sequence[str], batch_size: int, max_s
     used = min(n, max_samples) if max_samples is not None and max_samples > 0 else n
     if used < batch_size:
         raise TrainSetTooSmall(
-            f"data.train_files ({', '.join(_files(train_files))}) gives {used} prompts"
+            f"data.train_files ({', '.join(files_of(train_files))}) gives {used} prompts"
             + (f" (data.train_max_samples {max_samples})" if used < n else "")
             + f", fewer than data.train_batch_size {batch_size}: VERL drops a partial batch, so an epoch would"
             " have no step. Use more prompts (a larger preflight, or the whole train split) or a smaller"
