@@ -38,9 +38,13 @@ the step's samples whose reward reported ``valid_json``.
 Sampling: ``_build_replay_buffer`` sets the buffer's poll interval from ``replay_buffer.poll_s``.
 
 Failures: ``on_sample_end`` (right after ``ReplayBuffer.sample``, before the update and the
-checkpoint) counts the failed samples of the step; ``_val_metrics_update`` (which ``_validate``
-calls with every scored sample and ``expected_acc_counts``) compares the scored samples with the
-validation set. Both stop the phase beyond ``failures.max_share``.
+checkpoint) counts the failed rollouts of the step; in mask mode (:mod:`trainer.phases.failure_mask`)
+``_compute_advantage`` then zeroes the response and loss masks of the masked samples (and of groups left
+with fewer than two valid ones) in the TransferQueue before VERL reads them, counts them with the failed
+rollouts, and the estimator ``grpo_masked`` (:mod:`trainer.in_verl.advantages`) leaves them out of their
+groups. ``_val_metrics_update`` (which ``_validate`` calls with every scored sample and
+``expected_acc_counts``) leaves the masked samples out of the validation metrics and compares the scored
+samples with the validation set. Both stop the phase beyond ``failures.max_share``.
 """
 
 from __future__ import annotations
@@ -51,11 +55,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
+from tensordict import TensorDict
 from verl.trainer.ppo.v1 import trainer_base
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
+from trainer.in_verl import advantages  # noqa: F401  (registers the grpo_masked estimator in this process)
 from trainer.phases.early_stopping import STATE_FILE, Decision, EarlyStopper, EarlyStoppingConfig, prune_checkpoints
+from trainer.phases.failure_mask import MaskPlan, plan_training_mask, split_validation
 from trainer.phases.monitors import (
     DEFAULT_KL_FLOOR,
     DynamicSamplingBudget,
@@ -73,8 +81,10 @@ from trainer.phases.rollout_failures import (
     RolloutFailureError,
     describe_cause,
     judge,
+    masked_cause,
     training_failures,
     validation_failures,
+    with_masked,
 )
 
 TRAINER_MODE = "sync"
@@ -155,6 +165,53 @@ def install(config: DictConfig) -> type[PPOTrainerSync]:
         )
     trainer_base.TRAINER_REGISTRY[TRAINER_MODE] = PhaseTrainer
     return PhaseTrainer
+
+
+def reward_info(extra_fields: Any) -> dict[str, Any]:
+    """A trajectory's reward parts: VERL keeps the reward function's extra keys under ``reward_extra_info``."""
+    fields = getattr(extra_fields, "data", extra_fields)
+    info = fields.get("reward_extra_info", {}) if hasattr(fields, "get") else {}
+    return dict(info) if hasattr(info, "items") else {}
+
+
+def zero_rows(mask: torch.Tensor, rows: tuple[int, ...]) -> torch.Tensor:
+    """``mask`` (nested, one row a sample, as VERL keeps it in the TransferQueue, or padded) with ``rows`` zeroed;
+    the other rows and every length unchanged."""
+    if not mask.is_nested:
+        out = mask.clone()
+        out[list(rows)] = 0
+        return out
+    parts = list(mask.unbind())
+    for row in rows:
+        parts[row] = torch.zeros_like(parts[row])
+    return torch.nested.as_nested_tensor(parts, layout=torch.jagged)
+
+
+def _without_masked(
+    keep: list[int],
+    n: int,
+    data_sources: Any,
+    sample_uids: Any,
+    infos: Any,
+    sample_turns: Any,
+    expected_acc_counts: dict[tuple[str, str], int] | None,
+) -> tuple[Any, Any, Any, Any, dict[tuple[str, str], int] | None]:
+    """The validation's per-sample lists without the masked rows (every list of ``n`` rows), and the expected
+    counts of their groups lowered by the masked samples."""
+
+    def pick(values: Any) -> Any:
+        return [values[i] for i in keep] if values is not None and len(values) == n else values
+
+    kept = set(keep)
+    expected = dict(expected_acc_counts) if expected_acc_counts is not None else None
+    if expected is not None:
+        for i in range(n):
+            if i not in kept:
+                key = (str(data_sources[i]), str(sample_uids[i]))
+                if key in expected:
+                    expected[key] = max(0, expected[key] - 1)
+    filtered = {k: pick(v) for k, v in infos.items()}
+    return pick(list(data_sources)), pick(list(sample_uids)), filtered, pick(sample_turns), expected
 
 
 class PhaseTrainer(PPOTrainerSync):
@@ -261,6 +318,53 @@ class PhaseTrainer(PPOTrainerSync):
             self._stop(self._training_count(), describe_cause(entries), exc)
             raise
 
+    # -- mask mode --------------------------------------------------------------------------------
+    def _compute_advantage(self, batch: Any, metrics: dict[str, Any]) -> Any:
+        if self.failure_policy.mode == "mask":
+            self._mask_failed_samples(batch, metrics)
+        return super()._compute_advantage(batch, metrics)
+
+    def _mask_failed_samples(self, batch: Any, metrics: dict[str, Any]) -> MaskPlan:
+        """Zero the masks of the samples without a gradient (TransferQueue, before VERL reads them), count them
+        with the step's failed rollouts, and stop the phase beyond ``failures.max_share``."""
+        tq: Any = trainer_base.tq  # type: ignore[attr-defined]  # the TransferQueue client VERL uses
+
+        keys, partition = list(batch.keys), batch.partition_id
+        fields = tq.kv_batch_get(keys=keys, partition_id=partition, select_fields=["extra_fields"])
+        padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
+        plan = plan_training_mask(keys, [reward_info(f) for f in fields["extra_fields"]], padding)
+        metrics.update(plan.as_metrics())
+        count = with_masked(self._training_count(), plan)
+        self._failure_metrics.update(count.as_metrics())
+        if count.failed:
+            self._stop(count, masked_cause(plan, count, self.reward_failures.new_entries()), policy=self.failure_policy)
+        if plan.samples and len(plan.no_gradient) >= plan.samples:
+            self._stop_without_gradient(plan, count)
+        if plan.no_gradient:
+            masks = {}
+            for name in ("response_mask", "loss_mask"):
+                try:
+                    masks[name] = tq.kv_batch_get(keys=keys, partition_id=partition, select_fields=[name])[name]
+                except Exception:  # a field this VERL does not keep: the other one carries the mask
+                    continue
+            if "response_mask" not in masks:
+                raise RuntimeError("mask mode: the batch has no response_mask in the TransferQueue")
+            put = {name: zero_rows(mask, plan.no_gradient) for name, mask in masks.items()}
+            tq.kv_batch_put(keys=keys, partition_id=partition, fields=TensorDict(put, batch_size=len(keys)))
+        return plan
+
+    def _stop_without_gradient(self, plan: MaskPlan, count: FailureCount) -> None:
+        """Within ``max_share``, yet no group kept two valid samples: nothing to train on (and VERL's token-mean
+        loss would divide by zero tokens)."""
+        message = (
+            f"training step {count.step}: no sample has a gradient: {plan.masked} of {plan.samples} samples masked "
+            f"and {plan.dropped_groups} group(s) left with fewer than two valid ones. Cause: "
+            f"{masked_cause(plan, count, self.reward_failures.new_entries())}"
+        )
+        self._write_stop(message, "no_gradient")
+        self._log_failure_metrics(count)
+        raise RolloutFailureError(message)
+
     def _training_count(self) -> FailureCount:
         n = int(self.config.actor_rollout_ref.rollout.n)
         per_step = int(self.config.data.train_batch_size) // int(self.parameter_sync_step)
@@ -310,13 +414,20 @@ class PhaseTrainer(PPOTrainerSync):
         expected_acc_counts: dict[tuple[str, str], int] | None = None,
     ) -> dict[str, float]:
         expected = sum((expected_acc_counts or {}).values())
-        count = validation_failures(int(self.global_steps), len(sample_uids), expected)
+        n = len(sample_uids)
+        keep, plan = split_validation(reward_extra_infos_dict, n)
+        count = validation_failures(int(self.global_steps), n, expected, plan.masked)
         if count.failed:
-            self._stop(count, describe_cause(self.reward_failures.new_entries()), policy=self.failure_policy)
+            self._stop(count, masked_cause(plan, count, self.reward_failures.new_entries()), policy=self.failure_policy)
+        if plan.masked:  # the masked samples are out of every validation metric (so of early stopping's score)
+            data_sources, sample_uids, reward_extra_infos_dict, sample_turns, expected_acc_counts = _without_masked(
+                keep, n, data_sources, sample_uids, reward_extra_infos_dict, sample_turns, expected_acc_counts
+            )
         metrics: dict[str, float] = super()._val_metrics_update(
             data_sources, sample_uids, reward_extra_infos_dict, sample_turns, expected_acc_counts=expected_acc_counts
         )
         metrics.update(count.as_metrics())
+        metrics.update(plan.as_metrics())
         return metrics
 
     def _validate(self) -> dict[str, float]:

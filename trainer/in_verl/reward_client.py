@@ -1,6 +1,6 @@
 """Batched HTTP client of the reward API, used by the VERL reward function (DESIGN §4.4, §4.5).
 
-Failure policy (applied by :class:`RewardBatcher`, stated here once):
+Failure policy (applied by :class:`RewardBatcher` and :func:`score_dict`, stated here once):
 
 - VERL calls the reward function once per sample, concurrently, inside one event loop per
   ``RewardLoopWorker`` process. Concurrent calls for the same endpoint and config are coalesced
@@ -14,14 +14,22 @@ Failure policy (applied by :class:`RewardBatcher`, stated here once):
   ``executor_*`` is not retried here: the service retried its executor calls already (retries live in one
   layer; retrying both multiplied the attempts, 3 × 4 = 12 per sample against a failing executor).
 - After the last attempt the error RAISES (:class:`RewardServiceError`). A made-up score would be
-  silently trained on, so there is none. The only penalised failure is opt-in:
-  ``on_executor_error="penalize"`` lets the service return the penalty with ``executor_failed``.
-- ``prompt_too_long`` is not a failure: the document plus the predicted schema do not fit the executor's
-  context, so that sample gets the table penalty (its schema part is still scored) and the part key
-  ``prompt_too_long`` = 1. It is logged as a warning that says what to do: drop such documents from the
-  training data (``trainer data build --stage2-tokenizer DIR --stage2-max-len N`` does) or serve the
-  executor with a longer ``--max-model-len``. Nothing is retried: the same
-  prompt would not fit again.
+  silently trained on, so there is none.
+- An answer that is an infrastructure or configuration failure, never the policy's mistake (the executor
+  failed after the service's retries, ``executor_failed``; it stopped at its token limit,
+  ``executor_truncated``; the document plus the schema do not fit its context, ``prompt_too_long``) is
+  handled by ``failure_mode`` (the phase's ``failures.mode``):
+
+  - ``mask`` (the default): the service is asked for per-item answers (``on_executor_error="penalize"``)
+    and such an item comes back as a **masked** sample: ``score`` 0, ``masked`` = 1 and its cause's key
+    = 1. The phase's trainer gives it no gradient and leaves it out of its group's mean and std
+    (:mod:`trainer.phases.failure_mask`); the reward function turns a call that raised into a masked
+    sample too (``reward_call_failed``).
+  - ``penalize`` (opt-in, named so): the table part gets the service's penalty and VERL trains on it;
+    ``executor_failed``, ``prompt_too_long`` and ``executor_truncated`` still say why. A warning names the
+    fix of ``prompt_too_long`` (drop such documents: ``trainer data build --stage2-tokenizer DIR
+    --stage2-max-len N``, or serve the executor with a longer ``--max-model-len``) and of
+    ``executor_truncated`` (raise the reward API's max_tokens).
 """
 
 from __future__ import annotations
@@ -36,14 +44,15 @@ import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from shared import EXECUTOR_FAILED, EXECUTOR_TRUNCATED, PROMPT_TOO_LONG
+from shared import EXECUTOR_TRUNCATED, PROMPT_TOO_LONG
 from trainer.data_source import reward_kind
+from trainer.phases.failure_mask import FAILURE_CAUSES, MASK_KEY, FailureMode
 
 log = logging.getLogger("trainer.in_verl.reward_client")
 
@@ -65,10 +74,17 @@ SCORE_KEYS: dict[str, tuple[str, ...]] = {
         "executor_truncated",
     ),
 }
+for _kind in SCORE_KEYS:  # every data source reports the mask and its causes (trainer.phases.failure_mask)
+    SCORE_KEYS[_kind] += tuple(k for k in (MASK_KEY, *FAILURE_CAUSES) if k not in SCORE_KEYS[_kind])
 
 
 class RewardServiceError(RuntimeError):
     """The reward API did not answer usefully after all retries (or answered a non-retryable 4xx)."""
+
+
+class RewardRequestError(RewardServiceError):
+    """The service refused our request (a 4xx other than 429: a bad token, a bad config): a bug to fix, never
+    masked as an infrastructure failure."""
 
 
 class RewardTimeoutError(RewardServiceError, TimeoutError):
@@ -92,8 +108,10 @@ class RewardClientConfig(BaseModel):
     max_wait_ms: float = Field(20.0, ge=0, description="How long the first item of a batch waits for company.")
     max_attempts: int = Field(4, ge=1, description="HTTP attempts per batch (1 = no retry).")
     backoff_s: float = Field(0.5, ge=0, description="First retry backoff; doubles per attempt, max 10 s.")
-    on_executor_error: Literal["fail", "penalize"] = Field(
-        "fail", description="Pipeline only: 'fail' raises on executor failure, 'penalize' scores the penalty."
+    failure_mode: FailureMode = Field(
+        "mask",
+        description="An executor failure, truncation or prompt_too_long: 'mask' (no gradient, out of the group's "
+        "baseline) or 'penalize' (the service's penalty is trained on).",
     )
     schema_config: dict[str, Any] = Field(default_factory=dict, description="SchemaRewardConfig overrides.")
     table_config: dict[str, Any] = Field(default_factory=dict, description="TableRewardConfig overrides.")
@@ -243,7 +261,7 @@ class RewardBatcher:
         started = time.monotonic()
         body = {"items": [p.item for p in batch], "config": self.reward_config, "debug": False}
         if self.endpoint == "pipeline":
-            body["on_executor_error"] = self.cfg.on_executor_error
+            body["on_executor_error"] = "penalize"  # per item: the failure_mode decides what the sample becomes
         self.stats.requests += 1
         self.stats.items += len(batch)
         self.stats.batch_sizes.append(len(batch))
@@ -291,14 +309,13 @@ class RewardBatcher:
                     resp = await self._client.post(self.url, json=body)
                     if resp.status_code >= 400:
                         if resp.status_code != 429 and resp.status_code < 500:
-                            raise RewardServiceError(f"{self.url}: HTTP {resp.status_code}: {resp.text[:500]}")
+                            raise RewardRequestError(f"{self.url}: HTTP {resp.status_code}: {resp.text[:500]}")
                         resp.raise_for_status()
                     results: list[dict[str, Any]] = resp.json()["results"]
                     return results
         except httpx.HTTPStatusError as exc:
             raise RewardServiceError(
-                f"{self.url}: HTTP {exc.response.status_code} after {tries} attempt(s): "
-                f"{exc.response.text[:500]}"
+                f"{self.url}: HTTP {exc.response.status_code} after {tries} attempt(s): {exc.response.text[:500]}"
             ) from exc
         except httpx.TransportError as exc:
             raise RewardServiceError(
@@ -367,9 +384,14 @@ def build_item(data_source: str, item_id: str, solution_str: str, ground_truth: 
     raise ValueError(f"data_source must be one of {list(SCORE_KEYS)}, got {data_source!r}")
 
 
-def score_dict(data_source: str, result: Mapping[str, Any]) -> dict[str, float]:
-    """Map a wire result onto VERL's ``{"score", ...parts}``; the same keys for every sample."""
-    out = {"score": float(result["reward"]), "valid_json": float(bool(result["valid_json"]))}
+def score_dict(data_source: str, result: Mapping[str, Any], failure_mode: FailureMode = "mask") -> dict[str, float]:
+    """Map a wire result onto VERL's ``{"score", ...parts}``; the same keys for every sample. In ``mask`` mode
+    an executor failure, truncation or prompt_too_long is a masked sample (:func:`masked_score`)."""
+    error = result.get("error")
+    if failure_mode == "mask" and error in FAILURE_CAUSES:
+        return masked_score(data_source, str(error))
+    out = dict.fromkeys(SCORE_KEYS[data_source], 0.0)
+    out.update(score=float(result["reward"]), valid_json=float(bool(result["valid_json"])))
     if data_source == "schema":
         out.update(precision=float(result["precision"]), recall=float(result["recall"]), f1=float(result["f1"]))
     elif data_source == "table":
@@ -381,15 +403,26 @@ def score_dict(data_source: str, result: Mapping[str, Any]) -> dict[str, float]:
             f1=float(result["f1"]),
             table_score=float(result["table_score"]),
             cell_accuracy=float(result["cell_accuracy"]),
-            executor_failed=float(result.get("error") == EXECUTOR_FAILED),
-            prompt_too_long=float(result.get("error") == PROMPT_TOO_LONG),
-            executor_truncated=float(result.get("error") == EXECUTOR_TRUNCATED),
         )
-        if result.get("error") == PROMPT_TOO_LONG:
+        if error in FAILURE_CAUSES:
+            out[str(error)] = 1.0
+        if error == PROMPT_TOO_LONG:
             _warn_prompt_too_long(result)
-        elif result.get("error") == EXECUTOR_TRUNCATED:
+        elif error == EXECUTOR_TRUNCATED:
             _warn_truncated()
     return {k: out[k] for k in SCORE_KEYS[data_source]}
+
+
+def masked_score(data_source: str, cause: str) -> dict[str, float]:
+    """The parts of a masked sample: score 0, ``masked`` 1 and ``cause`` 1 (the trainer gives it no gradient and
+    leaves it out of its group's baseline; validation leaves it out of the score)."""
+    if data_source not in SCORE_KEYS:
+        raise ValueError(f"data_source must be one of {list(SCORE_KEYS)}, got {data_source!r}")
+    if cause not in FAILURE_CAUSES:
+        raise ValueError(f"failure cause must be one of {list(FAILURE_CAUSES)}, got {cause!r}")
+    out = dict.fromkeys(SCORE_KEYS[data_source], 0.0)
+    out.update({MASK_KEY: 1.0, cause: 1.0})
+    return out
 
 
 _too_long_seen = itertools.count(1)
@@ -402,8 +435,8 @@ def _warn_truncated() -> None:
     if n == 1 or n % 100 == 0:
         log.warning(
             "%d sample(s) so far with executor_truncated: the executor stopped at its max_tokens before the "
-            "table ended, so the table part got its penalty. Raise the reward API's max_tokens setting "
-            "(docs/reward_api.md).",
+            "table ended, so the table part got its penalty (failures.mode penalize). Raise the reward API's "
+            "max_tokens setting (docs/reward_api.md).",
             n,
         )
 
@@ -414,9 +447,9 @@ def _warn_prompt_too_long(result: Mapping[str, Any]) -> None:
     if n == 1 or n % 100 == 0:
         log.warning(
             "%d sample(s) so far with prompt_too_long (last: %s tokens, executor context %s): the document plus "
-            "the predicted schema do not fit the executor, so the table part got its penalty. Drop these "
-            "documents from the training data (`trainer data build --stage2-tokenizer DIR --stage2-max-len N` "
-            "counts and drops them) or serve the executor with a longer --max-model-len.",
+            "the predicted schema do not fit the executor, so the table part got its penalty (failures.mode "
+            "penalize). Drop these documents from the training data (`trainer data build --stage2-tokenizer DIR "
+            "--stage2-max-len N` counts and drops them) or serve the executor with a longer --max-model-len.",
             n,
             result.get("prompt_tokens", "?"),
             result.get("prompt_limit", "?"),
@@ -438,4 +471,4 @@ async def score_one(
     uid = f"{item_id or 'sample'}#{next(_ids)}"
     item = build_item(kind, uid, solution_str, gt)
     result = await get_batcher(kind, cfg).submit(item)
-    return score_dict(kind, result)
+    return score_dict(kind, result, cfg.failure_mode)

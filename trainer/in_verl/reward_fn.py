@@ -14,9 +14,14 @@ the retries, and raises rather than invent a score (its docstring states the fai
 The endpoint is chosen by the reward kind of ``data_source`` ("schema", "table" or "pipeline", optionally
 tagged with the golden source, "table:wikitabletext": see :mod:`trainer.data_source`).
 
-When the call fails, the error is appended to ``reward_kwargs.failure_log`` (if set) and re-raised.
-VERL then marks the prompt group ``failure`` and keeps the exception in the rollout worker's log
-only; the phase's trainer reads this file to name the cause when it stops the phase
+When the call fails, the error is appended to ``reward_kwargs.failure_log`` (if set). In ``mask`` mode
+(``failure_mode``, the phase's ``failures.mode``) a failed call of the reward service
+(:class:`~trainer.in_verl.reward_client.RewardServiceError`: unreachable, 5xx or 429 after the retries, past
+its deadline) becomes a masked sample with cause ``reward_call_failed``; any other error (a request the
+service refused with a 4xx, a bad config or ground truth: a bug, never the policy's mistake either) and
+every error in ``penalize`` mode is re-raised.
+VERL then marks the prompt group ``failure`` and keeps the exception in the rollout worker's log only;
+the phase's trainer reads the failure log to name the cause when it stops the phase
 (:mod:`trainer.phases.rollout_failures`).
 """
 
@@ -24,7 +29,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.in_verl.reward_client import client_config_from_kwargs, score_one
+from trainer.data_source import reward_kind
+from trainer.in_verl.reward_client import (
+    RewardRequestError,
+    RewardServiceError,
+    client_config_from_kwargs,
+    masked_score,
+    score_one,
+)
 from trainer.phases.rollout_failures import record_reward_failure
 
 
@@ -38,16 +50,20 @@ async def compute_score(
     """``{"score", ...parts}`` for one sample; the part keys are fixed per ``data_source``.
 
     ``kwargs`` are VERL's ``reward_kwargs`` (url, timeout_s, max_batch, max_wait_ms, max_attempts,
-    on_executor_error, schema_config / table_config / pipeline_config); ``url`` falls back to
+    failure_mode, schema_config / table_config / pipeline_config); ``url`` falls back to
     ``TRAINER_REWARD_URL``, and the token is ``TRAINER_REWARD_TOKEN`` only (the launcher sets both);
     ``failure_log`` is the file a failed call is recorded in before it re-raises.
     """
     failure_log = kwargs.pop("failure_log", None)
     item_id = str((extra_info or {}).get("id") or (extra_info or {}).get("index") or "sample")
+    cfg = None
     try:
         cfg = client_config_from_kwargs(kwargs)
         return await score_one(str(data_source), solution_str, ground_truth, cfg, item_id)
     except Exception as exc:
         if failure_log:
             record_reward_failure(str(failure_log), str(data_source), item_id, exc)
+        infra = isinstance(exc, RewardServiceError) and not isinstance(exc, RewardRequestError)
+        if cfg is not None and cfg.failure_mode == "mask" and infra:
+            return masked_score(reward_kind(str(data_source)), "reward_call_failed")
         raise

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainer.phases.failure_mask import cause_of
+
 MONITORS_FILE = "monitors.json"  # the resolved ``monitors`` block, next to the checkpoints
 DEFAULT_KL_FLOOR = 0.01
 STEP_KEYS: dict[str, str] = {
@@ -86,8 +88,10 @@ def summarise(rows: Sequence[Mapping[str, Any]], kl_floor: float = DEFAULT_KL_FL
     max_kl = max(kl) if kl else None
     moved = None if max_kl is None else max_kl >= kl_floor
     if moved is None and trained:
-        verdict = ("no step logged actor/kl_loss (the KL loss is off: actor_rollout_ref.actor.use_kl_loss=false, "
-                   "no reference pass): cannot tell whether the policy moved from the KL; see entropy and validation")
+        verdict = (
+            "no step logged actor/kl_loss (the KL loss is off: actor_rollout_ref.actor.use_kl_loss=false, "
+            "no reference pass): cannot tell whether the policy moved from the KL; see entropy and validation"
+        )
     elif moved is None:
         verdict = "no step logged actor/kl_loss: cannot tell whether the policy moved"
     elif moved:
@@ -184,7 +188,7 @@ class DynamicSamplingBudget:
 
 def valid_output_metrics(extra_fields: Sequence[Any], padding: Sequence[bool] | None = None) -> dict[str, float]:
     """``training/valid_output/*`` of a step's samples, from each trajectory's ``extra_fields`` (VERL
-    keeps the reward function's extra keys under ``reward_extra_info``); padding samples are skipped.
+    keeps the reward function's extra keys under ``reward_extra_info``); padding and masked samples are skipped.
     Empty when no sample reported ``valid_json``."""
     flags = []
     for i, fields in enumerate(extra_fields):
@@ -192,6 +196,8 @@ def valid_output_metrics(extra_fields: Sequence[Any], padding: Sequence[bool] | 
             continue
         fields = getattr(fields, "data", fields)
         info = fields.get("reward_extra_info", {}) if isinstance(fields, Mapping) else {}
+        if isinstance(info, Mapping) and cause_of(info) is not None:
+            continue  # a masked sample (an infrastructure failure) says nothing of the policy's output
         if isinstance(info, Mapping) and info.get("valid_json") is not None:
             flags.append(bool(info["valid_json"]))
     if not flags:

@@ -9,16 +9,18 @@ Policy, stated once (docs/training.md repeats it):
   keeps such groups sampleable and the missing samples are padded downstream; in validation they
   are left out of ``val-*/…/mean@N``. Either way the run would go on with a silently smaller batch,
   or an early-stopping score over the samples that happened to succeed.
-- So a phase stops instead. In **training**, any failed sample of a step stops the phase right
-  after VERL's replay buffer hands the batch over (``on_sample_end``), before the update and
-  before that step's checkpoint. In **validation**, a validation that scored fewer samples than
-  the validation set holds stops the phase before early stopping sees its score. The error names
-  the cause: the reward client's own error (endpoint and status, or the connection error), which
-  the reward function appends to ``reward_kwargs.failure_log`` before it re-raises, because VERL
-  keeps the exception in the rollout worker's log only.
-- ``failures.max_share`` (default 0) allows a bounded share of failed samples per training step
-  and per validation, for flaky clusters. Failures are counted in the metrics either way
-  (``training/rollout_failure/*``, ``validation/rollout_failure/*``).
+- A sample whose reward is an infrastructure or configuration failure is masked in ``failures.mode: mask``
+  (the default; :mod:`trainer.phases.failure_mask`): no gradient, out of its group's baseline and out of
+  the validation score. It counts as failed here, beside the failed rollouts.
+- A phase stops when the failed samples pass ``failures.max_share`` (the phase configs: 0.1; 0 stops at
+  the first one). In **training** the failed rollouts are counted right after VERL's replay buffer hands
+  the batch over (``on_sample_end``), and with the masked samples before the advantage; both are before the
+  update and before that step's checkpoint. In **validation**, the samples a validation did not score plus
+  the masked ones are counted before early stopping sees its score. The error names the cause: the masked
+  samples' causes, and the reward client's own error (endpoint and status, or the connection error), which
+  the reward function appends to ``reward_kwargs.failure_log``, because VERL keeps the exception in the
+  rollout worker's log only. Failures are counted in the metrics either way
+  (``training/rollout_failure/*``, ``validation/rollout_failure/*``, ``*/masked/*``).
 - A stopped phase writes ``phase_failure.json`` next to its checkpoints; ``run_phase`` reads it into
   the phase result, which says ``failed`` and exports nothing.
 """
@@ -36,6 +38,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trainer.phases.failure_mask import FailureMode, MaskPlan
+
 FAILURE_FILE = "phase_failure.json"
 Where = Literal["training", "validation"]
 
@@ -45,8 +49,16 @@ class FailurePolicy(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    mode: FailureMode = Field(
+        "mask",
+        description="A sample whose reward is an infrastructure failure: 'mask' (no gradient, out of its group's "
+        "baseline and of the validation score) or 'penalize' (opt-in: the service's penalty is trained on).",
+    )
     max_share: float = Field(
-        0.0, ge=0.0, lt=1.0, description="Largest share of failed samples a training step or a validation may have."
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Largest share of failed (or masked) samples a training step or a validation may have.",
     )
 
 
@@ -58,8 +70,9 @@ class RolloutFailureError(RuntimeError):
 class FailureCount:
     where: Where
     step: int
-    failed: int
+    failed: int  # failed rollouts or unscored samples, plus the masked ones
     expected: int
+    masked: int = 0
 
     @property
     def share(self) -> float:
@@ -130,6 +143,15 @@ def describe_cause(entries: Iterable[Mapping[str, Any]], limit: int = 3) -> str:
     return "; ".join(parts) + (f"; and {more} other error(s)" if more > 0 else "")
 
 
+def masked_cause(plan: MaskPlan, count: FailureCount, entries: list[dict[str, Any]]) -> str:
+    """The cause a stop names: the masked samples' causes, and the recorded reward errors (or the failed
+    rollouts' absence of one) when more failed than were masked."""
+    parts = [plan.describe()]
+    if entries or count.failed > plan.masked:
+        parts.append(describe_cause(entries))
+    return "; ".join(p for p in parts if p)
+
+
 def training_failures(replay_buffer: Any, rollout_n: int, step: int, expected: int) -> FailureCount:
     """Failed samples of the batch VERL's sync ``ReplayBuffer.sample`` just selected.
 
@@ -146,8 +168,14 @@ def training_failures(replay_buffer: Any, rollout_n: int, step: int, expected: i
     return FailureCount("training", step, failed, expected)
 
 
-def validation_failures(step: int, scored: int, expected: int) -> FailureCount:
-    return FailureCount("validation", step, max(0, expected - scored), expected)
+def validation_failures(step: int, scored: int, expected: int, masked: int = 0) -> FailureCount:
+    """``scored`` samples came back of ``expected``; ``masked`` of them are masked (and not scored)."""
+    return FailureCount("validation", step, max(0, expected - scored) + masked, expected, masked)
+
+
+def with_masked(count: FailureCount, plan: MaskPlan) -> FailureCount:
+    """A training step's failed rollouts plus the samples mask mode masked."""
+    return FailureCount(count.where, count.step, count.failed + plan.masked, count.expected, plan.masked)
 
 
 def judge(
@@ -157,8 +185,9 @@ def judge(
     if count.failed == 0 or count.share <= policy.max_share:
         return None
     what = "training step" if count.where == "training" else "validation at step"
+    masked = f" ({count.masked} of them masked)" if count.masked else ""
     message = (
-        f"{what} {count.step}: {count.failed} of {count.expected} samples failed (share {count.share:.3f} > "
+        f"{what} {count.step}: {count.failed} of {count.expected} samples failed{masked} (share {count.share:.3f} > "
         f"failures.max_share {policy.max_share}); the phase stops instead of "
         f"{'training on a subset' if count.where == 'training' else 'scoring a subset'}. Cause: {cause}"
     )

@@ -3,23 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import time
+from pathlib import Path
 
 import pytest
 
 from shared import compute_schema_reward_single
 from tests.trainer.in_verl.faulty_reward_api import Faults, FaultyRewardApi
+from trainer.in_verl import reward_client
 from trainer.in_verl.reward_client import (
+    FAILURE_CAUSES,
     SCORE_KEYS,
     TOKEN_ENV,
     URL_ENV,
     RewardClientConfig,
+    RewardRequestError,
     RewardServiceError,
     RewardTimeoutError,
     batchers_of_running_loop,
     build_item,
     client_config_from_kwargs,
     decode_ground_truth,
+    masked_score,
     score_dict,
     score_one,
 )
@@ -32,6 +39,9 @@ PREDS = [
     "not json",
     '```json\n{"fields": [{"name": "Name"}, {"name": "food"}]}\n```',
 ]
+
+# the parts of a sample that is no failure: no mask, no cause
+NO_FAILURE = dict.fromkeys(("masked", *FAILURE_CAUSES), 0.0)
 
 
 async def _close() -> None:
@@ -55,8 +65,14 @@ async def test_concurrent_calls_are_coalesced_into_few_posts() -> None:
     assert sorted(api.faults.batch_sizes) == [2, 16, 16, 16]
     for p, s in zip(preds, scores, strict=True):
         want = compute_schema_reward_single(p, GOLD["schema"])
-        assert s == {"score": want.reward, "valid_json": float(want.valid_json), "precision": want.precision,
-                     "recall": want.recall, "f1": want.f1}
+        assert s == {
+            "score": want.reward,
+            "valid_json": float(want.valid_json),
+            "precision": want.precision,
+            "recall": want.recall,
+            "f1": want.f1,
+            **NO_FAILURE,
+        }
 
 
 async def test_503_is_retried_then_succeeds() -> None:
@@ -113,9 +129,7 @@ async def test_deadline_raises_timeout_for_every_waiter() -> None:
         cfg = _cfg(api.url, timeout_s=0.5, max_attempts=1)
         t0 = time.monotonic()
         try:
-            results = await asyncio.gather(
-                *(score_one("schema", p, GOLD, cfg) for p in PREDS), return_exceptions=True
-            )
+            results = await asyncio.gather(*(score_one("schema", p, GOLD, cfg) for p in PREDS), return_exceptions=True)
         finally:
             await _close()
         elapsed = time.monotonic() - t0
@@ -141,8 +155,43 @@ async def test_compute_score_reads_kwargs_and_env(monkeypatch: pytest.MonkeyPatc
             s = await compute_score("schema", PREDS[0], '{"schema": {"columns": [{"name": "name"}]}}', {"id": "x"})
         finally:
             await _close()
-    assert s == {"score": pytest.approx(2 / 3), "valid_json": 1.0, "precision": 0.5, "recall": 1.0,
-                 "f1": pytest.approx(2 / 3)}
+    assert s == {
+        "score": pytest.approx(2 / 3),
+        "valid_json": 1.0,
+        "precision": 0.5,
+        "recall": 1.0,
+        "f1": pytest.approx(2 / 3),
+        **NO_FAILURE,
+    }
+
+
+async def test_mask_mode_turns_a_failed_reward_call_into_a_masked_sample(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A reward service that answers 503 after every retry: in mask mode the sample is masked
+    (``reward_call_failed``) and the failure log names the error; a 400 (our request is wrong) and any failure
+    in penalize mode still raise."""
+    log = tmp_path / "reward_failures.jsonl"
+    truth = '{"schema": {"columns": [{"name": "name"}]}}'
+    with FaultyRewardApi(Faults(fail_first=1000, status=503)) as api:
+        monkeypatch.setenv(URL_ENV, api.url)
+        try:
+            kw = {"max_attempts": 2, "backoff_s": 0, "failure_log": str(log)}
+            s = await compute_score("schema", PREDS[0], truth, {"id": "doc-1"}, **kw)
+            assert s == masked_score("schema", "reward_call_failed") and s["masked"] == 1.0 and s["score"] == 0.0
+            with pytest.raises(RewardServiceError, match="HTTP 503"):
+                await compute_score("schema", PREDS[0], truth, {"id": "doc-2"}, **kw, failure_mode="penalize")
+        finally:
+            await _close()
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [x["id"] for x in lines] == ["doc-1", "doc-2"] and all("HTTP 503" in x["error"] for x in lines)
+    with FaultyRewardApi(Faults(fail_first=1000, status=400)) as api:
+        monkeypatch.setenv(URL_ENV, api.url)
+        try:
+            with pytest.raises(RewardRequestError, match="HTTP 400"):
+                await compute_score("schema", PREDS[0], truth, {"id": "doc-3"})
+        finally:
+            await _close()
 
 
 def test_config_errors_name_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -173,7 +222,12 @@ def test_config_errors_name_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_items_and_ground_truth_errors() -> None:
     gt = decode_ground_truth('{"schema": {"columns": []}, "table": {"columns": [], "data": []}, "text": "t"}')
     assert build_item("pipeline", "i", "p", gt) == {
-        "id": "i", "prediction": "p", "text": "t", "gold_schema": gt["schema"], "gold_table": gt["table"]}
+        "id": "i",
+        "prediction": "p",
+        "text": "t",
+        "gold_schema": gt["schema"],
+        "gold_table": gt["table"],
+    }
     with pytest.raises(ValueError, match="lacks field 'table'"):
         build_item("table", "i", "p", {"schema": {}})
     with pytest.raises(ValueError, match="data_source must be one of"):
@@ -183,32 +237,79 @@ def test_items_and_ground_truth_errors() -> None:
 
 
 def test_score_keys_do_not_depend_on_the_result() -> None:
-    ok = {"reward": 0.5, "valid_json": True, "schema_reward": 1, "table_reward": 0, "f1": 1, "cell_accuracy": 0.5,
-          "precision": 1, "recall": 1, "error": None, "score": 0.75, "table_score": 0.75}
+    ok = {
+        "reward": 0.5,
+        "valid_json": True,
+        "schema_reward": 1,
+        "table_reward": 0,
+        "f1": 1,
+        "cell_accuracy": 0.5,
+        "precision": 1,
+        "recall": 1,
+        "error": None,
+        "score": 0.75,
+        "table_score": 0.75,
+    }
     bad = {**ok, "valid_json": False, "error": "executor_failed"}
     for source in SCORE_KEYS:
-        assert list(score_dict(source, ok)) == list(score_dict(source, bad)) == list(SCORE_KEYS[source])
-    assert score_dict("pipeline", bad)["executor_failed"] == 1.0
-    assert score_dict("pipeline", ok)["executor_failed"] == 0.0
+        for mode in ("mask", "penalize"):
+            keys = [list(score_dict(source, r, mode)) for r in (ok, bad)]  # type: ignore[arg-type]
+            assert keys[0] == keys[1] == list(SCORE_KEYS[source])
+        assert list(masked_score(source, "reward_call_failed")) == list(SCORE_KEYS[source])
+    assert score_dict("pipeline", bad, "penalize")["executor_failed"] == 1.0
+    assert score_dict("pipeline", bad, "penalize")["masked"] == 0.0
+    assert score_dict("pipeline", ok)["executor_failed"] == score_dict("pipeline", ok)["masked"] == 0.0
 
 
-def test_prompt_too_long_is_its_own_part_and_says_what_to_do(caplog: pytest.LogCaptureFixture) -> None:
-    ok = {"reward": 0.0, "valid_json": True, "schema_reward": 1, "table_reward": -1, "f1": 1, "cell_accuracy": 0.0,
-          "table_score": 0.0, "error": "prompt_too_long", "prompt_tokens": 5000, "prompt_limit": 2048}
+@pytest.mark.parametrize("cause", ["executor_failed", "executor_truncated", "prompt_too_long"])
+def test_mask_mode_turns_an_infrastructure_failure_into_a_masked_sample(cause: str) -> None:
+    """The service's per-item failure is the sample's mask and cause, with score 0 and no metric of its own; in
+    penalize mode the same answer is the service's penalty, trained on."""
+    answer = {"reward": -0.3, "valid_json": True, "schema_reward": 0.4, "table_reward": -1.0, "f1": 0.4,
+              "cell_accuracy": 0.0, "table_score": 0.0, "error": cause}  # fmt: skip
+    masked = score_dict("pipeline", answer)
+    assert masked["masked"] == 1.0 and masked[cause] == 1.0 and masked["score"] == 0.0
+    assert sum(masked[c] for c in FAILURE_CAUSES) == 1.0 and masked["schema_reward"] == 0.0
+    penalized = score_dict("pipeline", answer, "penalize")
+    assert penalized["masked"] == 0.0 and penalized[cause] == 1.0 and penalized["score"] == -0.3
+    assert score_dict("pipeline", {**answer, "error": None})["masked"] == 0.0
+    with pytest.raises(ValueError, match="failure cause must be one of"):
+        masked_score("pipeline", "slow")
+
+
+def test_prompt_too_long_is_its_own_part_and_says_what_to_do(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reward_client, "_too_long_seen", itertools.count(1))  # the first one is the one logged
+    ok = {
+        "reward": 0.0,
+        "valid_json": True,
+        "schema_reward": 1,
+        "table_reward": -1,
+        "f1": 1,
+        "cell_accuracy": 0.0,
+        "table_score": 0.0,
+        "error": "prompt_too_long",
+        "prompt_tokens": 5000,
+        "prompt_limit": 2048,
+    }
     with caplog.at_level("WARNING", logger="trainer.in_verl.reward_client"):
-        parts = score_dict("pipeline", ok)
+        parts = score_dict("pipeline", ok, "penalize")
     assert list(parts) == list(SCORE_KEYS["pipeline"])
     assert parts["prompt_too_long"] == 1.0 and parts["executor_failed"] == 0.0
     assert "5000 tokens, executor context 2048" in caplog.text and "Drop these documents" in caplog.text
     assert score_dict("pipeline", {**ok, "error": None})["prompt_too_long"] == 0.0
 
 
-def test_executor_truncated_is_its_own_part_and_says_what_to_do(caplog: pytest.LogCaptureFixture) -> None:
-    """Issue 26: a table cut at the executor's max_tokens is counted apart, never as a plain low score."""
+def test_executor_truncated_is_its_own_part_and_says_what_to_do(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table cut at the executor's max_tokens is counted apart, never as a plain low score."""
+    monkeypatch.setattr(reward_client, "_truncated_seen", itertools.count(1))
     cut = {"reward": 0.0, "valid_json": True, "schema_reward": 1.0, "table_reward": -1.0, "f1": 1.0,
            "cell_accuracy": 0.0, "table_score": 0.0, "error": "executor_truncated"}  # fmt: skip
     with caplog.at_level("WARNING", logger="trainer.in_verl.reward_client"):
-        parts = score_dict("pipeline", cut)
+        parts = score_dict("pipeline", cut, "penalize")
     assert list(parts) == list(SCORE_KEYS["pipeline"])
     assert parts["executor_truncated"] == 1.0 and parts["executor_failed"] == 0.0 and parts["prompt_too_long"] == 0.0
     assert "max_tokens setting (docs/reward_api.md)" in caplog.text
@@ -218,8 +319,6 @@ def test_executor_truncated_is_its_own_part_and_says_what_to_do(caplog: pytest.L
 async def test_the_token_from_the_environment_reaches_a_protected_reward_api(monkeypatch: pytest.MonkeyPatch) -> None:
     """A real reward API that wants a bearer token: the reward function sends the one the launcher put in
     ``TRAINER_REWARD_TOKEN``; a wrong one is the service's 401, named, not a low reward."""
-    import json
-
     from trainer.serving.reward_api import reward_api_process
 
     truth = json.dumps(GOLD)

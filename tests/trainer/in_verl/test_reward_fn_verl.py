@@ -37,6 +37,7 @@ from tests.trainer.in_verl.verl_harness import (
 )
 from trainer.data.sample_data import SAMPLE_DIR
 from trainer.in_verl.reward_client import SCORE_KEYS
+from trainer.phases.failure_mask import FAILURE_CAUSES
 
 pytestmark = [pytest.mark.verl, pytest.mark.service, pytest.mark.slow]
 VAL = read_golden(SAMPLE_DIR / golden_filename("validation"))
@@ -105,7 +106,7 @@ def test_verl_reward_loop_calls_our_function_in_batches(
     for s, o, want in zip(samples, out, expected, strict=True):
         assert o["reward_score"] == pytest.approx(want["score"])
         assert list(o["reward_extra_info"]) == list(SCORE_KEYS[s["data_source"]])
-        assert o["reward_extra_info"] == pytest.approx(want)
+        assert o["reward_extra_info"] == pytest.approx({**want, **dict.fromkeys(("masked", *FAILURE_CAUSES), 0.0)})
     assert {o["reward_score"] for o in out} >= {1.0, -1.0}  # real spread, not a constant
     # 18 samples per endpoint, max_batch 8: at least 3 POSTs each, and far fewer than 36 in all
     assert made["schema"] >= 3 and made["table"] >= 3

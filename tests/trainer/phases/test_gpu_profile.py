@@ -33,7 +33,7 @@ def test_grpo_gpu_recipe(env: None, phase: str, response: int) -> None:  # noqa:
     fg = c.algorithm.filter_groups
     assert fg.enable is True and fg.metric == "reward" and fg.max_num_gen_batches == 8
     # Dr.GRPO: advantages not divided by the group's std; token-mean loss (no per-response length factor)
-    assert c.algorithm.adv_estimator == "grpo" and c.algorithm.norm_adv_by_std_in_grpo is False
+    assert c.algorithm.adv_estimator == "grpo_masked" and c.algorithm.norm_adv_by_std_in_grpo is False
     assert actor.loss_agg_mode == "token-mean"
     # clip-higher
     assert (actor.clip_ratio_low, actor.clip_ratio_high) == (pytest.approx(0.2), pytest.approx(0.28))

@@ -84,7 +84,8 @@ def closed_port() -> int:
 
 
 def test_reward_fn_records_the_client_error_with_its_endpoint_then_raises(tmp_path: Path) -> None:
-    """VERL's compute_score call: a dead reward API raises (no invented score) and leaves the cause."""
+    """VERL's compute_score call: a dead reward API leaves the cause; in penalize mode it raises (no invented
+    score), in mask mode the sample is masked (score 0, no gradient)."""
     from trainer.in_verl.reward_client import RewardServiceError
     from trainer.in_verl.reward_fn import compute_score
 
@@ -94,10 +95,13 @@ def test_reward_fn_records_the_client_error_with_its_endpoint_then_raises(tmp_pa
 
     async def call() -> None:
         await compute_score("schema", '{"columns": ["a"]}', gt, {"id": "s1"}, url=url, max_attempts=1,
-                            failure_log=str(log))  # fmt: skip
+                            failure_log=str(log), failure_mode="penalize")  # fmt: skip
 
     with pytest.raises(RewardServiceError, match=f"{url}/reward/schema: ConnectError"):
         asyncio.run(call())
-    [entry] = [json.loads(line) for line in log.read_text().splitlines()]
+    masked = asyncio.run(compute_score("schema", "{}", gt, {"id": "s2"}, url=url, max_attempts=1, failure_log=str(log)))
+    assert masked["masked"] == masked["reward_call_failed"] == 1.0 and masked["score"] == 0.0
+    entry, second = [json.loads(line) for line in log.read_text().splitlines()]
+    assert second["id"] == "s2" and "ConnectError" in second["error"]
     assert entry["id"] == "s1" and entry["data_source"] == "schema"
     assert entry["error"].startswith(f"RewardServiceError: {url}/reward/schema: ConnectError")
