@@ -42,7 +42,9 @@ class FaultyExecutor:
     - ``garbage``: 200 with JSON that has no ``choices[0].message.content``; ``not_json``: 200, not JSON
     - ``redirect``: 307 to ``redirect_to`` (another local service)
 
-    ``finish_reason``: of ``ok`` answers ("length": cut at max_tokens). ``root``: the model card's ``root``
+    ``finish_reason``: of ``ok`` answers ("length": cut at max_tokens); ``length_share``: that share of the ``ok``
+    answers (spread evenly: answer k is cut when ``floor(k·share)`` steps up) ends with "length" instead, and
+    ``length_answers`` counts them. ``root``: the model card's ``root``
     (its weights' path; change it to fake a model swap behind the same served name). ``models_body``: if
     set, ``/v1/models`` answers exactly this JSON (a malformed answer). ``models_calls``: its GETs;
     ``models_delay_s``: how long each of them takes (a slow executor start, a busy server).
@@ -64,6 +66,7 @@ class FaultyExecutor:
         delay_s: float = 0.0,
         too_long_chars: int | None = None,
         finish_reason: str = "stop",
+        length_share: float = 0.0,
         root: str | None = None,
         models_body: Any = None,
         redirect_to: str = "",
@@ -73,6 +76,8 @@ class FaultyExecutor:
         self.in_flight = 0
         self.max_in_flight = 0
         self.finish_reason = finish_reason
+        self.length_share = length_share
+        self.length_answers = 0
         self.root = root
         self.models_body = models_body
         self.redirect_to = redirect_to
@@ -148,6 +153,11 @@ class FaultyExecutor:
             return PlainTextResponse("<html>proxy error</html>", status_code=200)
         if mode == "redirect":
             return Response(status_code=307, headers={"location": self.redirect_to})
+        finish = self.finish_reason
+        if self.length_share and int(n * self.length_share) > int((n - 1) * self.length_share):
+            finish = "length"
+            with self._lock:
+                self.length_answers += 1
         return JSONResponse(
             {
                 "id": f"chatcmpl-{n}",
@@ -157,7 +167,7 @@ class FaultyExecutor:
                     {
                         "index": i,
                         "message": {"role": "assistant", "content": self.content},
-                        "finish_reason": self.finish_reason,
+                        "finish_reason": finish,
                     }
                     for i in range(int(payload.get("n") or 1))
                 ],

@@ -1,0 +1,110 @@
+"""Trainer failures: what the GRPO phases train on when the executor behind the pipeline reward fails.
+
+A real reward_api in front of a fault-injecting executor (``FaultyExecutor``), the trainer's own reward
+function (``trainer/in_verl/reward_fn.py``, mask mode) and VERL's real advantage computation with the phases'
+estimator ``grpo_masked``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shared import GoldenExample, canonical_schema_json, gold_ndjson
+from tests.helpers.faulty_executor import FaultyExecutor
+from tests.helpers.servers import RewardApiServer
+from tests.reliability.test_executor_faults import _env
+
+pytestmark = [pytest.mark.service, pytest.mark.verl]
+
+
+def schema_variants(ex: GoldenExample) -> list[str]:
+    """Four valid schemas for one document (each its own Stage-2 prompt, so each its own executor call)."""
+    gold = ex.schema_dict()
+    cols = gold["columns"]
+    extra = {**gold, "columns": [*cols, {"name": "notes", "type": "string"}]}
+    fewer = {**gold, "columns": cols[:-1] or cols}
+    other = {**gold, "columns": [*reversed(cols), {"name": "source", "type": "string"}]}
+    return [canonical_schema_json(s) for s in (gold, extra, fewer, other)]
+
+
+async def score_all(samples: list[tuple[str, str, str]]) -> list[dict[str, float]]:
+    """Every sample through the trainer's reward function at once (its batcher coalesces them)."""
+    from trainer.in_verl.reward_client import batchers_of_running_loop
+    from trainer.in_verl.reward_fn import compute_score
+
+    try:
+        return list(
+            await asyncio.gather(
+                *(compute_score("pipeline", pred, gt, {"id": key}, max_batch=8) for key, pred, gt in samples)
+            )
+        )
+    finally:
+        for b in batchers_of_running_loop():
+            await b.aclose()
+
+
+def test_mask_truncated(examples: list[GoldenExample], record_property: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An executor that cuts 30% of its answers at max_tokens: the cut samples get no gradient, and the valid
+    samples' advantages are exactly VERL's GRPO advantages computed without them."""
+    import torch
+    from verl.protocol import DataProto
+    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+
+    import trainer.in_verl.advantages  # noqa: F401  (registers grpo_masked)
+    from trainer.phases.failure_mask import plan_training_mask
+
+    docs = [ex for ex in examples if len(ex.schema_dict()["columns"]) >= 2][:12]
+    record_property("tried", f"{len(docs)} groups x 4 samples through reward_fn (mask mode); the executor cuts 30%")
+    record_property("expected", "cut samples masked, no gradient; valid advantages == VERL's GRPO without them")
+    samples = [
+        (
+            f"g{g}_{s}_0",
+            pred,
+            json.dumps({"text": ex.text, "schema": ex.schema_dict(), "table": ex.table_dict()}),
+        )
+        for g, ex in enumerate(docs)
+        for s, pred in enumerate(schema_variants(ex))
+    ]
+    with (
+        FaultyExecutor(content=gold_ndjson(docs[0].table_dict()), length_share=0.3) as fx,
+        RewardApiServer(_env(fx.url)) as api,
+    ):
+        monkeypatch.setenv("TRAINER_REWARD_URL", api.url)
+        parts = asyncio.run(score_all(samples))
+        calls, cut = fx.calls, fx.length_answers
+    keys = [k for k, *_ in samples]
+    masked = [i for i, p in enumerate(parts) if p["masked"] == 1.0]
+    assert calls == len(samples) and cut == int(len(samples) * 0.3)  # one call a sample, 30% of them cut
+    assert len(masked) == cut and all(parts[i]["executor_truncated"] == 1.0 for i in masked)
+    assert all(parts[i]["score"] == 0.0 for i in masked)
+
+    plan = plan_training_mask(keys, parts)
+    uids = np.array([k.split("_")[0] for k in keys], dtype=object)
+    rewards = torch.tensor([p["score"] for p in parts])
+    width = 4
+    mask = torch.ones(len(keys), width, dtype=torch.int64)
+    mask[list(plan.no_gradient)] = 0  # what PhaseTrainer writes to the TransferQueue
+    scores = torch.zeros(len(keys), width)
+    scores[:, -1] = rewards
+    data = DataProto.from_dict({"response_mask": mask, "token_level_rewards": scores}, non_tensors={"uid": uids})
+    ours = compute_advantage_for_multi_trajectories(data, keys, "grpo_masked", config={}).batch["advantages"]
+    keep = [i for i in range(len(keys)) if i not in set(plan.no_gradient)]
+    ref = DataProto.from_dict(
+        {"response_mask": torch.ones(len(keep), width, dtype=torch.int64), "token_level_rewards": scores[keep]},
+        non_tensors={"uid": uids[keep]},
+    )
+    want = compute_advantage_for_multi_trajectories(ref, [keys[i] for i in keep], "grpo", config={}).batch["advantages"]
+    diff = float((ours[keep] - want).abs().max())
+    assert diff == 0.0 and float(ours[list(plan.no_gradient)].abs().sum()) == 0.0
+    assert float(ours[keep].abs().sum()) > 0  # the valid samples do carry a signal
+    record_property(
+        "observed",
+        f"{len(masked)}/{len(samples)} samples masked (the executor cut {cut} of {calls} answers), all "
+        f"executor_truncated; {len(plan.no_gradient)} rows without gradient ({plan.dropped_groups} group(s) left "
+        f"with < 2 valid samples), advantage 0; valid advantages vs VERL's GRPO without them: max |diff| {diff:g}",
+    )
