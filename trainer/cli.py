@@ -23,10 +23,11 @@ from trainer.data.datasets import build_datasets
 from trainer.data.precompute import precompute_c2
 from trainer.data.prompt_fit import Stage2Fit
 from trainer.evaluation import report
-from trainer.evaluation.generation import GenerationClient, GenerationConfig
+from trainer.evaluation.generation import GenerationClient, GenerationConfig, TruncatedAnswersError
 from trainer.evaluation.inference import infer, schema_predictor
 from trainer.evaluation.phase_d import (
     DEFAULT_DECISION_METRIC,
+    DEFAULT_MAX_TRUNCATED_SHARE,
     EvalOutputs,
     Setting,
     load_predictions,
@@ -128,6 +129,9 @@ def data_precompute(
         None, min=1, help="A seeded random N train documents (VERL draws data.train_max_samples of them)."
     ),
     max_tokens: int = MaxTokens,
+    max_truncated_share: float = typer.Option(
+        DEFAULT_MAX_TRUNCATED_SHARE, min=0.0, max=1.0, help="Fail past this share of π1 schemas cut at --max-tokens."
+    ),
     concurrency: int = Concurrency,
     timeout: float = Timeout,
     seed: int = Seed,
@@ -141,24 +145,32 @@ def data_precompute(
     fit = _stage2_fit(stage2_tokenizer, stage2_max_len)
     client = GenerationClient(executor_url, model, _gen(max_tokens, concurrency, timeout, seed))
     sample = {"train": train_sample} if train_sample else None
-    report = precompute_c2(
-        golden,
-        out,
-        schema_predictor(client),
-        client.model,
-        on_invalid=policy,
-        limit=limit,
-        stage2_fit=fit,
-        sample=sample,
-        seed=seed,
-    )
-    table = Table("split", "rows written", "invalid schemas", f"invalid → {on_invalid}", "Stage-2 too long (dropped)")
+    try:
+        report = precompute_c2(
+            golden,
+            out,
+            schema_predictor(client),
+            client.model,
+            on_invalid=policy,
+            limit=limit,
+            stage2_fit=fit,
+            sample=sample,
+            seed=seed,
+            max_truncated_share=max_truncated_share,
+        )
+    except TruncatedAnswersError as exc:
+        raise _bad("--max-tokens", str(exc)) from None
+    table = Table(
+        "split", "rows written", "invalid schemas", f"invalid → {on_invalid}", f"cut at {max_tokens} tokens",
+        "Stage-2 too long (dropped)",
+    )  # fmt: skip
     for split, n in report.counts.items():
         table.add_row(
             split,
             str(n),
             str(report.invalid[split]),
             ", ".join(report.invalid_ids[split][:3]),
+            str(len(report.truncated_ids.get(split, []))),
             str(len(report.too_long_ids.get(split, []))),
         )
     console.print(table)
@@ -202,6 +214,12 @@ def evaluate_pipeline(
     decision_metric: str = DecisionMetric,
     min_gain: float = MinGain,
     max_tokens: int = MaxTokens,
+    max_truncated_share: float = typer.Option(
+        DEFAULT_MAX_TRUNCATED_SHARE,
+        min=0.0,
+        max=1.0,
+        help="Fail when more than this share of a setting's π1 schemas or π2 tables stop at --max-tokens.",
+    ),
     concurrency: int = Concurrency,
     timeout: float = Timeout,
     seed: int = Seed,
@@ -218,7 +236,13 @@ def evaluate_pipeline(
         raise _bad("--golden", f"{golden}: no examples to evaluate (an empty split)")
     gen = _gen(max_tokens, concurrency, timeout, seed)
     preds = {s.name: run_pipeline(s, examples, gen) for s in settings}
-    res = write_outputs(out, examples, preds, f"Pipeline evaluation: {golden.name}", decision_metric, min_gain)
+    try:
+        res = write_outputs(
+            out, examples, preds, f"Pipeline evaluation: {golden.name}", decision_metric, min_gain,
+            max_tokens=max_tokens, max_truncated_share=max_truncated_share,
+        )  # fmt: skip
+    except TruncatedAnswersError as exc:
+        raise _bad("--max-tokens", f"{exc} (the report is in {out})") from None
     print_summary(res)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from shared import read_golden
 from trainer.data.datasets import SFT_SCHEMA, sft_row, write_parquet
-from trainer.evaluation.generation import GenerationClient, GenerationConfig
+from trainer.evaluation.generation import GenerationClient, GenerationConfig, truncated
 from trainer.evaluation.reward_scoring import prompt_for, reward_item, score
 from trainer.phases.registry import RewardKind, sft_phase_for
 
@@ -53,6 +53,8 @@ class RftReport:
     mean_best_reward: float
     threshold: float
     train_file: str
+    truncated: int = 0  # samples cut at max_tokens: never kept (a cut answer is no demonstration)
+    prompts_all_cut: int = 0  # prompts none of whose samples ended before max_tokens
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,11 +98,15 @@ def build_rft_data(
     rewards = score(reward_url, reward, items)
     rows: list[dict[str, Any]] = []
     best_rewards: list[float] = []
-    pos = 0
+    pos = cut = all_cut = 0
     for prompt, outs in zip(prompts, samples, strict=True):
         rs = rewards[pos : pos + len(outs)]
         pos += len(outs)
-        idx = select_best(rs, cfg.threshold)
+        whole = [j for j, o in enumerate(outs) if not truncated(o)]  # a cut answer is no demonstration
+        cut += len(outs) - len(whole)
+        all_cut += not whole
+        best = select_best([rs[j] for j in whole], cfg.threshold)
+        idx = whole[best] if best is not None else None
         if rs:
             best_rewards.append(max(rs))
         if idx is not None:
@@ -108,7 +114,10 @@ def build_rft_data(
     phase = sft_phase_for(reward)
     train = out / "data" / phase / "train.parquet"
     if not rows:
-        raise ValueError(f"RFT kept no sample above threshold {cfg.threshold}: lower --threshold or raise --k")
+        why = f" ({cut} of {len(items)} samples were cut at max_tokens {cfg.max_tokens})" if cut else ""
+        raise ValueError(
+            f"RFT kept no sample above threshold {cfg.threshold}{why}: lower --threshold, raise --k or --max-tokens"
+        )
     write_parquet(rows, train, SFT_SCHEMA)
     val_examples = read_golden(golden / "common_validation_schemas.jsonl", limit)
     write_parquet([sft_row(phase, ex) for ex in val_examples], out / "data" / phase / "validation.parquet", SFT_SCHEMA)
@@ -120,6 +129,8 @@ def build_rft_data(
         mean_best_reward=round(sum(best_rewards) / max(len(best_rewards), 1), 4),
         threshold=cfg.threshold,
         train_file=str(train),
+        truncated=cut,
+        prompts_all_cut=all_cut,
     )
     (out / "rft_report.json").write_text(json.dumps({**report.as_dict(), "config": asdict(cfg)}, indent=2) + "\n")
     return report

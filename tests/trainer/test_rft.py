@@ -42,7 +42,8 @@ def test_build_rft_data_with_real_policy(reward_api: Any, cpu_executor: Any, tmp
     rep = build_rft_data(
         SAMPLE, tmp_path, "schema", cpu_executor.url, cpu_executor.served_model_name, reward_api.url, cfg, limit=2
     )
-    assert rep.prompts == 2 and rep.samples == 4 and rep.kept == 2  # threshold -1 keeps every best
+    # threshold -1 keeps every best, of the samples that ended before max_tokens
+    assert rep.prompts == 2 and rep.samples == 4 and rep.kept + rep.prompts_all_cut == 2
     rows = pq.read_table(tmp_path / "data" / "a1" / "train.parquet").to_pylist()
     assert len(rows) == 2
     assert [m["role"] for m in rows[0]["messages"]][-1] == "assistant" and rows[0]["messages"][-1]["content"]
@@ -59,6 +60,22 @@ def test_build_rft_data_with_real_policy(reward_api: Any, cpu_executor: Any, tmp
             RftConfig(k=1, threshold=1.0, max_tokens=8),
             limit=1,
         )
+
+
+@pytest.mark.service
+def test_an_answer_cut_at_max_tokens_is_never_kept(reward_api: Any, tmp_path: Path) -> None:
+    """A policy whose second prompt's answers all stop at the token limit: that prompt keeps nothing (a cut
+    answer is no demonstration, whatever its reward), and the report counts them."""
+    import json
+
+    from shared import read_golden
+    from tests.helpers.faulty_executor import FaultyExecutor
+
+    schema = json.dumps(read_golden(SAMPLE / "common_train_schemas.jsonl", 1)[0].schema_dict())
+    with FaultyExecutor(content=schema, length_share=0.5) as fx:  # request 2 of 2 ends with "length"
+        rep = build_rft_data(SAMPLE, tmp_path, "schema", fx.url, fx.model, reward_api.url, RftConfig(k=2), limit=2)
+    assert rep.samples == 4 and rep.truncated == 2 and rep.prompts_all_cut == 1 and rep.kept == 1
+    assert json.loads((tmp_path / "rft_report.json").read_text())["truncated"] == 2
 
 
 @pytest.mark.parametrize("flag", ["--reward", "--stage"])

@@ -4,7 +4,9 @@ The phase registry gives C2 the prompt ``stage2_predicted``: its rows need π1's
 model can write. This module builds the rows from those predictions; the caller passes the predictor
 (``predict_schemas``: a split's documents → π1's schema texts, e.g.
 :func:`trainer.evaluation.inference.schema_predictor` over a served π1), so the data builders never talk to
-an executor. Invalid predicted schemas are counted, then skipped or replaced by the gold schema.
+an executor. Invalid predicted schemas are counted, then skipped or replaced by the gold schema. A schema cut
+at the token limit is counted apart (``truncated``: a configuration fault, not π1's mistake), goes the way of
+the invalid ones, and past ``max_truncated_share`` of a split the precompute fails, naming the count.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from shared import GoldenExample, build_stage2_messages, read_golden
 from shared.golden import source_of
 from trainer.data.datasets import RL_SCHEMA, rl_row, update_manifest, write_parquet
 from trainer.data.prompt_fit import Stage2Fit
+from trainer.evaluation.generation import check_truncated, truncated
 from trainer.evaluation.two_stage import stage2_on_prediction
 
 T = TypeVar("T")
@@ -34,6 +37,7 @@ class PrecomputeReport:
     invalid: dict[str, int] = field(default_factory=dict)
     invalid_ids: dict[str, list[str]] = field(default_factory=dict)
     too_long_ids: dict[str, list[str]] = field(default_factory=dict)  # Stage-2 prompt past the context: dropped
+    truncated_ids: dict[str, list[str]] = field(default_factory=dict)  # π1's schema cut at its max tokens
 
 
 def seeded_sample(items: Sequence[T], n: int, seed: int) -> list[T]:
@@ -65,6 +69,7 @@ def precompute_c2(
     sample: Mapping[str, int] | None = None,
     seed: int = 0,
     sources: Mapping[str, Sequence[str]] | None = None,
+    max_truncated_share: float = 0.02,
 ) -> PrecomputeReport:
     """π1's schemas for each split (``predict_schemas``; ``schema_model`` names π1 in the manifest), then
     ``out/c2/<split>.parquet``: Stage-2 prompts on the *predicted* schema, ground truth = gold table. Invalid
@@ -96,12 +101,16 @@ def precompute_c2(
         schemas = predict_schemas(examples, split)
         if len(schemas) != len(examples):
             raise ValueError(f"{split}: {len(schemas)} predicted schemas for {len(examples)} documents")
+        cut = [ex.id for ex, schema_text in zip(examples, schemas, strict=True) if truncated(schema_text)]
+        report.truncated_ids[split] = cut
+        check_truncated(f"C2 precompute, {split}: π1 schemas", len(cut), len(examples), None, max_truncated_share)
         rows: list[dict[str, Any]] = []
         bad: list[str] = []
         for ex, schema_text in zip(examples, schemas, strict=True):
-            prompt = stage2_on_prediction(ex.text, schema_text)
+            prompt = None if truncated(schema_text) else stage2_on_prediction(ex.text, schema_text)
             if prompt is None:
-                bad.append(ex.id)
+                if not truncated(schema_text):
+                    bad.append(ex.id)
                 if on_invalid == "skip":
                     continue
                 prompt = build_stage2_messages(ex.text, ex.schema_dict())
@@ -113,7 +122,8 @@ def precompute_c2(
         report.invalid[split] = len(bad)
         report.invalid_ids[split] = bad
     c2: dict[str, Any] = {
-        "schema_model": schema_model, "on_invalid": on_invalid, "invalid_schemas": report.invalid, "limit": limit,
+        "schema_model": schema_model, "on_invalid": on_invalid, "invalid_schemas": report.invalid,
+        "truncated_schemas": {k: len(v) for k, v in report.truncated_ids.items()}, "limit": limit,
         "sample": dict(sample or {}), "seed": seed, "sources": {k: list(v) for k, v in (sources or {}).items()},
     }  # fmt: skip
     if stage2_fit is not None:

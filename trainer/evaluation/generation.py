@@ -64,6 +64,38 @@ class GenerationConfig:
     max_attempts: int = 3
 
 
+class Completion(str):
+    """One answer's text, with the executor's ``finish_reason`` ("length": cut at ``max_tokens``). A ``str``
+    everywhere a text is expected; :func:`truncated` reads the reason where it matters."""
+
+    finish_reason: str | None
+
+    def __new__(cls, text: str, finish_reason: str | None = None) -> Completion:
+        out = super().__new__(cls, text)
+        out.finish_reason = finish_reason
+        return out
+
+
+def truncated(text: object) -> bool:
+    """Whether an answer stopped at the token limit (a text without a recorded reason: no)."""
+    return getattr(text, "finish_reason", None) == "length"
+
+
+class TruncatedAnswersError(RuntimeError):
+    """More answers than allowed stopped at the token limit: the scores would count cut answers as wrong."""
+
+
+def check_truncated(what: str, cut: int, total: int, max_tokens: int | None, max_share: float) -> None:
+    """Raise :class:`TruncatedAnswersError` when more than ``max_share`` of ``total`` answers were cut."""
+    share = cut / total if total else 0.0
+    if cut and share > max_share:
+        raise TruncatedAnswersError(
+            f"{what}: {cut} of {total} answers stopped at the token limit (max_tokens {max_tokens}; share "
+            f"{share:.1%} > {max_share:.1%}): a cut answer would be scored as wrong. Raise max_tokens "
+            "(--max-tokens), or allow the share (--max-truncated-share)"
+        )
+
+
 class GenerationClient:
     """``POST /v1/chat/completions`` for many message lists, concurrently, results in input order."""
 
@@ -81,7 +113,7 @@ class GenerationClient:
 
     async def _choices(
         self, client: aiohttp.ClientSession, sem: asyncio.Semaphore, messages: Sequence[Message], n: int, seed: int
-    ) -> list[str]:
+    ) -> list[Completion]:
         body = {
             "model": self.model,
             "messages": list(messages),
@@ -103,13 +135,17 @@ class GenerationClient:
                         if resp.status >= 300:
                             raise ExecutorHTTPError(self.url, resp.status, await resp.text())
                         payload = await resp.json(content_type=None)
-                    return [str(c["message"]["content"] or "") for c in payload["choices"]]
+                    return [
+                        Completion(str(c["message"]["content"] or ""), c.get("finish_reason"))
+                        for c in payload["choices"]
+                    ]
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def generate(
         self, prompts: Sequence[Sequence[Message]], on_done: Callable[[], None] | None = None
     ) -> list[str]:
-        """Completions for ``prompts`` in order; ``on_done`` is called after each (progress bars)."""
+        """Completions for ``prompts`` in order (each a :class:`Completion`, with its ``finish_reason``);
+        ``on_done`` is called after each (progress bars)."""
         sem = asyncio.Semaphore(self.gen.concurrency)
         async with self._http() as client:
 
@@ -122,11 +158,12 @@ class GenerationClient:
             return list(await asyncio.gather(*(run(p) for p in prompts)))
 
     async def sample(self, prompts: Sequence[Sequence[Message]], n: int) -> list[list[str]]:
-        """``n`` completions per prompt (one request with ``n`` each; seed ``gen.seed + i`` for prompt ``i``)."""
+        """``n`` completions per prompt (one request with ``n`` each; seed ``gen.seed + i`` for prompt ``i``),
+        each a :class:`Completion`."""
         sem = asyncio.Semaphore(self.gen.concurrency)
         async with self._http() as client:
             calls = (self._choices(client, sem, p, n, self.gen.seed + i) for i, p in enumerate(prompts))
-            return list(await asyncio.gather(*calls))
+            return [list(c) for c in await asyncio.gather(*calls)]
 
 
 def messages_hash(messages: Sequence[Message]) -> str:

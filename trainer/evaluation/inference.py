@@ -15,6 +15,7 @@ from trainer.evaluation.generation import (
     Message,
     generate_with_progress,
     messages_hash,
+    truncated,
 )
 from trainer.evaluation.two_stage import Generate, PromptStage
 
@@ -35,7 +36,8 @@ def infer(
     out: Path | None = None,
     generate: Generate = generate_with_progress,
 ) -> list[dict[str, Any]]:
-    """Predictions for ``examples``: id, stage, prediction, messages_sha256, model, prompt_version.
+    """Predictions for ``examples``: id, stage, prediction, truncated (stopped at max tokens), messages_sha256,
+    model, prompt_version.
     ``generate``: how the prompts are sent (with a progress bar, or quietly beside other runs)."""
     prompts = [stage_messages(stage, ex) for ex in examples]
     outputs = asyncio.run(generate(client, prompts, stage))
@@ -44,6 +46,7 @@ def infer(
             "id": ex.id,
             "stage": stage,
             "prediction": text,
+            "truncated": truncated(text),
             "messages_sha256": messages_hash(msgs),
             "model": client.model,
             "prompt_version": PROMPT_VERSION,

@@ -25,7 +25,7 @@ from shared import (
     compute_table_reward_single,
 )
 from shared.golden import source_of
-from trainer.evaluation.generation import GenerationConfig
+from trainer.evaluation.generation import GenerationConfig, check_truncated
 from trainer.evaluation.inference import read_jsonl, write_jsonl
 from trainer.evaluation.report import SCHEMA_METRICS, TABLE_METRICS, aligned_key, markdown_report, plot_metrics
 from trainer.evaluation.significance import intervals, paired_tests
@@ -36,6 +36,8 @@ from trainer.serving.endpoint import Endpoint
 # training and report agree; the loop-2 rule and the paired tests read its macro mean over sources.
 DEFAULT_DECISION_METRIC = "aligned_cell_f1"
 DEFAULT_PAIRED_METRIC = "aligned_cell_f1"
+# Past this share of a stage's answers cut at max_tokens, an evaluation fails (the scores would count them wrong).
+DEFAULT_MAX_TRUNCATED_SHARE = 0.02
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,9 @@ def score_example(ex: GoldenExample, pred: Mapping[str, Any]) -> dict[str, Any]:
         row.update(
             schema_valid=float(s.valid_json), schema_precision=s.precision, schema_recall=s.recall, schema_f1=s.f1
         )
+    for stage in ("schema", "table"):  # cut at the token limit (records of a run that read finish_reason)
+        if pred.get(f"{stage}_truncated") is not None:
+            row[f"{stage}_truncated"] = bool(pred[f"{stage}_truncated"])
     if "table_prediction" in pred:
         text = pred["table_prediction"]
         t = compute_table_reward_single(text, ex.table_dict()) if text is not None else None
@@ -142,8 +147,11 @@ def normalize_prediction_record(rec: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(
             f"prediction {rec['id']!r}: need 'schema_prediction'/'table_prediction' or 'stage'+'prediction'"
         )
-    key = "schema_prediction" if stage == "stage1" else "table_prediction"
-    return {"id": rec["id"], key: rec["prediction"]}
+    key = "schema" if stage == "stage1" else "table"
+    out = {"id": rec["id"], f"{key}_prediction": rec["prediction"]}
+    if rec.get("truncated") is not None:
+        out[f"{key}_truncated"] = bool(rec["truncated"])
+    return out
 
 
 # ---- running ----------------------------------------------------------------------------------
@@ -216,6 +224,17 @@ def comparison_pairs(names: Sequence[str]) -> list[tuple[str, str]]:
     return pairs
 
 
+def truncation(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per stage: answers cut at the token limit, of the answers whose finish reason is known, and their ids."""
+    out: dict[str, dict[str, Any]] = {}
+    for stage in ("schema", "table"):
+        known = [r for r in rows if f"{stage}_truncated" in r]
+        if known:
+            cut = [str(r["id"]) for r in known if r[f"{stage}_truncated"]]
+            out[stage] = {"cut": len(cut), "answers": len(known), "share": len(cut) / len(known), "ids": cut[:20]}
+    return out
+
+
 def write_outputs(
     out: Path,
     golden: Sequence[GoldenExample],
@@ -226,12 +245,18 @@ def write_outputs(
     write_predictions: bool = True,
     compare: tuple[str, str] | None = None,
     paired_metric: str = DEFAULT_PAIRED_METRIC,
+    max_tokens: int | None = None,
+    max_truncated_share: float = DEFAULT_MAX_TRUNCATED_SHARE,
 ) -> EvalOutputs:
     """Score every setting's predictions; write metrics.json, report.md, plots/ (and predictions).
 
     Every setting gets 95% bootstrap intervals (``ci95``: pooled, per source and macro); the settings are
     paired-tested as :func:`comparison_pairs` lists them on ``paired_metric``, macro, pooled and per
     source; on ``schema_f1`` where no setting holds a table (Stage-1 predictions only).
+
+    Answers cut at the token limit (``max_tokens``, recorded) are counted per setting and stage
+    (``truncated``); past ``max_truncated_share`` of a stage's answers, the outputs are written and then
+    :class:`~trainer.evaluation.generation.TruncatedAnswersError` names the setting, the stage and the count.
     """
     if not golden:
         # a report over n = 0 would read as a finished evaluation with no numbers in it
@@ -244,6 +269,7 @@ def write_outputs(
         rows = scored[name] = score_predictions(golden, preds)
         metrics[name] = aggregate(rows)
         metrics[name]["ci95"] = intervals(rows, (*SCHEMA_METRICS, *TABLE_METRICS))
+        metrics[name]["truncated"] = truncation(rows)
         if write_predictions:
             pred_paths[name] = out / f"predictions_{name}.jsonl"
             write_jsonl(pred_paths[name], [{**p, **r} for p, r in zip(preds, rows, strict=True)])
@@ -257,13 +283,25 @@ def write_outputs(
     metrics_path = out / "metrics.json"
     metrics_path.write_text(
         json.dumps(
-            {"prompt_version": PROMPT_VERSION, "settings": metrics, "loop2": decision, "paired_tests": tests}, indent=2
+            {
+                "prompt_version": PROMPT_VERSION,
+                "max_tokens": max_tokens,
+                "max_truncated_share": max_truncated_share,
+                "settings": metrics,
+                "loop2": decision,
+                "paired_tests": tests,
+            },
+            indent=2,
         )
         + "\n"
     )
     report = out / "report.md"
-    report.write_text(markdown_report(metrics, decision, title, tests))
+    report.write_text(markdown_report(metrics, decision, title, tests, max_tokens))
     plots = plot_metrics(metrics, out / "plots")
+    for name in metrics:
+        for stage, t in metrics[name]["truncated"].items():
+            what = f"{title}: setting {name!r}, {'π1 schemas' if stage == 'schema' else 'π2 tables'}"
+            check_truncated(what, t["cut"], t["answers"], max_tokens, max_truncated_share)
     return EvalOutputs(metrics, decision, report, metrics_path, plots, pred_paths)
 
 

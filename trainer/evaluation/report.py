@@ -35,11 +35,15 @@ def markdown_report(
     decision: Mapping[str, Any],
     title: str,
     paired_tests: Sequence[Mapping[str, Any]] | None = None,
+    max_tokens: int | None = None,
 ) -> str:
     names = list(metrics)
     keys = ["n", *SCHEMA_METRICS, *TABLE_METRICS]
     keys = [k for k in keys if any(k in metrics[n]["overall"] for n in names)]
     lines = [f"# {title}", "", f"Prompt version: `{PROMPT_VERSION}`", ""]
+    if max_tokens is not None:
+        lines += [f"Max tokens per answer: {max_tokens}", ""]
+    lines += _truncation_lines(metrics, names)
     if all("macro" in metrics[n] for n in names):
         n_src = max(int(metrics[n]["macro"].get("n", 0)) for n in names)
         lines += [f"## Macro mean over {n_src} sources (the headline: every source weighs the same)", ""]
@@ -65,6 +69,16 @@ def markdown_report(
     lines += _paired_lines(paired_tests or [])
     lines += ["", "## Loop-2 decision", "", f"**{decision['decision']}**: {decision.get('reason', '')}", ""]
     return "\n".join(lines)
+
+
+def _truncation_lines(metrics: Mapping[str, Mapping[str, Any]], names: Sequence[str]) -> list[str]:
+    """Answers cut at the token limit, per setting and stage (only where the finish reasons were recorded)."""
+    rows = [(n, stage, t) for n in names for stage, t in (metrics[n].get("truncated") or {}).items()]
+    if not rows:
+        return []
+    lines = ["## Answers cut at the token limit", "", "| setting | stage | cut | of | share |", "|---|---|---|---|---|"]
+    lines += [f"| {n} | {stage} | {t['cut']} | {t['answers']} | {t['share']:.1%} |" for n, stage, t in rows]
+    return [*lines, ""]
 
 
 def _interval_lines(metrics: Mapping[str, Mapping[str, Any]], names: Sequence[str], keys: Sequence[str]) -> list[str]:

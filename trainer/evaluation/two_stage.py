@@ -28,6 +28,7 @@ from trainer.evaluation.generation import (
     Message,
     generate_with_progress,
     messages_hash,
+    truncated,
 )
 from trainer.serving.endpoint import Endpoint
 
@@ -83,7 +84,8 @@ def run_two_stage(
     schemas: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
     """One Phase-D setting: π1's schemas, then π2's tables on the valid ones; one record per example
-    (``schema_prediction``, ``table_prediction`` or None, the prompts' hashes, the models).
+    (``schema_prediction``, ``table_prediction`` or None, whether each stopped at the token limit
+    (``schema_truncated``, ``table_truncated``), the prompts' hashes, the models).
 
     ``schemas``: π1's schemas from a Stage 1 already run (:func:`stage1_schemas`, shared by the settings
     with this π1); then Stage 1 is not run again and π1 is not served."""
@@ -110,6 +112,8 @@ def run_two_stage(
             "setting": setting,
             "schema_prediction": schemas[i],
             "table_prediction": tables.get(i),
+            "schema_truncated": truncated(schemas[i]),
+            "table_truncated": truncated(tables[i]) if i in tables else None,
             "stage1_messages_sha256": messages_hash(s1[i]),
             "stage2_messages_sha256": messages_hash(s2[i]) if i in s2 else None,
             "schema_model": pi1,

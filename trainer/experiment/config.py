@@ -158,6 +158,17 @@ class ExperimentConfig:
         default=None, metadata=cli_meta(help="First N test documents (default: all).", min=1)
     )
     eval_max_tokens: int = field(default=384, metadata=cli_meta(help="Max tokens of an evaluation answer.", min=1))
+    eval_max_truncated_share: float = field(
+        default=0.02,
+        metadata=cli_meta(
+            help=(
+                "Phase D fails when more than this share of a setting's π1 schemas or π2 tables stop at the "
+                "evaluation's max tokens (a cut answer would be scored as wrong)."
+            ),
+            min=0.0,
+            max=1.0,
+        ),
+    )
     eval_concurrency: int = field(default=256, metadata=cli_meta(help="Concurrent requests per executor.", min=1))
     eval_timeout_s: float = field(default=600.0, metadata=cli_meta(help="Timeout of one request (s).", min=1.0))
     dry_run: bool = field(

@@ -67,7 +67,7 @@ def c2data(ctx: Context) -> None:
     gen = GenerationConfig(max_tokens=C2_MAX_TOKENS, concurrency=cfg.eval_concurrency, timeout_s=cfg.eval_timeout_s)
     rep = write_c2_data(
         cfg.golden, ctx.wd.data, pi1, gen, on_invalid="skip", limit=cfg.limit, train_sample=cfg.c2_train_sample,
-        train_sources=cfg.rl_sources,
+        train_sources=cfg.rl_sources, max_truncated_share=cfg.eval_max_truncated_share,
     )  # fmt: skip
     ctx.manifest.set("c2data", dataclasses.asdict(rep) | {"schema_model": ctx.output(ctx.design.partner)})
 
@@ -138,7 +138,7 @@ def evaluate(ctx: Context) -> None:
     them: pi2-ab's π2 on gold schemas (sft, local, pipe; the B2 target), pi1-ab's π1 schemas alone (the B1
     target)."""
     from shared import read_golden
-    from trainer.evaluation.generation import GenerationClient, GenerationConfig
+    from trainer.evaluation.generation import GenerationClient, GenerationConfig, truncated
     from trainer.evaluation.inference import infer
     from trainer.evaluation.phase_d import load_predictions, write_outputs
     from trainer.evaluation.two_stage import PromptStage, ServeModel, generate_quietly, run_two_stage, stage1_schemas
@@ -150,6 +150,8 @@ def evaluate(ctx: Context) -> None:
         max_tokens=cfg.eval_max_tokens, concurrency=cfg.eval_concurrency, timeout_s=cfg.eval_timeout_s
     )
     examples = read_golden(cfg.golden / "common_test_schemas.jsonl", cfg.eval_limit)
+    # answers cut at max tokens: counted per setting, and past the share the evaluation fails
+    cut: dict[str, Any] = {"max_tokens": cfg.eval_max_tokens, "max_truncated_share": cfg.eval_max_truncated_share}
 
     def serving(p1: str, p2: str) -> ServeModel:
         def serve(model: str, stage: PromptStage) -> contextlib.AbstractContextManager[Endpoint]:
@@ -174,7 +176,10 @@ def evaluate(ctx: Context) -> None:
         )  # fmt: skip
 
     def stage1_records(schemas: list[str]) -> list[dict[str, Any]]:
-        return [{"id": ex.id, "schema_prediction": s} for ex, s in zip(examples, schemas, strict=True)]
+        return [
+            {"id": ex.id, "schema_prediction": s, "schema_truncated": truncated(s)}
+            for ex, s in zip(examples, schemas, strict=True)
+        ]
 
     gold: dict[str, str] = {}
     if d.gold_schema_eval:  # π2 of each setting on the gold schemas
@@ -199,18 +204,21 @@ def evaluate(ctx: Context) -> None:
             first_error(list(schemas.values()))
             preds = {name: stage1_records(schemas[p1].result()) for name, (p1, _p2) in settings.items()}
             out = write_outputs(
-                wd.stage1_eval, examples, preds, f"π1 schemas alone ({d.name})", write_predictions=False
+                wd.stage1_eval, examples, preds, f"π1 schemas alone ({d.name})", write_predictions=False, **cut
             )
             ctx.say(f"π1 schemas alone: {out.report}")
         first_error(list(on_gold.values()))
         if gold:
             gold_preds = {name: load_predictions(wd.gold_schema / f"{name}.jsonl") for name in gold}
             out = write_outputs(
-                wd.gold_schema_eval, examples, gold_preds, f"π2 on gold schemas ({d.name})", write_predictions=False
-            )
+                wd.gold_schema_eval, examples, gold_preds, f"π2 on gold schemas ({d.name})", write_predictions=False,
+                **cut,
+            )  # fmt: skip
             ctx.say(f"π2 on gold schemas: {out.report}")
         first_error(list(pipelines.values()))
-    res = write_outputs(wd.phase_d, examples, {n: f.result() for n, f in pipelines.items()}, f"Phase D ({d.name})")
+    res = write_outputs(
+        wd.phase_d, examples, {n: f.result() for n, f in pipelines.items()}, f"Phase D ({d.name})", **cut
+    )
     ctx.say(f"Phase D: {res.report} ({res.decision.get('reason', '')})")
 
 

@@ -31,6 +31,7 @@ def write_c2_data(
     limit: int | None = None,
     train_sample: int | None = None,
     train_sources: Sequence[str] = (),
+    max_truncated_share: float = 0.02,
 ) -> PrecomputeReport:
     """``data_dir/c2/``: Stage-2 prompts on the schemas the π1 at ``pi1`` writes for the train (a seeded
     ``train_sample`` of it, drawn from ``train_sources``' documents where given) and validation documents;
@@ -48,6 +49,7 @@ def write_c2_data(
         limit=limit,
         sample={"train": train_sample} if train_sample else None,
         sources={"train": train_sources} if train_sources else None,
+        max_truncated_share=max_truncated_share,
     )
 
 
@@ -70,7 +72,7 @@ def precompute_c2_data(ws: Workspace, pi1_pipe: str, data_dir: Path, tag: str) -
             ws.manifest.set(f"served:precompute_{tag}", served)
         rep = write_c2_data(
             cfg.golden, data_dir, ep, gen, on_invalid="gold", limit=cfg.limit, train_sample=cfg.c2_train_prompts,
-            train_sources=cfg.rl_sources,
+            train_sources=cfg.rl_sources, max_truncated_share=cfg.eval_max_truncated_share,
         )  # fmt: skip
     key_path.write_text(json.dumps(key, indent=2) + "\n")
     ws.manifest.set(f"precompute:{tag}", asdict(rep) | {"schema_model": pi1_pipe, "key": key, "served": served})

@@ -84,6 +84,17 @@ class LoopConfig:
             help="Max new tokens of the loop's own generation: Phase D, C2 precompute, preflight, RFT.", min=1
         ),
     )
+    eval_max_truncated_share: float = field(
+        default=0.02,
+        metadata=cli_meta(
+            help=(
+                "Phase D fails when more than this share of a setting's π1 schemas or π2 tables stop at the "
+                "evaluation's max tokens (a cut answer would be scored as wrong)."
+            ),
+            min=0.0,
+            max=1.0,
+        ),
+    )
     eval_base: bool = field(
         default=True,
         metadata=cli_meta(help="Phase D also scores the base model (π1 = π2 = --base-model), when one is given."),

@@ -75,7 +75,10 @@ def evaluate_phase_d(
                 }
                 preds.update({name: f.result() for name, f in futures.items()})
         preds = {name: preds[name] for name in settings}  # report order = settings order
-    res = write_outputs(out, examples, preds, f"Phase D ({tag})", cfg.decision_metric, cfg.min_gain, compare=compare)
+    res = write_outputs(
+        out, examples, preds, f"Phase D ({tag})", cfg.decision_metric, cfg.min_gain, compare=compare,
+        max_tokens=cfg.eval_max_tokens, max_truncated_share=cfg.eval_max_truncated_share,
+    )  # fmt: skip
     (out / EVAL_KEY).write_text(json.dumps(key, indent=2) + "\n")
     ws.manifest.set(
         f"eval:{tag}",

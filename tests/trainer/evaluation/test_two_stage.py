@@ -95,3 +95,48 @@ def test_schemas_of_the_wrong_length_are_refused_before_anything_is_served() -> 
 
     with pytest.raises(ValueError, match=r"schemas: 2 for 3 examples"):
         run_two_stage("sft", "/pi1", "/pi2", EXAMPLES, serve, GEN, generate_quietly, schemas=["{}", "{}"])
+
+
+def test_answers_cut_at_max_tokens_are_counted_and_fail_the_evaluation(tmp_path: Any) -> None:
+    """An executor whose answers stop at the token limit: Phase D (``evaluate pipeline``) counts the cut answers
+    per setting and stage, records max_tokens, writes its report and then fails naming the setting and the count;
+    with the share allowed it finishes, the counts in metrics.json and the report."""
+    from typer.testing import CliRunner
+
+    from trainer.cli import app
+
+    ex = EXAMPLES[0]
+    with FaultyExecutor(content=json.dumps(ex.schema_dict()), finish_reason="length") as fx:
+        setting = f"cut={fx.url},{fx.model},{fx.url},{fx.model}"
+        base = ["evaluate", "pipeline", "--golden", str(SAMPLE_DIR / "common_test_schemas.jsonl"), "--limit", "3",
+                "--max-tokens", "40", "--setting", setting]  # fmt: skip
+        failed = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "a")], env={"COLUMNS": "300"})
+        passed = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "b"), "--max-truncated-share", "1"])
+    assert failed.exit_code == 2, failed.output
+    assert "setting 'cut', π1 schemas: 3 of 3 answers stopped at the token limit (max_tokens 40" in failed.output
+    report = (tmp_path / "a" / "report.md").read_text()  # written before the failure: the numbers are there
+    assert "Max tokens per answer: 40" in report and "| cut | schema | 3 | 3 | 100.0% |" in report
+    assert passed.exit_code == 0, passed.output
+    metrics = json.loads((tmp_path / "b" / "metrics.json").read_text())
+    assert metrics["max_tokens"] == 40
+    assert metrics["settings"]["cut"]["truncated"]["schema"] == {
+        "cut": 3, "answers": 3, "share": 1.0, "ids": [e.id for e in EXAMPLES]
+    }  # fmt: skip
+    assert metrics["settings"]["cut"]["truncated"]["table"]["cut"] == 3  # π2 on the (valid) schemas: cut too
+
+
+def test_a_cut_schema_in_the_c2_precompute_is_counted_apart_from_invalid_ones(tmp_path: Any) -> None:
+    """A π1 schema cut at the token limit is a configuration fault: counted as ``truncated``, not as π1's invalid
+    schema; past the allowed share the precompute fails naming the split."""
+    from trainer.data.precompute import precompute_c2
+    from trainer.evaluation.generation import Completion, TruncatedAnswersError
+
+    def cut_first(examples: Any, _split: str) -> list[str]:
+        texts = [json.dumps(e.schema_dict()) for e in examples]
+        return [Completion(texts[0], "length"), *(Completion(t, "stop") for t in texts[1:])]
+
+    rep = precompute_c2(SAMPLE_DIR, tmp_path, cut_first, "pi1", limit=3, on_invalid="skip", max_truncated_share=0.5)
+    assert rep.counts == {"train": 2, "validation": 2} and rep.invalid == {"train": 0, "validation": 0}
+    assert [len(v) for v in rep.truncated_ids.values()] == [1, 1]
+    with pytest.raises(TruncatedAnswersError, match=r"C2 precompute, train: π1 schemas: 1 of 3 answers stopped"):
+        precompute_c2(SAMPLE_DIR, tmp_path / "x", cut_first, "pi1", limit=3, max_truncated_share=0.0)

@@ -69,7 +69,8 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         "--c2-train-sample", "99", "--rl-steps", "3", "--rl-test-freq", "1",
         "--rl-micro", "8", "--rl-extra", "x=1", "--rl-extra", "y=2", "--rl-stagger-s", "5", "--reward-max-tokens", "96",
         "--eval-limit", "4",
-        "--eval-max-tokens", "64", "--eval-concurrency", "2", "--eval-timeout-s", "30",
+        "--eval-max-tokens", "64", "--eval-max-truncated-share", "0.5", "--eval-concurrency", "2",
+        "--eval-timeout-s", "30",
     ]  # fmt: skip
     res = CliRunner().invoke(app, [*base, *given])
     assert res.exit_code == 0, res.output
@@ -83,7 +84,8 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         force_rl=True, min_source_share=0.3, rl_improvable=True, rl_sources=("wikitabletext",), control="parallel",
         control_stagger_s=10.0,
         c2_train_sample=99, rl_steps=3, rl_test_freq=1, rl_micro=8, rl_extra=("x=1", "y=2"), rl_stagger_s=5.0,
-        reward_max_tokens=96, eval_limit=4, eval_max_tokens=64, eval_concurrency=2, eval_timeout_s=30.0,
+        reward_max_tokens=96, eval_limit=4, eval_max_tokens=64, eval_max_truncated_share=0.5, eval_concurrency=2,
+        eval_timeout_s=30.0,
     )  # fmt: skip
     # every field but the dry run was given something other than its default
     default = ExperimentConfig(golden=SAMPLE, workdir=tmp_path)
