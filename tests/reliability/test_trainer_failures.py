@@ -108,3 +108,49 @@ def test_mask_truncated(examples: list[GoldenExample], record_property: Any, mon
         f"executor_truncated; {len(plan.no_gradient)} rows without gradient ({plan.dropped_groups} group(s) left "
         f"with < 2 valid samples), advantage 0; valid advantages vs VERL's GRPO without them: max |diff| {diff:g}",
     )
+
+
+def test_hung_executor(
+    examples: list[GoldenExample], record_property: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """An executor that accepts and never answers, during a C1 step: every sample is masked executor_failed
+    within the deadline budget (attempts × attempt timeout + back-off), and the step stops naming the cause and
+    the executor (its served model, from the reward API's /info)."""
+    import time
+
+    from tests.trainer.in_verl.test_mask_mode import InjectedFailuresTransferQueue, batch_of, trainer_with
+    from tests.trainer.in_verl.test_verl_sync_trainer import compose_phase
+    from trainer.phases.rollout_failures import RolloutFailureError
+
+    docs = [ex for ex in examples if len(ex.schema_dict()["columns"]) >= 2][:2]
+    samples = [
+        (f"g{g}_{s}_0", pred, json.dumps({"text": ex.text, "schema": ex.schema_dict(), "table": ex.table_dict()}))
+        for g, ex in enumerate(docs)
+        for s, pred in enumerate(schema_variants(ex)[:2])
+    ]
+    env = _env()  # attempt timeout 1 s, 1 retry, request deadline 3 s: the budget at a test's scale
+    budget = (int(env["REWARD_API_RETRIES"]) + 1) * float(env["REWARD_API_EXECUTOR_TIMEOUT_S"]) + 0.5
+    record_property("tried", "a C1 step's 4 samples against an executor that never answers (attempt 1 s, 1 retry)")
+    record_property(
+        "expected", f"all masked executor_failed within {budget:g} s + 2 s; the step stops naming the executor"
+    )
+    with FaultyExecutor(mode="hang", hang_s=60) as fx, RewardApiServer(_env(fx.url)) as api:
+        monkeypatch.setenv("TRAINER_REWARD_URL", api.url)
+        t0 = time.monotonic()
+        parts = asyncio.run(score_all(samples))
+        elapsed = time.monotonic() - t0
+        cfg = compose_phase("c1_grpo", tmp_path, "/nonexistent", ("failures.mode=mask",))
+        cfg.reward.custom_reward_function.reward_kwargs.url = api.url
+        cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n = 2, 2
+        tq = InjectedFailuresTransferQueue(
+            {"g0": [0, 0], "g1": [0, 0]}, set(), parts=dict(zip([k for k, *_ in samples], parts, strict=True))
+        )
+        trainer = trainer_with(tq, cfg, monkeypatch)
+        with pytest.raises(RolloutFailureError) as stopped:
+            trainer._compute_advantage(batch_of(tq), {})
+    assert all(p["masked"] == 1.0 and p["executor_failed"] == 1.0 for p in parts), parts
+    assert elapsed <= budget + 2.0, elapsed
+    message = str(stopped.value)
+    assert "4 of 4 samples failed (4 of them masked)" in message and "executor_failed (4 samples)" in message
+    assert f"executor: model '{fx.model}' behind the reward API at {api.url} (1 replica(s), 1.0 s an attempt" in message
+    record_property("observed", f"4/4 masked executor_failed after {elapsed:.1f} s; stopped: {message[-260:]}")

@@ -167,6 +167,36 @@ def install(config: DictConfig) -> type[PPOTrainerSync]:
     return PhaseTrainer
 
 
+EXECUTOR_CAUSES = ("executor_failed", "executor_truncated", "prompt_too_long")
+
+
+def executor_of(config: DictConfig, timeout_s: float = 5.0) -> str:
+    """The executor behind the phase's reward API, as its ``/info`` names it (served model, replicas, the
+    attempt timeout and retries; never its URL), for a stop an executor caused."""
+    import os
+
+    import httpx
+
+    from trainer.in_verl.reward_client import TOKEN_ENV, URL_ENV
+
+    kwargs = config.reward.custom_reward_function.get("reward_kwargs") or {}
+    url = str(kwargs.get("url") or os.environ.get(URL_ENV) or "")
+    if not url:
+        return ""
+    token = os.environ.get(TOKEN_ENV)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        resp = httpx.get(f"{url.rstrip('/')}/info", headers=headers, timeout=timeout_s)
+        resp.raise_for_status()
+        ex = resp.json()["executor"]
+        return (
+            f"executor: model {ex.get('model')!r} behind the reward API at {url} ({ex.get('replicas')} replica(s), "
+            f"{ex.get('timeout_s')} s an attempt, {ex.get('retries')} retries, max_tokens {ex.get('max_tokens')})"
+        )
+    except Exception as exc:  # the stop goes on; only the name is missing
+        return f"executor: the one behind the reward API at {url} (its /info did not say: {type(exc).__name__})"
+
+
 def reward_info(extra_fields: Any) -> dict[str, Any]:
     """A trajectory's reward parts: VERL keeps the reward function's extra keys under ``reward_extra_info``."""
     fields = getattr(extra_fields, "data", extra_fields)
@@ -337,7 +367,7 @@ class PhaseTrainer(PPOTrainerSync):
         count = with_masked(self._training_count(), plan)
         self._failure_metrics.update(count.as_metrics())
         if count.failed:
-            self._stop(count, masked_cause(plan, count, self.reward_failures.new_entries()), policy=self.failure_policy)
+            self._stop(count, self._cause(plan, count), policy=self.failure_policy)
         if plan.samples and len(plan.no_gradient) >= plan.samples:
             self._stop_without_gradient(plan, count)
         if plan.no_gradient:
@@ -359,11 +389,21 @@ class PhaseTrainer(PPOTrainerSync):
         message = (
             f"training step {count.step}: no sample has a gradient: {plan.masked} of {plan.samples} samples masked "
             f"and {plan.dropped_groups} group(s) left with fewer than two valid ones. Cause: "
-            f"{masked_cause(plan, count, self.reward_failures.new_entries())}"
+            f"{self._cause(plan, count)}"
         )
         self._write_stop(message, "no_gradient")
         self._log_failure_metrics(count)
         raise RolloutFailureError(message)
+
+    def _cause(self, plan: MaskPlan, count: FailureCount) -> str:
+        """What a stop names: the masked samples' causes, the reward errors, and the executor when one caused it
+        (asked only when the share is past the policy: a stop is coming)."""
+        cause = masked_cause(plan, count, self.reward_failures.new_entries())
+        if any(plan.causes.get(c) for c in EXECUTOR_CAUSES) and (
+            count.share > self.failure_policy.max_share or len(plan.no_gradient) >= plan.samples
+        ):
+            cause += f"; {executor_of(self.config)}"
+        return cause
 
     def _training_count(self) -> FailureCount:
         n = int(self.config.actor_rollout_ref.rollout.n)
@@ -418,7 +458,7 @@ class PhaseTrainer(PPOTrainerSync):
         keep, plan = split_validation(reward_extra_infos_dict, n)
         count = validation_failures(int(self.global_steps), n, expected, plan.masked)
         if count.failed:
-            self._stop(count, masked_cause(plan, count, self.reward_failures.new_entries()), policy=self.failure_policy)
+            self._stop(count, self._cause(plan, count), policy=self.failure_policy)
         if plan.masked:  # the masked samples are out of every validation metric (so of early stopping's score)
             data_sources, sample_uids, reward_extra_infos_dict, sample_turns, expected_acc_counts = _without_masked(
                 keep, n, data_sources, sample_uids, reward_extra_infos_dict, sample_turns, expected_acc_counts

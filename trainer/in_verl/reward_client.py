@@ -100,7 +100,10 @@ class RewardClientConfig(BaseModel):
     url: str = Field(description="Base URL of the reward API, e.g. http://127.0.0.1:8000.")
     # SecretStr: a config printed or logged shows '**********', never the token
     token: SecretStr | None = Field(None, description="Bearer token sent as Authorization header.")
-    timeout_s: float = Field(120.0, gt=0, description="Deadline of one sample's reward, retries included.")
+    # The outermost deadline of a reward (docs/reliability.md, "Deadline budget"): longer than the reward service
+    # can take to answer (its queue wait 60 s + body 15 s + executor phase 300 s + scoring), so the service's
+    # own, named error always arrives first; VERL puts no deadline of its own on a reward.
+    timeout_s: float = Field(420.0, gt=0, description="Deadline of one sample's reward, retries included.")
     attempt_timeout_s: float | None = Field(
         None, gt=0, description="Timeout of one HTTP attempt (default: the deadline)."
     )

@@ -96,7 +96,13 @@ class InjectedFailuresTransferQueue:
     ``extra_fields.reward_extra_info``); a truncated sample carries what the reward function returns for it in
     mask mode (score 0, ``masked`` 1, ``executor_truncated`` 1)."""
 
-    def __init__(self, groups: dict[str, list[float]], truncated: set[str], seed: int = 0) -> None:
+    def __init__(
+        self,
+        groups: dict[str, list[float]],
+        truncated: set[str],
+        seed: int = 0,
+        parts: dict[str, dict[str, float]] | None = None,
+    ) -> None:
         import torch
 
         from trainer.in_verl.reward_client import masked_score
@@ -109,6 +115,8 @@ class InjectedFailuresTransferQueue:
                 key, n = f"{uid}_{s}_0", rng.randint(1, 6)
                 info = masked_score("pipeline", "executor_truncated") if key in truncated else {"masked": 0.0}
                 reward = info.get("score", r) if key in truncated else r
+                if parts is not None and key in parts:  # what the reward function really returned for it
+                    info, reward = parts[key], parts[key]["score"]
                 self.rows[key] = {
                     "uid": uid,
                     "response_mask": torch.ones(n, dtype=torch.int64),
@@ -205,8 +213,11 @@ def test_masked_samples_beyond_max_share_stop_the_step_with_the_cause(
     cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n = 2, 4
     tq = InjectedFailuresTransferQueue(groups, {"a_0_0", "b_1_0"})
     t = trainer_with(tq, cfg, monkeypatch)
-    with pytest.raises(RolloutFailureError, match=r"2 of 8 samples failed \(2 of them masked\).*executor_truncated"):
+    stopped = r"2 of 8 samples failed \(2 of them masked\).*executor_truncated"
+    with pytest.raises(RolloutFailureError, match=stopped) as e:
         t._compute_advantage(batch_of(tq), {})
+    # the executor caused it, so the stop names it: here the reward API at the composed URL does not answer /info
+    assert "executor: the one behind the reward API at http://127.0.0.1:9 (its /info did not say" in str(e.value)
     assert not tq.puts  # nothing reached VERL's advantage
 
 
