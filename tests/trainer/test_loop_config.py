@@ -85,7 +85,8 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         golden=SAMPLE, out=tmp_path, profile="cpu-smoke", pi1_sft="/p1", pi2_sft="/p2", base_model="/b",
         sft_overrides=("a=1", "b=2"), reward_url="http://r", c1_reward_url="http://c1", pi1_pipe_url="http://p",
         limit=5, eval_limit=3, loops=2, min_gain=0.5, decision_metric="cell_accuracy", overrides=("x=1", "y=2"),
-        executor_max_tokens=384, eval_max_tokens=128, eval_max_truncated_share=0.5, eval_base=False, rft=True, rft_k=2, rft_threshold=0.25, gpus=(),
+        executor_max_tokens=384, eval_max_tokens=128, eval_max_truncated_share=0.5, eval_base=False, rft=True,
+        rft_k=2, rft_threshold=0.25, gpus=(),
         until="c1", reward_workers=2, preflight_min=0.3, executor_eager=False, c2_train_prompts=7,
         rl_sources=("wikitabletext",),
     )  # fmt: skip

@@ -3,8 +3,9 @@ pi1-ab: A1 and A2 (2 SFT steps each), the B1 and C1 preflight at one temperature
 and real reward APIs, the choice and the improvable sets, one VERL GRPO step of B1 and then of C1 (its reward
 through the pipeline reward API and the π2ˢ executor), Phase D on 3 test documents. pi2-ab: the same SFT,
 B2's preflight beside c2data (π1ˢ writes C2's schemas), one GRPO step of B2 and of C2 on two sources'
-prompts (`--rl-sources`), π2 on gold schemas and Phase D (one shared Stage 1 of π1ˢ). Each needs ~19 GiB
-free (GRPO on CPU) and 12-15 minutes on 2 cores; a rerun in the same folder must skip every finished stage."""
+prompts (`--rl-sources`), π2 on gold schemas and Phase D (one shared Stage 1 of π1ˢ); pi2-ab takes pi1-ab's data
+build and SFT (`--sft-from`, pi1-ab builds B2's data too), as a user running both would. Each needs ~19 GiB free
+(GRPO on CPU) and 10-15 minutes on 2 cores; a rerun in the same folder must skip every finished stage."""
 
 from __future__ import annotations
 
@@ -42,10 +43,18 @@ def experiment(workdir: Path, log: Path, name: str = "pi1-ab", *extra: str) -> s
         return subprocess.run(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=2400, check=False)
 
 
-def test_pi1_ab_on_cpu_end_to_end(tmp_path: Path) -> None:
-    wd, log = tmp_path / "ab", tmp_path / "experiment.log"
-    res = experiment(wd, log)
-    assert res.returncode == 0, log.read_text()[-4000:]
+@pytest.fixture(scope="module")
+def pi1_ab(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, int]:
+    """pi1-ab, run once for the module: its test checks it, and pi2-ab reuses its data build and SFT."""
+    root = tmp_path_factory.mktemp("pi1_ab")
+    wd, log = root / "ab", root / "experiment.log"
+    res = experiment(wd, log, "pi1-ab", "--data-phases", "a1,a2,b1,c1,b2")
+    return wd, log, res.returncode
+
+
+def test_pi1_ab_on_cpu_end_to_end(pi1_ab: tuple[Path, Path, int]) -> None:
+    wd, log, returncode = pi1_ab
+    assert returncode == 0, log.read_text()[-4000:]
     manifest = json.loads((wd / "experiment_manifest.json").read_text())
     for stage in ("sft", "preflight", "choose", "rl", "eval"):
         assert manifest[f"stage:{stage}"]["status"] == "ok", stage
@@ -77,22 +86,29 @@ def test_pi1_ab_on_cpu_end_to_end(tmp_path: Path) -> None:
         assert len(rows) == 3 and all(r["schema_model"] == pi1 and r["table_model"] == a2 for r in rows)
         assert all(r["schema_prediction"] for r in rows)
     # a rerun skips every finished stage (the choice is taken again: pure and cheap)
-    again = experiment(wd, log)
+    again = experiment(wd, log, "pi1-ab", "--data-phases", "a1,a2,b1,c1,b2")
     assert again.returncode == 0, log.read_text()[-4000:]
     manifest = json.loads((wd / "experiment_manifest.json").read_text())
     assert all(manifest[f"stage:{s}"]["status"].startswith("skipped") for s in ("sft", "preflight", "rl", "eval"))
 
 
-def test_pi2_ab_on_cpu_end_to_end(tmp_path: Path) -> None:
+def test_pi2_ab_on_cpu_end_to_end(pi1_ab: tuple[Path, Path, int], tmp_path: Path) -> None:
+    if pi1_ab[2] != 0:
+        pytest.fail(f"pi1-ab failed, so pi2-ab has no SFT to reuse: {pi1_ab[1]}")
     wd, log = tmp_path / "ab2", tmp_path / "experiment.log"
-    extra = ("--force-rl", "--c2-train-sample", "8", "--rl-sources", "people,product")
+    extra = ("--force-rl", "--c2-train-sample", "8", "--rl-sources", "people,product", "--sft-from", str(pi1_ab[0]))
     res = experiment(wd, log, "pi2-ab", *extra)
     assert res.returncode == 0, log.read_text()[-4000:]
     manifest = json.loads((wd / "experiment_manifest.json").read_text())
-    for stage in ("sft", "preflight", "c2data", "choose", "rl", "eval"):
+    assert manifest["stage:sft"]["status"].startswith("skipped")  # pi1-ab's SFT, linked by --sft-from
+    assert (wd / "a1").resolve() == (pi1_ab[0] / "a1").resolve()
+    for stage in ("preflight", "c2data", "choose", "rl", "eval"):
         assert manifest[f"stage:{stage}"]["status"] == "ok", stage
-    # --rl-sources: C2's documents and both arms' train sets are people and product only (validation whole)
-    assert manifest["c2data"]["counts"]["validation"] == 6 - manifest["c2data"]["invalid"]["validation"]
+    # --rl-sources: C2's documents and both arms' train sets are people and product only (validation whole, but
+    # the schemas π1ˢ wrote invalid or cut at the token limit, which c2data skips)
+    c2data = manifest["c2data"]
+    dropped = c2data["invalid"]["validation"] + len(c2data["truncated_ids"]["validation"])
+    assert c2data["counts"]["validation"] == 6 - dropped
     for phase in ("b2", "c2"):
         train = wd / "train_sets" / f"{phase}_people+product.parquet"
         ids = [r["id"] for r in pq.read_table(train).column("extra_info").to_pylist()]
