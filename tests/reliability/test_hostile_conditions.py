@@ -151,17 +151,19 @@ def test_no_retry_storm_end_to_end(examples: list[GoldenExample], record_propert
 
             async def go() -> str:
                 try:
-                    await score_one("pipeline", canonical_schema_json(ex.schema_dict()), json.dumps(gt), cfg)
+                    parts = await score_one("pipeline", canonical_schema_json(ex.schema_dict()), json.dumps(gt), cfg)
                 except RewardServiceError as exc:
                     return str(exc)[:80]
-                return "scored"
+                return "masked executor_failed" if parts["masked"] and parts["executor_failed"] else "scored"
 
             with ThreadPoolExecutor(1) as pool:
                 outcome = pool.submit(asyncio.run, go()).result(timeout=120)
             attempts = fx.calls
-    record_property("expected", "RewardServiceError; executor attempts = service tries only (RETRIES + 1 = 3)")
+    record_property(
+        "expected", "a masked sample (executor_failed, mask mode); executor attempts = service tries only (3)"
+    )
     record_property("observed", f"{outcome!r}; {attempts} executor attempts")
-    assert outcome != "scored" and attempts == 3
+    assert outcome == "masked executor_failed" and attempts == 3
 
 
 def test_redirect_and_error_text_do_not_leak(examples: list[GoldenExample], record_property: Any) -> None:
