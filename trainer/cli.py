@@ -253,14 +253,21 @@ def evaluate_score(
     out: Path = typer.Option(Path("eval_out"), help="Output folder."),
     decision_metric: str = DecisionMetric,
     min_gain: float = MinGain,
+    max_truncated_share: float = typer.Option(
+        DEFAULT_MAX_TRUNCATED_SHARE, min=0.0, max=1.0, help="Fail past this share of answers cut at the token limit."
+    ),
 ) -> None:
-    """Score existing prediction files offline (no model) with the same metrics and report."""
+    """Score existing prediction files offline (no model) with the same metrics and report. Records of
+    ``trainer infer`` and of ``evaluate pipeline`` say which answers stopped at the token limit."""
     try:
         named = [parse_named_path(p) for p in predictions]
         preds = {name: load_predictions(path) for name, path in named}
         res = write_outputs(
-            out, read_golden(golden), preds, f"Offline scoring: {golden.name}", decision_metric, min_gain, False
-        )
+            out, read_golden(golden), preds, f"Offline scoring: {golden.name}", decision_metric, min_gain, False,
+            max_truncated_share=max_truncated_share,
+        )  # fmt: skip
+    except TruncatedAnswersError as exc:
+        raise _bad("--predictions", f"{exc} (the report is in {out})") from None
     except (ValueError, FileNotFoundError) as exc:
         raise _bad("--predictions", str(exc)) from None
     print_summary(res)

@@ -140,3 +140,27 @@ def test_a_cut_schema_in_the_c2_precompute_is_counted_apart_from_invalid_ones(tm
     assert [len(v) for v in rep.truncated_ids.values()] == [1, 1]
     with pytest.raises(TruncatedAnswersError, match=r"C2 precompute, train: π1 schemas: 1 of 3 answers stopped"):
         precompute_c2(SAMPLE_DIR, tmp_path / "x", cut_first, "pi1", limit=3, max_truncated_share=0.0)
+
+
+def test_evaluate_score_reads_the_cut_answers_of_infer_records(tmp_path: Any) -> None:
+    """``trainer infer`` records say which answers stopped at the token limit; ``evaluate score`` counts them and
+    fails past the share, as Phase D does."""
+    from typer.testing import CliRunner
+
+    from trainer.cli import app
+
+    preds = tmp_path / "p.jsonl"
+    preds.write_text(
+        "".join(
+            json.dumps({"id": e.id, "stage": "stage1", "prediction": "{", "truncated": i == 0}) + "\n"
+            for i, e in enumerate(EXAMPLES)
+        )
+    )
+    base = ["evaluate", "score", "--golden", str(SAMPLE_DIR / "common_test_schemas.jsonl"), "--predictions",
+            f"x={preds}"]  # fmt: skip
+    failed = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "a")], env={"COLUMNS": "300"})
+    assert failed.exit_code == 2 and "setting 'x', π1 schemas: 1 of 3 answers stopped" in failed.output
+    passed = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "b"), "--max-truncated-share", "0.5"])
+    assert passed.exit_code == 0, passed.output
+    cut = json.loads((tmp_path / "b" / "metrics.json").read_text())["settings"]["x"]["truncated"]["schema"]
+    assert cut["cut"] == 1 and cut["answers"] == 3
