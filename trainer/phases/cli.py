@@ -127,7 +127,7 @@ def preflight_choose_cmd(
     folder: Path = typer.Option(..., "--dir", exists=True, file_okay=False, help="Folder of <phase>_t<T>.json."),
     phases: str = typer.Option("b1,c1", help="Comma-separated phases that must all have enough signal."),
     criterion: str = typer.Option(
-        "improvable", help="improvable (best sample beats greedy, macro over sources) or informative (issue 12)."
+        "improvable", help="improvable (best sample beats greedy, macro over sources) or informative (rewards differ)."
     ),
     min_share: float = typer.Option(0.10, min=0.0, max=1.0, help="Share of the criterion wanted in every phase."),
     out: Path | None = typer.Option(None, help="Write the choice (and the sweep it came from) here as JSON."),

@@ -1,6 +1,6 @@
 """Did the policy move? Per-step monitors of a GRPO phase, summarised into its ``phase_result.json``.
 
-Issue 12's runs looked healthy (no errors, rewards logged) and changed nothing: entropy ~0.01, the
+Earlier GPU runs looked healthy (no errors, rewards logged) and changed nothing: entropy ~0.01, the
 KL to the reference 0.002 after 10 steps, a PPO clip fraction <= 7e-4, gradient norms 0.1-0.23,
 every limit slack. Such a run must say so in its result, not leave it to someone reading curves.
 

@@ -19,7 +19,7 @@ the same, e.g. all solved), the run stops early and is judged on its last valida
         --reward-url URL [--size 16] [--steps 8] [--margin 0.05] [--profile gpu] [overrides...]
 
 ``margin`` is in reward units (rewards lie in [-1, 1]; schema reward = F1 for valid JSON, table reward
-= 2·score − 1). 0.05 is about a third of the best-of-16 − greedy gap that issue 23's preflight measured
+= 2·score − 1). 0.05 is about a third of the best-of-16 − greedy gap that the preflight measured
 on WikiTableText (+0.15 π1, +0.12 π2) over *all* prompts; on prompts chosen because they have that gap,
 training on them must recover at least that much.
 """

@@ -1,4 +1,4 @@
-"""Before a long GRPO run: what can GRPO use from the start policy? (issue 12's advantage check, issue 23)
+"""Before a long GRPO run: what can GRPO use from the start policy? (the advantage check, and the headroom over greedy)
 
 GRPO's advantage of a sample is its reward minus its group's mean (over the group's spread, unless
 Dr.GRPO). A group whose ``n`` samples all score the same adds nothing to the gradient. But a group
@@ -44,12 +44,12 @@ from trainer.phases.train_set import rl_row_ids
 
 EQUAL = 1e-9  # rewards closer than this count as equal (GRPO's std would be ~0)
 # Default headroom threshold: below 10% of prompts whose best sample beats greedy (macro over sources),
-# GRPO mostly sharpens the mode it already has (issue 23: E2E/RotoWire sit near 0, WikiTableText well above).
+# GRPO mostly sharpens the mode it already has (measured: E2E/RotoWire sit near 0, WikiTableText well above).
 MIN_IMPROVABLE = 0.10
 Criterion = Literal["improvable", "informative"]
 # Calls in flight to the policy's executor: sampling requests of n completions each, and greedy ones.
 # GenerationConfig's default 16 kept 16 x n 16 = 256 sequences running (a quarter of the 1,024 vLLM runs at
-# once on a >= 70 GiB GPU) and sent 600 greedy prompts in ~40 waves of 16 (issue 23's leases).
+# once on a >= 70 GiB GPU) and sent 600 greedy prompts in ~40 waves of 16 (measured on GPU nodes).
 SAMPLE_REQUESTS_IN_FLIGHT = 64
 GREEDY_IN_FLIGHT = 256
 
@@ -341,12 +341,12 @@ def sources_with_headroom(report: Mapping[str, Any], min_share: float) -> tuple[
     """(kept, dropped): the report's sources whose improvable share is at least ``min_share``, and the rest.
 
     Why: on E2E and RotoWire most "improvable" prompts are ones where the gold omits a column the text
-    states (issue 23), so a sample that drops a stated column beats the greedy answer there. Trained on
-    them, B1 learned to drop columns: on issue 23's 4-GPU lease, RotoWire validation schema F1 fell
+    states, so a sample that drops a stated column beats the greedy answer there. Trained on
+    them, B1 learned to drop columns: on a 4-GPU node, RotoWire validation schema F1 fell
     0.979 -> 0.965 (recall 0.991 -> 0.964) while WikiTableText rose 0.593 -> 0.603."""
     per = report.get("per_source") or {}
     if not per:
-        raise ValueError("the report has no per_source statistics (a report of before issue 23: rerun it)")
+        raise ValueError("the report has no per_source statistics (a report written by an older version: rerun it)")
     kept = sorted(src for src, st in per.items() if st["improvable_share"] >= min_share)
     return kept, sorted(set(per) - set(kept))
 
@@ -377,7 +377,7 @@ def filter_improvable(
     sources whose improvable share reaches ``min_source_share`` (:func:`sources_with_headroom`), written
     to ``out``. Raises :class:`FilterError` naming the input at fault."""
     if "improvable_ids" not in report:
-        raise FilterError("report", "no improvable_ids (a report of before issue 23: rerun it)")
+        raise FilterError("report", "no improvable_ids (a report written by an older version: rerun it)")
     ids = list(report["improvable_ids"])
     dropped = None
     if min_source_share > 0:
@@ -402,7 +402,7 @@ def write_report(report: PreflightReport | TemperatureChoice, path: Path) -> Non
 
 
 class SweepPoint(NamedTuple):
-    """One phase at one temperature, as read from its report (``None``: a report of before issue 23)."""
+    """One phase at one temperature, as read from its report (``None``: a report written by an older version)."""
 
     informative_share: float
     mean_reward: float
@@ -478,10 +478,10 @@ def choose_temperature(sweep: Sweep, min_share: float, criterion: Criterion = "i
     temperature), marked not reached. Training prompts only: nothing here looks at validation or test.
 
     ``improvable`` (default) reads each phase's **macro** improvable share over sources, not its
-    worst source: on this data E2E and RotoWire have none at any temperature (issue 23), so a
+    worst source: on this data E2E and RotoWire have none at any temperature, so a
     worst-source rule would never choose; the macro still rises with the headroom of the source that
     has it, and the prompt filter then keeps only prompts that are improvable. ``informative`` is the
-    issue-12 rule (rewards not all equal), which overstates the signal."""
+    older rule (rewards not all equal), which overstates the signal."""
     if not sweep:
         raise ValueError("choose_temperature: empty sweep")
     if not 0.0 <= min_share <= 1.0:

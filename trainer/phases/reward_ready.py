@@ -2,7 +2,7 @@
 
 Why: a phase's start-up (Ray, the FSDP workers, the vLLM rollout server) takes minutes on a GPU node,
 and C1's reward API needs executors that also take a minute to start. The loop starts both at once
-(issue 25: "executors that start while the trainer starts, not after it"), so the trainer must not ask
+(the executors start with the trainer, not after it), so the trainer must not ask
 for a reward before the API can give one: an early call would fail, and a failed reward is an
 infrastructure failure that stops the phase, never a score. :class:`~trainer.in_verl.phase_trainer.PhaseTrainer`
 calls :func:`wait_for_reward_api` once its workers are up (``on_init_end``), before validation step 0.

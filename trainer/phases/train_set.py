@@ -2,7 +2,7 @@
 
 VERL's RL dataloader drops the last partial batch, so a train set smaller than ``data.train_batch_size``
 gives an epoch of 0 steps and VERL 0.9.1 fails deep in ``fit`` with ``ZeroDivisionError`` after its
-whole start-up (issue 23's 4-GPU lease: B2's 49 improvable prompts against a batch of 64, ~4 minutes of a
+whole start-up (measured on a 4-GPU node: B2's 49 improvable prompts against a batch of 64, ~4 minutes of a
 GPU for one line of traceback). This says which setting is short, by how much, before any of that.
 """
 
