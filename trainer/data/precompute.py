@@ -77,7 +77,7 @@ def precompute_c2(
     With ``stage2_fit``, rows whose Stage-2 prompt cannot fit that context are counted and dropped.
     ``sample`` (split → n): a seeded random n documents of that split, in file order (all if it has fewer).
     ``sources`` (split → data sources): only those sources' documents of that split, before sampling (C2
-    trained where the headroom is, issue 23); a source with no document there is an error naming it."""
+    trained where the headroom is); a source with no document there is an error naming it."""
     for name, keyed in (("sample", sample), ("sources", sources)):
         unknown = sorted(set(keyed or {}) - set(splits))
         if unknown:

@@ -20,11 +20,11 @@ from shared import GoldenExample, build_stage1_messages, build_stage2_messages, 
 from trainer.phases.registry import RewardKind, reward_prompt
 
 # Items per POST: well under reward_api's per-request item limit (its max_items setting, 4,096 by default).
-# A preflight of 200 prompts x 3 sources x 17 samples is 10,200 items: sent whole, it was a 413 on the GPU
-# node (issue 23's first A/B lease) and the sweep wrote no report.
+# A preflight of 200 prompts x 3 sources x 17 samples is 10,200 items: sent whole, it was a 413 on a GPU
+# node during an A/B experiment and the sweep wrote no report.
 SCORE_BATCH = 1024
 # POSTs in flight at once (each one reward_api worker's): one at a time, a pipeline sweep kept one worker's
-# 256 executor calls in flight, and C1's preflight of 600 prompts x 17 took ~210 s (issue 23's fifth lease).
+# 256 executor calls in flight, and C1's preflight of 600 prompts x 17 took ~210 s (measured on a GPU node).
 SCORE_PARALLEL = 4
 
 

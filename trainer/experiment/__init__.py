@@ -1,4 +1,4 @@
-"""Experiments as recipes: the two GPU A/B experiments of the RL issue (issue 23) over the trainer's
+"""Experiments as recipes: the two GPU A/B experiments of the RL phases over the trainer's
 shared parts, ``python -m trainer experiment pi1-ab|pi2-ab`` (what ``bench/gpu/ab.sh`` did in shell).
 
 - ``pi1-ab``: from one π1ˢ, B1 (schema reward) beside C1 (pipeline reward, π2ˢ frozen in an executor),

@@ -18,7 +18,7 @@ from trainer.phases.launch import check_profile
 from trainer.serving.gpus import GpuPlanError, visible_gpus
 
 console = Console()
-app = typer.Typer(help="The A/B experiments of the RL issue, as recipes (resumable; --dry-run prints the plan).")
+app = typer.Typer(help="The A/B experiments of the RL phases, as recipes (resumable; --dry-run prints the plan).")
 
 
 def to_config(given: dict[str, Any]) -> ExperimentConfig:

@@ -1,4 +1,4 @@
-"""What each A/B experiment compares (issue 23), as data: its two arms, the policy they train from,
+"""What each A/B experiment compares, as data: its two arms, the policy they train from,
 the phases its preflight sweeps, and the settings its evaluation scores. Every other fact (a phase's
 reward, its policy, its SFT partner) is the phase registry's.
 

@@ -12,7 +12,7 @@ so the plan is unit-tested without a GPU.
 SFT (A1 beside A2) takes one GPU per arm (:meth:`ArmPlacement.sft`): VERL's SFT of a 135M model is bound
 by per-step overhead (~1.5 s a step at MFU 0.006, ``bench/results/gpu_sft_speed.md``), so a second rank
 would add its all-reduce to the same overhead, and a 2-rank SFT has never run on a GPU here, while the
-1-GPU SFT is measured on every lease. RL's steps are compute: rollout and update split over the ranks.
+1-GPU SFT is measured on every GPU run. RL's steps are compute: rollout and update split over the ranks.
 
 Executors (the preflight's policy, the frozen partner, the evaluated models) take a small share of the
 GPU of the arm whose model they serve: the trained policy's on arm A's first GPU, the partner's and arm
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from trainer.serving.gpus import ExecutorSlot, GpuPlan, Placement
 
-# Shares of one GPU when two trainers and several executors share it (issue 23's leases: a 135M policy).
+# Shares of one GPU when two trainers and several executors share it (measured on GPU nodes with a 135M policy).
 ROLLOUT_MEMORY = 0.2
 EXECUTOR_MEMORY = 0.08
 

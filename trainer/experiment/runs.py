@@ -1,7 +1,7 @@
 """The phase runs an experiment launches (SFT, the two RL arms, the positive control), as pure functions
 of its config, its placement and the chosen temperature: what ``--dry-run`` prints is what runs.
 
-RL settings of both arms (issue 23's A/B): the profile's hyper-parameters, ``--rl-steps`` steps,
+RL settings of both arms: the profile's hyper-parameters, ``--rl-steps`` steps,
 validation (and a checkpoint) every ``--rl-test-freq`` steps, a random 2,048-prompt subset of the train
 split (VERL's seed, so the dataset is not tokenised whole at start), epochs enough that the step count ends
 the run (an improvable set of 152 prompts ran out after 6 steps at grpo_base's 3), the chosen rollout

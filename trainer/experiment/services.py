@@ -20,7 +20,7 @@ from trainer.serving.endpoint import Endpoint
 from trainer.serving.executors import ExecutorPool, ModelSpec
 from trainer.serving.reward_api import reward_api_process
 
-# uvicorn workers of the reward APIs on GPU nodes (issue 23's A/B); one each on CPU, where cores are few
+# uvicorn workers of the reward APIs on GPU nodes (as the A/B runs used); one each on CPU, where cores are few
 GPU_WORKERS = {LOCAL: 4, PIPE: 8}
 
 

@@ -17,7 +17,7 @@ from trainer.experiment.plan import phase_ok, preflight_phases, reward_api_of
 from trainer.phases.registry import reward_of
 from trainer.serving.endpoint import Endpoint
 
-# Max tokens of C2's schemas (π1ˢ's greedy Stage 1), as issue 23's A/B
+# Max tokens of C2's schemas (π1ˢ's greedy Stage 1), as the A/B runs used
 C2_MAX_TOKENS = 256
 
 
@@ -134,7 +134,7 @@ def rl(ctx: Context) -> None:
 def evaluate(ctx: Context) -> None:
     """Phase D's settings at once on the kept executors, then scored together (paired tests). Each π1 runs
     Stage 1 once: settings that share a π1 share its schemas (pi2-ab: π1ˢ for all three, so their
-    comparison is π2's alone). Scored and written before Phase D ends, so a lease cut during Phase D keeps
+    comparison is π2's alone). Scored and written before Phase D ends, so a run cut off during Phase D keeps
     them: pi2-ab's π2 on gold schemas (sft, local, pipe; the B2 target), pi1-ab's π1 schemas alone (the B1
     target)."""
     from shared import read_golden
@@ -199,7 +199,7 @@ def evaluate(ctx: Context) -> None:
             )
             for name, p in gold.items()
         }
-        # one stage scored before Phase D's two: a lease that ends during Phase D still has it (issue 23)
+        # one stage scored before Phase D's two: a run cut off during Phase D still has it
         if d.stage1_eval:
             first_error(list(schemas.values()))
             preds = {name: stage1_records(schemas[p1].result()) for name, (p1, _p2) in settings.items()}

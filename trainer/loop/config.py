@@ -142,8 +142,8 @@ class LoopConfig:
             min=1,
         ),
     )
-    # Each GRPO phase on its train split's prompts of these sources only (issue 23: WikiTableText is where the
-    # headroom is; the seventh lease's π2 A/B moved only so); C2's precompute draws its documents from them.
+    # Each GRPO phase on its train split's prompts of these sources only (WikiTableText is where the headroom
+    # is; a π2 A/B on a GPU node moved only so); C2's precompute draws its documents from them.
     rl_sources: tuple[str, ...] = field(
         default=(),
         metadata=cli_meta(

@@ -81,7 +81,7 @@ class Workspace:
         self, executor_model: str, tag: str, slots: Sequence[ExecutorSlot | None], abort_file: Path
     ) -> Iterator[str]:
         """A local reward API with executors of ``executor_model``, started in a thread of its own while the
-        block starts the trainer (issue 25: "executors that start while the trainer starts, not after it").
+        block starts the trainer, so the executors start with the trainer, not after it.
 
         The URL is yielded at once, before anything answers on it: the trainer waits for it before its first
         reward (:mod:`trainer.phases.reward_ready`). A start that fails writes ``abort_file`` (the trainer's

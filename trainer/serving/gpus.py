@@ -128,8 +128,8 @@ class GpuPlan:
         return Placement(self.gpus[:half]), Placement(self.gpus[half : 2 * half])
 
     def sft_pair(self) -> tuple[Placement, Placement] | None:
-        """A1 beside A2: the first GPU of each half, one rank each (None: in turn). Measured on 4 x H100
-        (issue 25): 150 steps of A1 took 50 s on one GPU and 60 s on two ranks; a 135M model's SFT step
+        """A1 beside A2: the first GPU of each half, one rank each (None: in turn). Measured on 4 x H100:
+        150 steps of A1 took 50 s on one GPU and 60 s on two ranks; a 135M model's SFT step
         is overhead, which a second rank's all-reduce only adds to."""
         pair = self.pair()
         if pair is None:
