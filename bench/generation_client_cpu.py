@@ -3,7 +3,7 @@
     python -m bench generation-client-cpu [--before REV[=LABEL] ...] [--requests 512] [--concurrency 256] \\
         [--max-tokens 4] [--rounds 3] [--executor-url URL]
 
-On issue 23's fifth lease the eval process (three ``GenerationClient``s of ``--concurrency 256`` in threads
+On a GPU node the eval process (three ``GenerationClient``s of ``--concurrency 256`` in threads
 of one process) kept only 4 to 91 requests in flight at a vLLM executor that could take 1,024, ~38
 requests/s per executor: the client was the bottleneck. On a CPU executor the executor is far slower than
 any client, so requests/s says little here; the client's own CPU time per request does, and it is what

@@ -15,7 +15,7 @@ batches of ``batch`` items to ``/reward/pipeline`` (cache off: every item is one
 
 Per configuration: pipeline items/s, executor generated tokens/s, p50/p99 request latency and the share
 of items per replica, from each executor's own ``/metrics`` (``vllm:request_success_total``).
-Goal (issue 14): ≥ 1.8× items/s at 2 executors and ≥ 3.4× at 4, against 1, in the same run (each
+Goal: ≥ 1.8× items/s at 2 executors and ≥ 3.4× at 4, against 1, in the same run (each
 replica count at its best worker count; the table shows every worker count).
 """
 

@@ -1,4 +1,4 @@
-"""The learning run's report (issue 12) from what a GPU node brought back: ``bench/results/learning_gpu.*``.
+"""The learning run's report from what a GPU node brought back: ``bench/results/learning_gpu.*``.
 
     python -m bench.learning_gpu --collected DIR --run-info FILE [--partial "base and sft only"]
         [--extra-settings OLD_REPORT.json]
@@ -13,8 +13,8 @@ with ``card``, ``gpus``, ``versions`` and ``commands`` (what ran, written down b
 score, marked with where they came from. From each RL phase's VERL metrics: the learning curves
 (validation metric, reward mean/min/max per step, where early stopping kept its checkpoint) and the
 step-time split (generation, log-probs, reference, update); a plot goes to ``learning_gpu.png``.
-The JSON keeps the layout
-issue 12 asks for: ``phase_d[setting].overall[metric]``, ``phase_d[setting].per_source[src][metric]``,
+The JSON keeps a fixed layout:
+``phase_d[setting].overall[metric]``, ``phase_d[setting].per_source[src][metric]``,
 ``stages[name].seconds``, ``gpus``, ``card``, ``test_documents``.
 """
 
@@ -30,7 +30,7 @@ from trainer.experiment.workdir import MANIFEST
 from trainer.phases.registry import GRPO_PHASES, SFT_PHASES
 
 NAME = "learning_gpu"
-# The plain Hugging Face SFT baseline of issue 12 (one epoch per stage, lr 1e-4 linear decay, batch 32,
+# The plain Hugging Face SFT baseline (one epoch per stage, lr 1e-4 linear decay, batch 32,
 # bf16, one H100; end to end, greedy, all 3,011 test documents).
 HF_BASELINE = {
     "schema_valid": 0.985,
@@ -193,7 +193,7 @@ def reward_share(split: dict[str, dict[str, float]]) -> dict[str, Any] | None:
 def build(
     collected: Path, run_info: dict[str, Any], partial: str | None, extra: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    # a run whose lease ended before Phase D still reports its SFT, preflight and RL curves
+    # a run cut off before Phase D still reports its SFT, preflight and RL curves
     pd = collected / "phase_d" / "metrics.json"
     metrics = json.loads(pd.read_text()) if pd.is_file() else {}
     settings: dict[str, Any] = metrics.get("settings", {})
@@ -218,7 +218,7 @@ def build(
                                    collected / ph / "checkpoints" / "early_stopping.json") if c.is_file()), None)
             curves[ph] = rl_curves(rows, json.loads(es.read_text()) if es else None)
             split[ph] = step_split(rows)
-            # issue 23: did the policy move? (the phase result's floor when it recorded one)
+            # did the policy move? (the phase result's floor when it recorded one)
             floor = ((phases.get(ph) or {}).get("monitors") or {}).get("kl_floor", DEFAULT_KL_FLOOR)
             monitors[ph] = {k: v for k, v in summarise(rows, floor).items() if k != "steps"}
     phase_d = {
@@ -232,7 +232,7 @@ def build(
     # EXP=pi2: π2 on GOLD schemas (the B2 target), beside Phase D end to end
     gold_schema = side_eval(collected / "gold_schema_eval" / "metrics.json")
     # π1 on the test split, Stage 1 alone (`trainer infer stage1` + `evaluate score`): the B1 target is a
-    # schema F1, so it needs no π2 (issue 23's third lease measured it when Phase D did not fit)
+    # schema F1, so it needs no π2 (measured this way on a run where Phase D did not fit)
     stage1 = side_eval(collected / "stage1_eval" / "metrics.json")
     for name, s in (extra or {}).get("phase_d", {}).items():
         if name not in phase_d:
@@ -313,7 +313,7 @@ def render_md(p: dict[str, Any]) -> str:
         )
     if p["sft_vs_hf_baseline"]:
         below = [r["metric"] for r in p["sft_vs_hf_baseline"] if r["below"]]
-        md += "\n## sft against the plain Hugging Face SFT baseline (issue 12)\n\n"
+        md += "\n## sft against the plain Hugging Face SFT baseline\n\n"
         md += f"On {p.get('sft_vs_hf_baseline_scope') or 'the test split'}.\n\n" + md_table(
             ["metric", "sft", "HF baseline", "gap (points)", "below?"],
             [
@@ -403,7 +403,7 @@ def render_md(p: dict[str, Any]) -> str:
             [ph, *[str(m.get(k)) if k == "policy_moved" or m.get(k) is None else f"{m[k]:.3g}" for k in cols]]
             for ph, m in p["monitors"].items()
         ]
-        md += "\n## Did the policy move? (issue 23 monitors)\n\n" + md_table(["phase", *cols], rows)
+        md += "\n## Did the policy move? (the phase monitors)\n\n" + md_table(["phase", *cols], rows)
         md += "".join(f"\n- {ph}: {m['verdict']}" for ph, m in p["monitors"].items()) + "\n"
     if p.get("step_time_split_s"):
         parts = [*STEP_PARTS, "step"]

@@ -4,7 +4,7 @@
         [--max-tokens 8] [--rounds 3] [--executor-url URL]
 
 On a GPU node one reward_api worker served ~82 pipeline items/s (bench/results/gpu_scaling.md), i.e.
-~12 ms of reward_api CPU per item, which capped the executor scale-out (issue 14). On a CPU executor the
+~12 ms of reward_api CPU per item, which capped the executor scale-out. On a CPU executor the
 executor is far slower than the service, so items/s says nothing about the service here; its own CPU
 time per item does. This bench measures exactly that, on the real path:
 

@@ -217,7 +217,7 @@ def run(
             "target": SEQUENTIAL_FACTOR,
             "met": rate["ours"] >= SEQUENTIAL_FACTOR * rate["sequential"],
             # On CPU the executor's own ceiling bounds it (ours is ~1.0x of that ceiling): informational
-            # there, binding on GPU (issue 14, point 4).
+            # there, binding on GPU.
             "binding": sequential_binding,
         },
         {

@@ -1,4 +1,4 @@
-"""Reward audit: edits that must not raise a reward, and edits that must not lower it (issue 22).
+"""Reward audit: edits that must not raise a reward, and edits that must not lower it.
 
 For real golden examples of every source, a prediction is built from the gold table, *perfect* (the gold
 itself) or *damaged* (about a third of its non-empty cells replaced by a wrong value, the rest kept and
@@ -431,8 +431,8 @@ def _stats(group: Sequence[dict[str, Any]], reward: str, kind: str) -> dict[str,
 
 
 def alignment_cost(rows: int = 2000, repeats: int = 3) -> dict[str, Any]:
-    """CPU seconds of one aligned table reward for a hostile ``rows`` × ``rows`` one-cell table (the review
-    of issue 26 measured 14 s before the cap and the inverted index), with the default cap and without."""
+    """CPU seconds of one aligned table reward for a hostile ``rows`` × ``rows`` one-cell table (14 s
+    before the cap and the inverted index were added), with the default cap and without."""
     gold = {"columns": ["a"], "data": [[str(i % 7)] for i in range(rows)]}
     pred = "\n".join(json.dumps({"a": str(i % 5)}) for i in range(rows))
     out: dict[str, Any] = {"rows": rows, "repeats": repeats}
@@ -543,7 +543,7 @@ def markdown(p: dict[str, Any]) -> str:
         f"\n## Cost of the alignment\n\nOne aligned table reward of a {c['rows']} × {c['rows']}-row one-cell table "
         f"(CPU seconds, best of {c['repeats']}): {c['capped']['best_cpu_s']} s with the default cap of "
         f"{c['capped']['max_align_rows']} rows (score {c['capped']['score']}), {c['uncapped']['best_cpu_s']} s "
-        f"without it (score {c['uncapped']['score']}). The review of issue 26 measured 14 s for 2,000 × 2,000 "
+        f"without it (score {c['uncapped']['score']}). An earlier version took 14 s for 2,000 × 2,000 "
         "rows before the inverted index and the cap.\n"
     )
     md += "\n## Goals\n\n" + "".join(
