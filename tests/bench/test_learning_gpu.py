@@ -40,7 +40,7 @@ def collected(tmp_path: Path) -> Path:
     return d
 
 
-def test_json_has_the_layout_issue_12_asks_for(collected: Path) -> None:
+def test_json_has_phase_d_stages_and_node_layout(collected: Path) -> None:
     info = {"card": "NVIDIA H100 80GB HBM3", "gpus": 4, "versions": {"vllm": "0.24.0"}, "commands": ["x"]}
     p = lg.build(collected, info, partial="base and sft only")
     assert p["phase_d"]["sft"]["overall"]["schema_f1"] == 0.97

@@ -22,7 +22,7 @@ from trainer.phases.monitors import (
 RECORDED = Path(__file__).parent / "fixtures" / "b1_issue12_metrics.jsonl"
 
 
-def test_the_recorded_issue12_run_did_not_move() -> None:
+def test_a_recorded_run_with_slack_limits_did_not_move() -> None:
     rows = read_metrics(RECORDED)
     m = summarise(rows, kl_floor=0.01)
     assert m["policy_moved"] is False and m["verdict"].startswith("POLICY DID NOT MOVE")

@@ -67,7 +67,7 @@ def test_an_incomplete_run_fails_the_control() -> None:
     assert not judge([], 0.05).passed
 
 
-def test_issue12s_recorded_run_would_have_failed_the_control() -> None:
+def test_a_recorded_run_that_did_not_move_fails_the_control() -> None:
     rows = read_metrics(RECORDED)
     assert greedy_rewards(rows)[0] == {"schema": pytest.approx(0.98450, abs=1e-5)}
     v = judge(rows, 0.05)
