@@ -1,5 +1,6 @@
-"""The advantage estimator of the GRPO phases, registered the way VERL registers its own
-(``verl.trainer.ppo.core_algos.register_adv_est``): ``algorithm.adv_estimator: grpo_masked``.
+"""The advantage estimators of the GRPO phases, registered the way VERL registers its own
+(``verl.trainer.ppo.core_algos.register_adv_est``): ``algorithm.adv_estimator: grpo_masked`` (the default) or
+``greedy_baseline`` (self-critical: a sample's reward minus its prompt's greedy reward, below).
 
 ``grpo_masked`` is VERL's GRPO outcome advantage (``compute_grpo_outcome_advantage``, called as it is) over
 the samples that have a gradient. A row whose response mask is all zero has none: a sample of mask mode
@@ -16,7 +17,9 @@ the trainer process: :mod:`trainer.in_verl.verl_main` imports this module before
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -61,3 +64,64 @@ def compute_masked_grpo_advantage(
 
 
 core_algos.register_adv_est(MASKED_GRPO)(compute_masked_grpo_advantage)
+
+
+# ---- greedy baseline (SCST / ReMax) ---------------------------------------------------------------------
+
+GREEDY_BASELINE = "greedy_baseline"
+# uid → the reward of the policy's greedy answer to that prompt (None: it has none, e.g. its reward was
+# masked); set by PhaseTrainer around VERL's advantage computation of one step (:func:`greedy_baselines`).
+_baselines: dict[str, float | None] | None = None
+
+
+@contextlib.contextmanager
+def greedy_baselines(rewards: Mapping[str, float | None]) -> Iterator[None]:
+    """The greedy rewards of the step's prompts, for ``greedy_baseline`` while VERL computes the advantages."""
+    global _baselines
+    _baselines = dict(rewards)
+    try:
+        yield
+    finally:
+        _baselines = None
+
+
+def compute_greedy_baseline_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    config: Any = None,
+    **_: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Self-critical advantages (SCST; ReMax's baseline): a sample's reward minus the reward of the policy's
+    greedy answer to its prompt, so only samples that beat the greedy answer are pushed up and the ones below it
+    down (GRPO's group mean rewards any sample above a mean that sampling drags below the greedy answer).
+
+    As ``grpo_masked``: a row with an all-zero response mask is out (advantage 0); a prompt without a greedy
+    reward (masked, or missing) gets 0 throughout. With ``norm_adv_by_std_in_grpo`` the differences are divided
+    by the standard deviation of the group's rewards (groups of two or more)."""
+    if _baselines is None:
+        raise RuntimeError(
+            f"algorithm.adv_estimator={GREEDY_BASELINE} needs the greedy rewards PhaseTrainer computes for each step "
+            "(trainer/in_verl/phase_trainer.py); VERL's own trainer does not"
+        )
+    scores = token_level_rewards.sum(dim=-1)
+    has_gradient = (response_mask.sum(dim=-1) > 0).tolist()
+    groups: dict[Any, list[int]] = {}
+    for i, ok in enumerate(has_gradient):
+        if ok:
+            groups.setdefault(index[i], []).append(i)
+    advantages = torch.zeros_like(token_level_rewards)
+    scale = _norm_by_std(config)
+    for uid, rows in groups.items():
+        base = _baselines.get(str(uid))
+        if base is None:
+            continue
+        values = scores[rows] - float(base)
+        if scale and len(rows) > 1:
+            values = values / (torch.std(scores[rows]) + epsilon)
+        advantages[rows] = values.unsqueeze(-1).to(advantages.dtype) * response_mask[rows].to(advantages.dtype)
+    return advantages, advantages
+
+
+core_algos.register_adv_est(GREEDY_BASELINE)(compute_greedy_baseline_advantage)

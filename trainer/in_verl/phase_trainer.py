@@ -61,9 +61,10 @@ from tensordict import TensorDict
 from verl.trainer.ppo.v1 import trainer_base
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from trainer.in_verl import advantages  # noqa: F401  (registers the grpo_masked estimator in this process)
+from trainer.in_verl import advantages  # registers grpo_masked and greedy_baseline in this process
+from trainer.in_verl.greedy_baseline import GREEDY_SAMPLING, GreedyPrompt, GreedyRewards, greedy_rewards
 from trainer.phases.early_stopping import STATE_FILE, Decision, EarlyStopper, EarlyStoppingConfig, prune_checkpoints
-from trainer.phases.failure_mask import MaskPlan, plan_training_mask, split_validation
+from trainer.phases.failure_mask import MaskPlan, group_of, plan_training_mask, split_validation
 from trainer.phases.monitors import (
     DEFAULT_KL_FLOOR,
     DynamicSamplingBudget,
@@ -197,6 +198,49 @@ def executor_of(config: DictConfig, timeout_s: float = 5.0) -> str:
         return f"executor: the one behind the reward API at {url} (its /info did not say: {type(exc).__name__})"
 
 
+def uses_greedy_baseline(config: DictConfig) -> bool:
+    return str(config.algorithm.adv_estimator) == advantages.GREEDY_BASELINE
+
+
+def _plain(value: Any) -> Any:
+    """A TransferQueue value as plain Python (NonTensorData → its data; containers → dict/list)."""
+    value = getattr(value, "data", value)
+    if hasattr(value, "items"):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    return value
+
+
+def greedy_prompts(batch: Any, tq: Any) -> list[GreedyPrompt]:
+    """One prompt a group of ``batch`` (VERL's padding left out), read from the TransferQueue as the agent loop
+    put it: the prompt's token ids, ``data_source``, ``reward_model.ground_truth`` and ``extra_info``."""
+    first: dict[str, str] = {}
+    for key, tag in zip(batch.keys, batch.tags, strict=True):
+        if not tag.get("is_padding", False):
+            first.setdefault(group_of(key), key)
+    if not first:
+        return []
+    keys = list(first.values())
+    fields = ["prompts", "data_source", "reward_model", "extra_info"]
+    data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields)
+    prompts = data["prompts"]
+    prompt_ids = [t.tolist() for t in prompts.unbind()] if prompts.is_nested else prompts.tolist()
+    out = []
+    for i, uid in enumerate(first):
+        reward_model = _plain(data["reward_model"][i])
+        out.append(
+            GreedyPrompt(
+                uid=uid,
+                prompt_ids=[int(t) for t in prompt_ids[i]],
+                data_source=str(_plain(data["data_source"][i])),
+                ground_truth=reward_model.get("ground_truth") if isinstance(reward_model, dict) else None,
+                extra_info=_plain(data["extra_info"][i]) or {},
+            )
+        )
+    return out
+
+
 def reward_info(extra_fields: Any) -> dict[str, Any]:
     """A trajectory's reward parts: VERL keeps the reward function's extra keys under ``reward_extra_info``."""
     fields = getattr(extra_fields, "data", extra_fields)
@@ -256,6 +300,8 @@ class PhaseTrainer(PPOTrainerSync):
         self.failure_file = ckpt_dir / FAILURE_FILE
         self.reward_failures = RewardFailureLog(reward_failure_log_path(config))
         self._failure_metrics: dict[str, float] = {}
+        self._sampled: Any = None  # the step's batch (greedy_baseline)
+        self._greedy: GreedyRewards | None = None
         self.dynamic_sampling = DynamicSamplingBudget.from_config(config)
         self._step_prompts = 0
         monitors = config.get("monitors") or {}
@@ -271,6 +317,15 @@ class PhaseTrainer(PPOTrainerSync):
             if float(poll) <= 0:
                 raise ValueError(f"replay_buffer.poll_s must be positive, got {poll}")
             buffer.poll_interval = float(poll)
+        if uses_greedy_baseline(self.config):
+            sample = buffer.sample
+
+            def sample_and_keep(*args: Any, **kwargs: Any) -> Any:
+                out = sample(*args, **kwargs)
+                self._sampled = out[0]  # the step's batch, for its greedy answers (on_sample_end)
+                return out
+
+            buffer.sample = sample_and_keep
         return buffer
 
     # -- resume -------------------------------------------------------------------------------------
@@ -329,6 +384,10 @@ class PhaseTrainer(PPOTrainerSync):
 
     # -- training failures --------------------------------------------------------------------------
     def on_sample_end(self) -> None:
+        if uses_greedy_baseline(self.config) and self._sampled is not None:
+            # before VERL sleeps the replicas: they still hold the weights that wrote this step's samples
+            self._greedy = self._greedy_rewards(self._sampled)
+            self._failure_metrics.update(self._greedy.as_metrics())
         super().on_sample_end()  # type: ignore[no-untyped-call]
         if self.dynamic_sampling.enabled:
             self._failure_metrics["training/dynamic_sampling/generated_prompts"] = float(self._step_prompts)
@@ -352,7 +411,53 @@ class PhaseTrainer(PPOTrainerSync):
     def _compute_advantage(self, batch: Any, metrics: dict[str, Any]) -> Any:
         if self.failure_policy.mode == "mask":
             self._mask_failed_samples(batch, metrics)
-        return super()._compute_advantage(batch, metrics)
+        if not uses_greedy_baseline(self.config):
+            return super()._compute_advantage(batch, metrics)
+        greedy, self._greedy = self._greedy, None
+        if greedy is None:
+            raise RuntimeError("greedy_baseline: no greedy rewards for this step (on_sample_end did not run)")
+        with advantages.greedy_baselines(greedy.rewards):
+            return super()._compute_advantage(batch, metrics)
+
+    def _greedy_rewards(self, batch: Any) -> GreedyRewards:
+        """The greedy answer of each prompt group of ``batch`` and its reward (:mod:`trainer.in_verl.greedy_baseline`),
+        through VERL's rollout client and the phase's reward function."""
+        import asyncio
+        import uuid
+        from concurrent.futures import ThreadPoolExecutor
+
+        from trainer.in_verl.reward_client import batchers_of_running_loop
+        from trainer.in_verl.reward_fn import compute_score
+
+        prompts = greedy_prompts(batch, trainer_base.tq)  # type: ignore[attr-defined]
+        client = self.get_llm_client()
+        kwargs = OmegaConf.to_container(self.config.reward.custom_reward_function.get("reward_kwargs") or {})
+        assert isinstance(kwargs, dict)
+        reward_kwargs = {str(k): v for k, v in kwargs.items() if k != "failure_log"}
+
+        async def generate(uid: str, prompt_ids: list[int]) -> list[int]:
+            request = f"greedy-{uid}-{uuid.uuid4().hex[:8]}"
+            out = await client.generate(request_id=request, prompt_ids=prompt_ids, sampling_params=GREEDY_SAMPLING)
+            return list(out.token_ids)
+
+        async def score(data_source: str, text: str, truth: Any, extra: dict[str, Any]) -> Any:
+            return await compute_score(data_source, text, truth, extra, **reward_kwargs)
+
+        def decode(ids: list[int]) -> str:
+            return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+        async def run() -> GreedyRewards:
+            try:
+                return await greedy_rewards(prompts, generate, decode, score, int(self.config.data.max_response_length))
+            finally:
+                for b in batchers_of_running_loop():
+                    await b.aclose()
+
+        with ThreadPoolExecutor(1) as pool:  # its own event loop, whatever the trainer's thread runs
+            out = pool.submit(asyncio.run, run()).result()
+        if out.errors:
+            log.warning("greedy baseline: %d prompt(s) without one: %s", len(out.errors), "; ".join(out.errors[:3]))
+        return out
 
     def _mask_failed_samples(self, batch: Any, metrics: dict[str, Any]) -> MaskPlan:
         """Zero the masks of the samples without a gradient (TransferQueue, before VERL reads them), count them
