@@ -9,7 +9,7 @@ retried (generation with temperature 0 and a seed is repeatable). A request that
 
 The transport is aiohttp, one session per run whose pool holds a connection per call the semaphore lets
 run, none closed between calls. Not httpx: its pool rescans every connection on every request start and
-end (bench/results/pipeline_cpu_cost.md), and on issue 23's fifth lease the eval process, three settings'
+end (bench/results/pipeline_cpu_cost.md), and on a GPU node the eval process, three settings'
 clients of 256 connections each, kept only 4 to 91 of its 768 Stage-1 calls in flight (vLLM's log:
 "Running: 13 reqs, Waiting: 0"), ~38 requests/s per H200 executor. Before that, httpx's default pool (100
 connections, 20 kept alive) capped ``--concurrency 256`` at 100 in flight.
