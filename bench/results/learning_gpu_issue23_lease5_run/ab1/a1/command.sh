@@ -1,1 +1,0 @@
-/opt/torch/.venv/bin/python3 -m torch.distributed.run --standalone --nproc_per_node=1 -m verl.trainer.sft_trainer --config-path /tmp/repo/trainer/phases/configs --config-name a1_sft sft_profile=gpu trainer.n_gpus_per_node=1

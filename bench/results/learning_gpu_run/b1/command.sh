@@ -1,1 +1,0 @@
-/opt/torch/.venv/bin/python3 -m trainer.phases.verl_main --config-name b1_grpo profile=gpu trainer.n_gpus_per_node=1 trainer.total_training_steps=10 trainer.test_freq=5 trainer.save_freq=5 data.train_max_samples=2048 actor_rollout_ref.rollout.enforce_eager=true actor_rollout_ref.rollout.gpu_memory_utilization=0.2
