@@ -126,7 +126,8 @@ def test_pi2_ab_on_cpu_end_to_end(pi1_ab: tuple[Path, Path, int], tmp_path: Path
         assert Path(result["hf_dir"], "config.json").is_file()
         arms[phase] = result["hf_dir"]
     c2 = json.loads((wd / "c2" / "phase_result.json").read_text())
-    assert c2["data_dir"] == str(wd / "data")  # the phase reads data/c2/, which c2data wrote
+    # the phase reads data/c2/, which c2data wrote (data/ is pi1-ab's, linked by --sft-from)
+    assert Path(c2["data_dir"]).resolve() == (wd / "data").resolve()
     # π2 on gold schemas, and Phase D end to end: π1ˢ's schemas from ONE Stage-1 run for every setting
     gold = json.loads((wd / "gold_schema_eval" / "metrics.json").read_text())
     assert list(gold["settings"]) == ["sft", "local", "pipe"] and gold["paired_tests"]
