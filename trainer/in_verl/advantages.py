@@ -18,7 +18,6 @@ the trainer process: :mod:`trainer.in_verl.verl_main` imports this module before
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -37,6 +36,15 @@ def _norm_by_std(config: Any) -> bool:
     return bool(value)
 
 
+def rows_with_gradient(response_mask: torch.Tensor, index: np.ndarray) -> dict[Any, list[int]]:
+    """Each group's rows that have a gradient (a response mask not all zero), in row order."""
+    groups: dict[Any, list[int]] = {}
+    for i, ok in enumerate((response_mask.sum(dim=-1) > 0).tolist()):
+        if ok:
+            groups.setdefault(index[i], []).append(i)
+    return groups
+
+
 def compute_masked_grpo_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -46,9 +54,7 @@ def compute_masked_grpo_advantage(
     **_: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(advantages, returns)`` of shape ``(bs, response_length)``; see the module's docstring."""
-    has_gradient = (response_mask.sum(dim=-1) > 0).tolist()
-    per_group = Counter(index[i] for i, ok in enumerate(has_gradient) if ok)
-    keep = [i for i, ok in enumerate(has_gradient) if ok and per_group[index[i]] >= 2]
+    keep = [i for rows in rows_with_gradient(response_mask, index).values() if len(rows) >= 2 for i in rows]
     advantages = torch.zeros_like(token_level_rewards)
     if keep:
         rows = torch.tensor(keep, dtype=torch.long)
@@ -106,14 +112,9 @@ def compute_greedy_baseline_advantage(
             "(trainer/in_verl/phase_trainer.py); VERL's own trainer does not"
         )
     scores = token_level_rewards.sum(dim=-1)
-    has_gradient = (response_mask.sum(dim=-1) > 0).tolist()
-    groups: dict[Any, list[int]] = {}
-    for i, ok in enumerate(has_gradient):
-        if ok:
-            groups.setdefault(index[i], []).append(i)
     advantages = torch.zeros_like(token_level_rewards)
     scale = _norm_by_std(config)
-    for uid, rows in groups.items():
+    for uid, rows in rows_with_gradient(response_mask, index).items():
         base = _baselines.get(str(uid))
         if base is None:
             continue
