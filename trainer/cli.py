@@ -22,6 +22,7 @@ from shared.golden import GoldenFormatError
 from trainer.data.datasets import build_datasets
 from trainer.data.precompute import precompute_c2
 from trainer.data.prompt_fit import Stage2Fit
+from trainer.data.sft_mix import SourceMix, SourceMixError
 from trainer.evaluation import report
 from trainer.evaluation.generation import GenerationClient, GenerationConfig, TruncatedAnswersError
 from trainer.evaluation.inference import infer, schema_predictor
@@ -95,6 +96,12 @@ def data_build(
     limit: int | None = typer.Option(None, min=1, help="First N examples per split."),
     stage2_tokenizer: Path | None = Stage2Tokenizer,
     stage2_max_len: int | None = Stage2MaxLen,
+    sft_mix: str | None = typer.Option(
+        None,
+        help="SFT train split reweighted by source, SOURCE=WEIGHT,... (wikitabletext=2,rotowire_sent=0.5): floor(w) "
+        "copies of each example plus a seeded share frac(w); unnamed sources keep 1; validation is never mixed.",
+    ),
+    sft_mix_seed: int = typer.Option(0, help="Seed of the fractional part of --sft-mix."),
 ) -> None:
     """SFT (A1, A2) and RL (B1, B2, C1) parquet files, plus the manifest."""
     selected = [p.strip().lower() for p in phases.split(",") if p.strip()]
@@ -103,8 +110,11 @@ def data_build(
         raise _bad("--phases", f"unknown {unknown}; choose from {list(BUILD_PHASES)} (c2: precompute-schemas)")
     fit = _stage2_fit(stage2_tokenizer, stage2_max_len)
     try:
+        mix = SourceMix.parse(sft_mix, sft_mix_seed) if sft_mix is not None else None
         with console.status("building datasets"):
-            counts = build_datasets(golden, out, selected, limit=limit, stage2_fit=fit)
+            counts = build_datasets(golden, out, selected, limit=limit, stage2_fit=fit, sft_mix=mix)
+    except SourceMixError as exc:
+        raise _bad("--sft-mix", str(exc).removeprefix("--sft-mix: ")) from None
     except (GoldenFormatError, FileNotFoundError) as exc:  # file:line: field: reason, or a missing split file
         raise _bad("--golden", str(exc)) from None
     if fit is not None:
@@ -114,6 +124,14 @@ def data_build(
     for phase, c in counts.items():
         table.add_row(phase, str(c.get("train", 0)), str(c.get("validation", 0)))
     console.print(table)
+    if mix is not None:
+        mixed = json.loads((out / "manifest.json").read_text())["phases"]
+        described = next((mixed[p]["sft_mix"] for p in selected if mixed.get(p, {}).get("sft_mix")), None)
+        if described:
+            console.print(
+                f"SFT mix {mix.spec()}: train examples per source {described['train_before']} -> "
+                f"{described['train_after']}"
+            )
     console.print(f"manifest: {out / 'manifest.json'}")
 
 

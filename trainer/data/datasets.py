@@ -38,6 +38,7 @@ from shared import (
 )
 from shared.golden import sha256_file
 from trainer.data.prompt_fit import Stage2Fit
+from trainer.data.sft_mix import SourceMix
 from trainer.data_source import data_source
 from trainer.phases.registry import ABILITY, BUILD_PHASES, PHASES, SFT_PHASES, Phase, get_phase
 
@@ -151,16 +152,20 @@ def build_datasets(
     splits: Sequence[str] = TRAIN_SPLITS,
     limit: int | None = None,
     stage2_fit: Stage2Fit | None = None,
+    sft_mix: SourceMix | None = None,
 ) -> dict[str, dict[str, int]]:
     """Write the parquet files of ``phases`` for ``splits``; returns counts per phase and split.
 
     With ``stage2_fit``, C1 drops documents whose Stage-2 prompt (on the gold schema) cannot fit the
-    executor's context; their number and ids go to the manifest (``c1.stage2_too_long``)."""
+    executor's context; their number and ids go to the manifest (``c1.stage2_too_long``).
+    With ``sft_mix``, the SFT phases' train split is reweighted by source (:mod:`trainer.data.sft_mix`);
+    the mix and the counts per source go to the manifest (``a1.sft_mix``, ``a2.sft_mix``)."""
     bad = [p for p in phases if p not in BUILD_PHASES]
     if bad:
         raise ValueError(f"--phases: unknown {bad}; choose from {list(BUILD_PHASES)} (c2: precompute-schemas)")
     counts: dict[str, dict[str, int]] = {p: {} for p in phases}
     too_long: dict[str, list[str]] = {}
+    mixed: dict[str, Any] = {}
     sources = []
     for split in splits:
         src = golden / golden_filename(split)
@@ -168,9 +173,13 @@ def build_datasets(
             raise FileNotFoundError(f"--golden: {src} is missing")
         sources.append(src)
         examples = read_golden(src, limit)
+        sft_examples = examples
+        if sft_mix is not None and split == "train" and any(p in SFT_PHASES for p in phases):
+            sft_examples = sft_mix.apply(examples)
+            mixed = sft_mix.describe(examples, sft_examples)
         for phase in phases:
             if phase in SFT_PHASES:
-                rows = [sft_row(phase, ex) for ex in examples]
+                rows = [sft_row(phase, ex) for ex in sft_examples]
                 counts[phase][split] = write_parquet(rows, out / phase / f"{split}.parquet", SFT_SCHEMA)
             else:
                 kept = examples
@@ -180,6 +189,9 @@ def build_datasets(
                 rows = [rl_row(phase, ex, i, split) for i, ex in enumerate(kept)]
                 counts[phase][split] = write_parquet(rows, out / phase / f"{split}.parquet", RL_SCHEMA)
     extra: dict[str, Any] = {p: {"limit": limit} for p in phases}
+    for phase in SFT_PHASES:
+        if phase in extra:
+            extra[phase]["sft_mix"] = mixed or None
     if "c1" in extra and stage2_fit is not None:
         extra["c1"] |= {**stage2_fit.describe(), "stage2_too_long": {k: len(v) for k, v in too_long.items()}}
         extra["c1"]["stage2_too_long_ids"] = too_long
