@@ -10,12 +10,16 @@ earlier revisions and now (bench/generation_client_cpu.py).
 
 ``rl-step`` builds the before/after report of a GRPO step, an SFT epoch and a start-up against the floor.
 
+``sft-mix choose ROOT`` picks A1/A2's train mix on validation (on the GPU node); ``sft-mix report`` writes
+bench/results/sft_mix.* from the node's archive (bench/sft_mix.py).
+
 ``all`` runs local, pipeline and dedup (one vLLM-CPU executor shared by the last two); ``gpu-pipeline``
 and ``gpu-scaling`` are hooks for GPU vLLM URLs and never run as part of ``all``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -142,6 +146,33 @@ def rl_step(
             first = r["startup_s"]
             print(f"{phase} {setting}: step {r['step_s']} s (floor {r['floor_s']} s), {first} s to first generation")
     print(f"SFT epoch s: {p['sft_epoch_s']}")
+
+
+sft_mix_app = typer.Typer(no_args_is_help=True, help="The SFT source mix: the choice on a GPU node, then the report.")
+app.add_typer(sft_mix_app, name="sft-mix")
+
+
+@sft_mix_app.command("choose")
+def sft_mix_choose(
+    root: Annotated[Path, typer.Argument(exists=True, file_okay=False, help="The node script's output folder.")],
+) -> None:
+    """Per policy, base or mix by its validation metric's macro mean over sources: ROOT/choice.json."""
+    from bench import sft_mix
+
+    sft_mix.choose(root)
+
+
+@sft_mix_app.command("report")
+def sft_mix_report(
+    collected: Annotated[Path, typer.Option(exists=True, file_okay=False, help="Unpacked job.sh archive.")],
+    notes: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, help="Markdown appended as notes.")] = None,
+    name: Annotated[str, typer.Option(help="Report name: bench/results/NAME.{json,md,png}.")] = "sft_mix",
+) -> None:
+    """SFT runs, validation per source, the choice, Phase D on test, the repeat check: bench/results/sft_mix.*."""
+    from bench import sft_mix
+
+    p = sft_mix.run(collected, notes, name)
+    print(json.dumps({"choice": p["choice"], "repeat": p["repeat"]}, indent=1)[:4000])
 
 
 @app.command(name="gpu-scaling")

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# The SFT source mix, chosen on validation and compared on test, on one 4-GPU node (`python -m bench sft-mix`):
+#   wave 1, SFT, one GPU each:   a1_base a1_mix a2_base a2_mix  (one pass over the same number of examples:
+#                                the golden train split, or it reweighted by SFT_MIX; val loss every
+#                                SFT_TEST_FREQ steps: the learning curve)
+#   wave 2, validation:          each model served on its GPU; π1 writes schemas for the validation split
+#                                (schema F1), π2 fills the gold schemas (aligned cell F1); the choice per
+#                                policy is the higher macro mean over sources (bench/sft_mix.py, `choose`)
+#   repeat check, beside it:     π1 (a1_base) on the validation split of REPEAT_SOURCE three times per mode,
+#                                vLLM's default and VLLM_BATCH_INVARIANT=1: twice at concurrency 256, once at 32
+#   wave 3, test:                Phase D end to end, sft (a1_base + a2_base) and mix (the chosen π1 + π2),
+#                                then both scored together (paired tests per source)
+# Run it as a job after node_setup.sh:
+#   MODEL_DIR=/tmp/model scripts/gpu_node/job.sh start mix -- bash scripts/gpu_node/sft_mix.sh
+# then `job.sh wait mix 560` and `job.sh collect mix /tmp/mix` from later calls. WAVES=sft,val,test picks
+# waves (a rerun reuses what earlier waves wrote).
+set -uo pipefail
+J=scripts/gpu_node/job.sh
+R=${MIX_OUT:-/tmp/mix}
+MIX=${SFT_MIX:-wikitabletext=2,e2e=2,rotowire_sent=0.45}
+TEST_FREQ=${SFT_TEST_FREQ:-280}
+WAVES=${WAVES:-sft,val,test}
+REPEAT_SOURCE=${REPEAT_SOURCE:-wikitabletext}
+MAX_TOKENS=${MAX_TOKENS:-384}
+: "${MODEL_DIR:?MODEL_DIR (the base model) must be set}" "${GOLDEN_DIR:?GOLDEN_DIR must be set}"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+VAL=$GOLDEN_DIR/common_validation_schemas.jsonl
+TEST=$GOLDEN_DIR/common_test_schemas.jsonl
+PORT=18600
+NAMES=(a1_base a1_mix a2_base a2_mix)
+mkdir -p "$R"
+setsid nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader,nounits -lms 1000 \
+  >> "$R/gpu_util.csv" 2>/dev/null < /dev/null &
+SMI=$!
+trap 'kill "$SMI" 2>/dev/null; python3 -m trainer serve stop --ports "$(seq -s, $PORT $((PORT + 4)))" > /dev/null 2>&1' EXIT
+on() { [[ ,$WAVES, == *,$1,* ]]; }
+wait_all() { for n in "$@"; do until $J wait "$n" 60 > /dev/null; [[ $? != 3 ]]; do :; done; echo "$n: $($J status | grep "^$n ")"; done; }
+stamp() { echo "=== $(date -u +%T) $*"; }
+python3 - "$R/run_info.json" "$MIX" "$TEST_FREQ" "$MAX_TOKENS" "$REPEAT_SOURCE" <<'PY'
+import json, subprocess, sys
+path, mix, freq, max_tokens, repeat = sys.argv[1:]
+head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+json.dump({"sft_mix": mix, "sft_test_freq": int(freq), "max_tokens": int(max_tokens), "repeat_source": repeat,
+           "commit": head, "command": "bash scripts/gpu_node/sft_mix.sh"}, open(path, "w"), indent=1)
+PY
+
+if on sft; then
+  stamp "data build"
+  python3 -m trainer data build --golden "$GOLDEN_DIR" --out "$R/data_base" --phases a1,a2 > "$R/data_base.log" 2>&1 &
+  base=$!
+  python3 -m trainer data build --golden "$GOLDEN_DIR" --out "$R/data_mix" --phases a1,a2 --sft-mix "$MIX" \
+    > "$R/data_mix.log" 2>&1 &
+  mix=$!
+  wait "$base" && wait "$mix" || { echo "data build failed"; tail -5 "$R"/data_*.log; exit 1; }
+  cp "$R/data_mix/manifest.json" "$R/data_mix_manifest.json"
+  stamp "SFT"
+  for i in 0 1 2 3; do
+    name=${NAMES[$i]}; phase=${name%_*}; data=data_${name#*_}
+    CUDA_VISIBLE_DEVICES=$i $J start "$name" -- python3 -m trainer run "$phase" --profile gpu --data "$R/$data" \
+      --out "$R/$name" --model "$MODEL_DIR" trainer.n_gpus_per_node=1 "trainer.test_freq=$TEST_FREQ"
+  done
+  # Where a VERL SFT step's time goes (~0.33 s where the GPU is busy ~17% of it): 30 s of a1_base's process tree.
+  ( sleep 150; timeout 90 "$(command -v py-spy || echo "${SITE:-/tmp/site}/bin/py-spy")" record --subprocesses \
+      --nonblocking --rate 50 --duration 30 --format raw --output "$R/pyspy_a1_base.txt" \
+      --pid "$(cat "${JOBS:-/tmp/jobs}/a1_base.pid")" ) > "$R/pyspy.log" 2>&1 &
+  wait_all "${NAMES[@]}"
+fi
+
+serve() {  # I NAME [ENV...]: NAME's export on GPU I at PORT+I (PORT+4: the batch-invariant π1)
+  local i=$1 name=$2 port=$((PORT + $1)); shift 2
+  env "$@" python3 -m trainer serve start --model "$R/${name%_bi}/hf" --name "$name" --gpus "$(( i % 4 ))" \
+    --port "$port" --mem 0.15 --eager
+}
+url() { echo "http://127.0.0.1:$((PORT + $1))"; }
+repeat_check() {  # π1 (a1_base) on REPEAT_SOURCE's validation documents, three runs per mode, beside the waves
+  mkdir -p "$R/repeat"
+  grep "\"id\": \"$REPEAT_SOURCE-" "$VAL" > "$R/val/repeat_golden.jsonl"
+  serve 4 a1_base_bi VLLM_BATCH_INVARIANT=1 && python3 -m trainer serve wait --ports $((PORT + 4)) \
+    || echo "the batch-invariant executor did not start"
+  for mode in default:0:a1_base batch_invariant:4:a1_base_bi; do
+    IFS=: read -r m i name <<< "$mode"
+    for run in c256_1:256 c256_2:256 c32:32; do
+      python3 -m trainer infer stage1 --executor-url "$(url "$i")" --model "$name" --golden "$R/val/repeat_golden.jsonl" \
+        --out "$R/repeat/${m}_${run%:*}.jsonl" --max-tokens "$MAX_TOKENS" --concurrency "${run#*:}" --timeout 600 \
+        || echo "repeat $m ${run%:*} failed"
+    done
+  done
+  python3 -m trainer serve stop --ports $((PORT + 4))
+}
+if on val || on test; then
+  stamp "executors"
+  for i in 0 1 2 3; do serve "$i" "${NAMES[$i]}"; done
+  python3 -m trainer serve wait --ports "$(seq -s, $PORT $((PORT + 3)))" || exit 1
+fi
+
+if on val; then
+  stamp "validation"
+  mkdir -p "$R/val"
+  pids=()
+  for i in 0 1 2 3; do
+    name=${NAMES[$i]}; stage=stage1; [[ $name == a2_* ]] && stage=stage2
+    python3 -m trainer infer "$stage" --executor-url "$(url $i)" --model "$name" --golden "$VAL" \
+      --out "$R/val/$name.jsonl" --max-tokens "$MAX_TOKENS" --concurrency 256 --timeout 600 > "$R/val/$name.log" 2>&1 &
+    pids+=($!)
+  done
+  repeat_check > "$R/repeat.log" 2>&1 &
+  REPEAT=$!
+  for pid in "${pids[@]}"; do wait "$pid" || { echo "a validation inference failed"; tail -5 "$R"/val/*.log; exit 1; }; done
+  python3 -m trainer evaluate score --golden "$VAL" --predictions base="$R/val/a1_base.jsonl" \
+    --predictions mix="$R/val/a1_mix.jsonl" --out "$R/val_pi1" --max-truncated-share 1 > "$R/val_pi1.log" 2>&1
+  python3 -m trainer evaluate score --golden "$VAL" --predictions base="$R/val/a2_base.jsonl" \
+    --predictions mix="$R/val/a2_mix.jsonl" --out "$R/val_pi2" --max-truncated-share 1 > "$R/val_pi2.log" 2>&1
+  python3 -m bench sft-mix choose "$R" || exit 1
+fi
+
+if on test; then
+  stamp "test: Phase D"
+  read -r PI1 PI2 < <(python3 -c "import json,sys; c=json.load(open(sys.argv[1])); print(c['pi1']['chosen'], c['pi2']['chosen'])" "$R/choice.json")
+  index() { case $1 in a1_base) echo 0;; a1_mix) echo 1;; a2_base) echo 2;; a2_mix) echo 3;; esac; }
+  pids=()
+  settings=("sft:a1_base:a2_base")
+  [[ $PI1 == base && $PI2 == base ]] || settings+=("mix:a1_$PI1:a2_$PI2")
+  for s in "${settings[@]}"; do
+    IFS=: read -r name p1 p2 <<< "$s"
+    python3 -m trainer evaluate pipeline --golden "$TEST" \
+      --setting "$name=$(url "$(index "$p1")"),$p1,$(url "$(index "$p2")"),$p2" --out "$R/test_$name" \
+      --max-tokens "$MAX_TOKENS" --max-truncated-share 1 --concurrency 256 --timeout 600 > "$R/test_$name.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || { echo "a test evaluation failed"; tail -5 "$R"/test_*.log; exit 1; }; done
+  preds=()
+  for s in "${settings[@]}"; do preds+=(--predictions "${s%%:*}=$R/test_${s%%:*}/predictions_${s%%:*}.jsonl"); done
+  python3 -m trainer evaluate score --golden "$TEST" "${preds[@]}" --out "$R/test" --max-truncated-share 1 \
+    > "$R/test_score.log" 2>&1 || { echo "test scoring failed"; tail -5 "$R/test_score.log"; exit 1; }
+fi
+if [[ -n ${REPEAT:-} ]]; then stamp "repeat check"; wait "$REPEAT" || echo "repeat check failed"; fi
+stamp "done"

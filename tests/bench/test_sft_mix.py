@@ -1,0 +1,121 @@
+"""bench/sft_mix.py: the choice on validation, the repeat check and the report, from files the node script writes
+(scored by the project's own evaluation code on the bundled sample), and the node script's own syntax."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench import sft_mix
+from shared import canonical_schema_json, gold_ndjson, golden_filename, read_golden
+from trainer.data.sample_data import SAMPLE_DIR
+from trainer.evaluation.inference import write_jsonl
+from trainer.evaluation.phase_d import load_predictions, write_outputs
+
+REPO = Path(__file__).resolve().parents[2]
+VAL = read_golden(SAMPLE_DIR / golden_filename("validation"))
+
+
+def stage1(right: int) -> list[dict]:
+    """π1's records: the gold schema for the first ``right`` documents, an empty object for the rest."""
+    out = []
+    for i, ex in enumerate(VAL):
+        text = canonical_schema_json(ex.schema_dict()) if i < right else "{}"
+        out.append({"id": ex.id, "stage": "stage1", "prediction": text, "truncated": False})
+    return out
+
+
+def stage2(right: int) -> list[dict]:
+    out = []
+    for i, ex in enumerate(VAL):
+        text = gold_ndjson(ex.table_dict()) if i < right else ""
+        out.append({"id": ex.id, "stage": "stage2", "prediction": text, "truncated": False})
+    return out
+
+
+def scored(root: Path, folder: str, base: list[dict], mix: list[dict]) -> None:
+    for name, recs in (("base", base), ("mix", mix)):
+        write_jsonl(root / f"{folder}_{name}.jsonl", recs)
+    preds = {n: load_predictions(root / f"{folder}_{n}.jsonl") for n in ("base", "mix")}
+    write_outputs(root / folder, VAL, preds, folder, write_predictions=False, max_truncated_share=1.0)
+
+
+@pytest.fixture
+def node_root(tmp_path: Path) -> Path:
+    """What the node script leaves in its folder after the validation wave (π1: mix better; π2: base better)."""
+    root = tmp_path / "mix"
+    scored(root, "val_pi1", stage1(2), stage1(len(VAL)))
+    scored(root, "val_pi2", stage2(len(VAL)), stage2(3))
+    return root
+
+
+def test_choose_takes_the_higher_macro_mean_per_policy(node_root: Path) -> None:
+    choice = sft_mix.choose(node_root)
+    assert json.loads((node_root / "choice.json").read_text()) == choice
+    assert choice["pi1"]["chosen"] == "mix" and choice["pi2"]["chosen"] == "base"
+    pi1 = choice["pi1"]
+    assert pi1["metric"] == "schema_f1" and pi1["macro"]["mix"] == pytest.approx(1.0)
+    assert pi1["macro"]["base"] < pi1["macro"]["mix"]
+    assert pi1["paired"]["baseline"] == "base" and pi1["paired"]["treatment"] == "mix" and pi1["paired"]["diff"] > 0
+    assert choice["pi2"]["metric"] == "aligned_cell_f1" and choice["pi2"]["paired"]["diff"] < 0
+
+
+def test_a_tie_keeps_base_and_missing_scores_are_named(node_root: Path) -> None:
+    scored(node_root, "val_pi1", stage1(3), stage1(3))
+    assert sft_mix.choose(node_root)["pi1"]["chosen"] == "base"
+    shutil.rmtree(node_root / "val_pi2")
+    with pytest.raises(FileNotFoundError, match=r"val_pi2/metrics.json: the validation scores of pi2"):
+        sft_mix.choose(node_root)
+
+
+def test_repeat_summary_counts_answers_that_differ(node_root: Path) -> None:
+    (node_root / "val").mkdir()
+    lines = (SAMPLE_DIR / golden_filename("validation")).read_text().splitlines()
+    (node_root / "val" / "repeat_golden.jsonl").write_text("\n".join(lines) + "\n")
+    (node_root / "repeat").mkdir()
+    for run in sft_mix.REPEAT_RUNS:
+        write_jsonl(node_root / "repeat" / f"batch_invariant_{run}.jsonl", stage1(4))
+        write_jsonl(node_root / "repeat" / f"default_{run}.jsonl", stage1(5 if run == "c32" else 4))
+    rep = sft_mix.repeat_summary(node_root)
+    assert rep["documents"] == len(VAL)
+    assert rep["batch_invariant"]["repeats"] is True
+    default = rep["default"]
+    assert default["repeats"] is False and default["c256_2"]["differ_from_first"] == 0
+    assert default["c32"]["differ_from_first"] == 1 and default["c32"]["differ_ids"] == [VAL[4].id]
+    assert default["c32"]["schema_f1"] > default["c256_1"]["schema_f1"]
+    (node_root / "repeat" / "batch_invariant_c32.jsonl").unlink()
+    assert sft_mix.repeat_summary(node_root)["batch_invariant"] == {"missing": ["c32"]}
+
+
+def test_report_reads_the_archive(node_root: Path, tmp_path: Path) -> None:
+    sft_mix.choose(node_root)
+    (node_root / "a1_base").mkdir()
+    logged = [{"step": 1, "data": {"train/loss": 1.2}}, {"step": 280, "data": {"val/loss": 0.05}}]
+    logged.append({"step": 560, "data": {"val/loss": 0.04}})
+    (node_root / "a1_base" / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in logged) + "\n")
+    result = {"status": "ok", "best_step": 560, "seconds": 300}
+    (node_root / "a1_base" / "phase_result.json").write_text(json.dumps(result))
+    (node_root.parent / "jobs").mkdir()
+    (node_root.parent / "jobs" / "stages.tsv").write_text("a1_base\t100\t420\t320\nmix\t0\t900\t900\n")
+    scored(node_root, "test", stage1(3), stage1(6))
+    p = sft_mix.build(node_root.parent)
+    assert p["sft"]["a1_base"] == {"status": "ok", "steps": 560, "phase_seconds": 300, "job_seconds": 320,
+                                   "val_loss": [(280, 0.05), (560, 0.04)]}  # fmt: skip
+    assert p["stages"]["mix"] == 900
+    assert set(p["validation"]) == {"pi1", "pi2"} and p["choice"]["pi1"]["chosen"] == "mix"
+    assert p["test"]["schema_f1"]["mix"]["macro"] == pytest.approx(1.0)
+    md = sft_mix.render_md(p, "python -m bench sft-mix report")
+    assert "## The choice (validation, macro mean over sources)" in md and "| pi1 | schema_f1 |" in md
+    assert "280: 0.0500, 560: 0.0400" in md
+    assert sft_mix.plot(p, tmp_path / "p.png") == tmp_path / "p.png" and (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_the_node_script_parses() -> None:
+    script = REPO / "scripts" / "gpu_node" / "sft_mix.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    res = subprocess.run(["bash", str(script)], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert res.returncode != 0 and "MODEL_DIR (the base model) must be set" in res.stderr
