@@ -1,4 +1,5 @@
-"""Trainer failures: what the GRPO phases train on when the executor behind the pipeline reward fails.
+"""Trainer failures: what the GRPO phases train on when the executor behind the pipeline reward fails, or the
+reward API itself dies.
 
 A real reward_api in front of a fault-injecting executor (``FaultyExecutor``), the trainer's own reward
 function (``trainer/in_verl/reward_fn.py``, mask mode) and VERL's real advantage computation with the phases'
@@ -32,15 +33,17 @@ def schema_variants(ex: GoldenExample) -> list[str]:
     return [canonical_schema_json(s) for s in (gold, extra, fewer, other)]
 
 
-async def score_all(samples: list[tuple[str, str, str]]) -> list[dict[str, float]]:
-    """Every sample through the trainer's reward function at once (its batcher coalesces them)."""
+async def score_all(samples: list[tuple[str, str, str]], **reward_kwargs: Any) -> list[dict[str, float]]:
+    """Every sample through the trainer's reward function at once (its batcher coalesces them); ``reward_kwargs``
+    as VERL passes a phase's ``reward_kwargs`` (default: batches of 8, the URL from ``TRAINER_REWARD_URL``)."""
     from trainer.in_verl.reward_client import batchers_of_running_loop
     from trainer.in_verl.reward_fn import compute_score
 
+    kwargs = reward_kwargs or {"max_batch": 8}
     try:
         return list(
             await asyncio.gather(
-                *(compute_score("pipeline", pred, gt, {"id": key}, max_batch=8) for key, pred, gt in samples)
+                *(compute_score("pipeline", pred, gt, {"id": key}, **kwargs) for key, pred, gt in samples)
             )
         )
     finally:
@@ -154,3 +157,96 @@ def test_hung_executor(
     assert "4 of 4 samples failed (4 of them masked)" in message and "executor_failed (4 samples)" in message
     assert f"executor: model '{fx.model}' behind the reward API at {api.url} (1 replica(s), 1.0 s an attempt" in message
     record_property("observed", f"4/4 masked executor_failed after {elapsed:.1f} s; stopped: {message[-260:]}")
+
+
+def test_dead_reward_api(
+    examples: list[GoldenExample], record_property: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """The reward API dies between two C1 steps (SIGKILL, as the GRPO smoke did it mid-phase): step 1 is scored and
+    its advantage computed as usual; step 2's samples are all masked ``reward_call_failed`` within the client's
+    deadline (a refused connection, 2 attempts, a 3 s deadline instead of the default 420 s), and the step stops
+    with the failure policy's error naming the cause and the reward endpoint. A reward function that raised instead of
+    masking would fail ``score_all``; one that penalized would leave ``masked`` 0."""
+    import os
+    import signal
+    import time
+
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1 import trainer_base
+
+    from tests.trainer.in_verl.test_mask_mode import InjectedFailuresTransferQueue, batch_of, trainer_with
+    from tests.trainer.in_verl.test_verl_sync_trainer import compose_phase
+    from trainer.phases.rollout_failures import RolloutFailureError
+
+    docs = [ex for ex in examples if len(ex.schema_dict()["columns"]) >= 2][:2]
+    samples = [
+        (f"g{g}_{s}_0", pred, json.dumps({"text": ex.text, "schema": ex.schema_dict(), "table": ex.table_dict()}))
+        for g, ex in enumerate(docs)
+        for s, pred in enumerate(schema_variants(ex)[:2])
+    ]
+    keys = [k for k, *_ in samples]
+    deadline_s, attempts = 3.0, 2
+    # the phase's own reward_kwargs (failure_log under its checkpoints), with short client deadlines
+    client = (f"timeout_s={deadline_s}", "attempt_timeout_s=1.0", f"max_attempts={attempts}", "backoff_s=0.05")
+    cfg = compose_phase(
+        "c1_grpo",
+        tmp_path,
+        "/nonexistent",
+        ("failures.mode=mask", *(f"+reward.custom_reward_function.reward_kwargs.{c}" for c in client)),
+    )
+    cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n = 2, 2
+    record_property(
+        "tried", f"a C1 step's {len(samples)} samples scored, then the reward API SIGKILLed and scored again"
+    )
+    record_property(
+        "expected",
+        f"step 1 unmasked; step 2 all masked reward_call_failed within {deadline_s:g} s + 1 s, and the step stops "
+        "naming reward_call_failed and the reward endpoint",
+    )
+    with FaultyExecutor(content=gold_ndjson(docs[0].table_dict())) as fx, RewardApiServer(_env(fx.url)) as api:
+        cfg.reward.custom_reward_function.reward_kwargs.url = api.url
+        kwargs = OmegaConf.to_container(cfg.reward.custom_reward_function.reward_kwargs)
+        assert isinstance(kwargs, dict)
+        failure_log = tmp_path / "checkpoints" / "reward_failures.jsonl"
+        assert kwargs["failure_log"] == str(failure_log) and kwargs["failure_mode"] == "mask"
+        up = asyncio.run(score_all(samples, **kwargs))
+        tq = InjectedFailuresTransferQueue({"g0": [0, 0], "g1": [0, 0]}, set(), parts=dict(zip(keys, up, strict=True)))
+        trainer = trainer_with(tq, cfg, monkeypatch)  # built while the API is up, as a phase's trainer is
+        step1: dict[str, Any] = {}
+        trainer._compute_advantage(batch_of(tq), step1)
+        assert not failure_log.exists()  # step 1 recorded no failure
+        assert api.proc is not None
+        os.killpg(api.proc.pid, signal.SIGKILL)
+        api.proc.wait(timeout=30)  # dead and its port closed before the next step's rewards
+        t0 = time.monotonic()
+        down = asyncio.run(score_all(samples, **kwargs))
+        elapsed = time.monotonic() - t0
+        calls = fx.calls
+    assert all(p["masked"] == 0.0 and p["reward_call_failed"] == 0.0 for p in up), up
+    assert calls == len(samples) and any(p["score"] > 0 for p in up)  # the executor answered, the rewards are real
+    assert step1["training/masked/samples"] == 0.0 and step1["training/masked/reward_call_failed"] == 0.0
+    for p in down:  # masked: score 0, the cause flagged, every other part 0 (a penalty would set masked 0)
+        assert p["masked"] == 1.0 and p["reward_call_failed"] == 1.0, p
+        assert all(v == 0.0 for k, v in p.items() if k not in ("masked", "reward_call_failed")), p
+    assert elapsed <= deadline_s + 1.0, elapsed
+    endpoint = f"{api.url}/reward/pipeline"
+    logged = [json.loads(line) for line in failure_log.read_text().splitlines()]
+    assert sorted(e["id"] for e in logged) == sorted(keys)
+    assert all(
+        e["error"].startswith(f"RewardServiceError: {endpoint}: ConnectError after {attempts} attempts") for e in logged
+    )
+
+    tq = InjectedFailuresTransferQueue({"g0": [0, 0], "g1": [0, 0]}, set(), parts=dict(zip(keys, down, strict=True)))
+    monkeypatch.setattr(trainer_base, "tq", tq)
+    trainer.global_steps = 2
+    step2: dict[str, Any] = {}
+    with pytest.raises(RolloutFailureError) as stopped:
+        trainer._compute_advantage(batch_of(tq), step2)
+    message = str(stopped.value)
+    assert message.startswith("training step 2: 4 of 4 samples failed (4 of them masked)"), message
+    assert "Cause: masked: reward_call_failed (4 samples)" in message, message
+    assert f"RewardServiceError: {endpoint}: ConnectError after {attempts} attempts" in message, message
+    assert step2["training/masked/reward_call_failed"] == 4.0
+    failure = json.loads((tmp_path / "checkpoints" / "phase_failure.json").read_text())
+    assert failure["step"] == 2 and failure["failed"] == 4 and failure["message"] == message
+    record_property("observed", f"4/4 masked reward_call_failed after {elapsed:.2f} s; stopped: {message[:300]}")
