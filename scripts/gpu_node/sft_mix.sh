@@ -37,9 +37,13 @@ on() { [[ ,$WAVES, == *,$1,* ]]; }
 wait_all() { for n in "$@"; do until $J wait "$n" 60 > /dev/null; [[ $? != 3 ]]; do :; done; echo "$n: $($J status | grep "^$n ")"; done; }
 stamp() { echo "=== $(date -u +%T) $*"; }
 python3 - "$R/run_info.json" "$MIX" "$TEST_FREQ" "$MAX_TOKENS" "$REPEAT_SOURCE" <<'PY'
-import json, subprocess, sys
+import json, os, subprocess, sys
 path, mix, freq, max_tokens, repeat = sys.argv[1:]
-head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+try:
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+except OSError:
+    head = ""
+head = head or os.environ.get("STX_COMMIT")  # a node copy of the tree has no .git
 json.dump({"sft_mix": mix, "sft_test_freq": int(freq), "max_tokens": int(max_tokens), "repeat_source": repeat,
            "commit": head, "command": "bash scripts/gpu_node/sft_mix.sh"}, open(path, "w"), indent=1)
 PY
