@@ -15,8 +15,10 @@ model: setup
 demo: model
 	$(PY) -m trainer demo $(if $(RETRAIN),--retrain,) $(DEMO_ARGS)
 
+# Two pytest processes at once, the light tests beside the heavy ones (scripts/run_tests.py says how);
+# PYTEST_ARGS (a path, -k, -x, -m ...) go to both.
 test: model
-	$(PY) -m pytest $(PYTEST_ARGS)
+	bash scripts/run_tests.sh $(PYTEST_ARGS)
 
 test-quick: setup
 	$(PY) -m pytest -m "not vllm and not verl and not docker and not slow" $(PYTEST_ARGS)
