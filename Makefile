@@ -31,7 +31,8 @@ lint: setup
 ci:
 	bash .ci/run
 
-# One complete GRPO phase on CPU (A1 SFT, then C1 through reward_api + executor); part of CI.
+# One complete GRPO phase on CPU (A1 SFT, then C1 through reward_api + executor). Not in CI: pi1-ab's CPU test
+# runs the same phases in `make test`.
 grpo-smoke: model
 	bash .ci/grpo_smoke.sh
 

@@ -1,4 +1,4 @@
-"""CI smoke of one complete GRPO phase on CPU: C1 through the real reward path.
+"""Smoke of one complete GRPO phase on CPU (``make grpo-smoke``): C1 through the real reward path.
 
 ``python -m trainer.smoke.grpo --out DIR [--steps 1] [--sft-steps 12] [--kill-reward-api]`` builds the A1 and C1
 parquet files from the bundled sample and first runs a brief A1 SFT of SmolLM2-135M-Instruct
@@ -12,7 +12,7 @@ listening socket is reachable over loopback only, and that no file the phase wro
 API's bearer token (the service wants one; the phase gets it as a user sets it, ``CLIENT_TOKEN_ENV``).
 Peak RSS of the whole process tree is sampled every second. The last line is ``N passed, N failed``.
 
-``--kill-reward-api`` (CI uses it) adds the failure check to the same run at the cost of one more
+``--kill-reward-api`` (``.ci/grpo_smoke.sh`` uses it) adds the failure check to the same run at the cost of one more
 rollout, not a second phase: C1 runs ``steps + 1`` steps, and once step ``steps`` is validated the
 reward API is SIGKILLed. The next step's rewards fail, and the phase must stop with the failure
 policy's error naming the reward endpoint (``trainer.phases.rollout_failures``): result ``failed``, the
@@ -145,6 +145,20 @@ def is_wildcard(addr: str) -> bool:
 
 
 _PART_KEY = re.compile(r"^val-aux/pipeline:[^/]+/(?P<part>[^/]+)/")
+_REWARD_KEY = re.compile(r"^val-core/pipeline:[^/]+/reward/")
+
+
+def missing_reward_parts(logged: list[dict[str, Any]]) -> list[str]:
+    """The parts of :data:`PIPELINE_PARTS` VERL logged for no source (``val-aux/pipeline:<source>/<part>/…``):
+    data_source is ``pipeline:<golden source>`` (:mod:`trainer.data_source`), so VERL logs every part per source."""
+    keys = {k for m in logged for k in m["data"]}
+    logged_parts = {m["part"] for m in map(_PART_KEY.match, keys) if m}
+    return [p for p in PIPELINE_PARTS if p not in logged_parts]
+
+
+def logged_pipeline_reward(logged: list[dict[str, Any]]) -> bool:
+    """VERL logged the pipeline reward per source (``val-core/pipeline:<source>/reward/…``)."""
+    return any(_REWARD_KEY.match(k) for m in logged for k in m["data"])
 
 
 def reward_parts(logged: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
@@ -305,18 +319,14 @@ def smoke(
         )
     train_steps = sorted({int(m["step"]) for m in logged if "critic/score/mean" in m["data"]})
     checks.add(f"{steps} training steps logged", len(train_steps) == steps, f"steps {train_steps}")
-    keys = {k for m in logged for k in m["data"]}
-    # data_source is "pipeline:<golden source>" (trainer.data_source), so VERL logs every part per source
-    logged_parts = {m["part"] for m in map(_PART_KEY.match, keys) if m}
-    missing = [p for p in PIPELINE_PARTS if p not in logged_parts]
+    missing = missing_reward_parts(logged)
     checks.add(
         "VERL logged our reward parts per source (val-aux/pipeline:<source>/<part>)",
         not missing,
         f"missing {missing}" if missing else "",
     )
     checks.add(
-        "VERL logged the pipeline reward per source (val-core/pipeline:<source>/reward)",
-        any(re.match(r"^val-core/pipeline:[^/]+/reward/", k) for k in keys),
+        "VERL logged the pipeline reward per source (val-core/pipeline:<source>/reward)", logged_pipeline_reward(logged)
     )
     summary["reward_parts"] = reward_parts(logged)
     for step, parts in summary["reward_parts"].items():

@@ -73,6 +73,7 @@ def test_pi1_ab_on_cpu_end_to_end(pi1_ab: tuple[Path, Path, int]) -> None:
         assert "actor_rollout_ref.rollout.temperature=1.0" in result["command"]
         assert Path(result["hf_dir"], "config.json").is_file()
         arms[phase] = result["hf_dir"]
+    check_c1_logs(wd / "c1")
     # π1's schemas alone (the B1 target), scored before Phase D: paired tests on schema F1
     stage1 = json.loads((wd / "stage1_eval" / "metrics.json").read_text())
     assert list(stage1["settings"]) == ["sft", "local", "pipe"]
@@ -90,6 +91,29 @@ def test_pi1_ab_on_cpu_end_to_end(pi1_ab: tuple[Path, Path, int]) -> None:
     assert again.returncode == 0, log.read_text()[-4000:]
     manifest = json.loads((wd / "experiment_manifest.json").read_text())
     assert all(manifest[f"stage:{s}"]["status"].startswith("skipped") for s in ("sft", "preflight", "rl", "eval"))
+
+
+def check_c1_logs(c1: Path) -> None:
+    """What the GRPO smoke checked of its C1 phase, in C1's folder: one step (``--rl-steps 1``, so validation and a
+    checkpoint at step 1; cpu-smoke validates nothing before training), validated through our pipeline reward
+    (its parts and its reward logged per source), and the early-stopping state that step recorded, which is
+    the macro mean over sources of that logged reward."""
+    from trainer.phases.early_stopping import STATE_FILE, per_source_values, read_state
+    from trainer.phases.launch import read_metrics
+    from trainer.smoke.grpo import logged_pipeline_reward, missing_reward_parts, reward_parts
+
+    logged = read_metrics(c1 / "metrics.jsonl")
+    assert missing_reward_parts(logged) == [], sorted({k for m in logged for k in m["data"]})
+    assert logged_pipeline_reward(logged)
+    parts = reward_parts(logged)
+    assert sorted(parts) == [1] and "critic/score/mean" in parts[1], parts
+    rewards = per_source_values(parts[1], "pipeline", "reward")  # {"pipeline:<source>": reward}
+    assert rewards and all(ds.startswith("pipeline:") for ds in rewards), parts[1]
+    state = read_state(c1 / "checkpoints" / STATE_FILE)
+    assert [e.step for e in state.history] == [1] and state.best_step == 1 and not state.stopped, state
+    assert state.best_score == pytest.approx(sum(rewards.values()) / len(rewards)), (state, rewards)
+    result = json.loads((c1 / "phase_result.json").read_text())
+    assert result["best_step"] == 1 and result["best_score"] == state.best_score, result
 
 
 def test_pi2_ab_on_cpu_end_to_end(pi1_ab: tuple[Path, Path, int], tmp_path: Path) -> None:

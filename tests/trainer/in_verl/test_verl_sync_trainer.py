@@ -5,7 +5,9 @@ VERL's code runs for real here: ``PPOTrainer.__init__`` / ``_build_replay_buffer
 ``ReplayBuffer.sample``, and ``_val_metrics_update``. What is not run is Ray, vLLM and FSDP: the
 TransferQueue tag store is :class:`FailedGroupTransferQueue`, which injects the fault (a prompt
 group whose reward call failed, tagged exactly as ``AgentLoopWorkerTQ._run_prompt`` tags it).
-The whole path with a real reward API that dies mid-run is ``make grpo-smoke`` (``--kill-reward-api``).
+The whole path with a real reward API that dies mid-run is ``make grpo-smoke`` (``--kill-reward-api``); in
+``make test``, ``tests/reliability/test_trainer_failures.py::test_dead_reward_api`` kills a real reward API
+between two steps' rewards.
 """
 
 from __future__ import annotations
