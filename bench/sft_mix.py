@@ -148,7 +148,9 @@ def _setting_table(m: Mapping[str, Any], metric: str) -> dict[str, Any]:
 
 
 def build(collected: Path) -> dict[str, Any]:
-    root = collected / "mix" if (collected / "mix").is_dir() else collected
+    # the node script's folder (MIX_OUT, packed by `job.sh collect` under its own name), or the archive itself
+    roots = sorted(d for d in collected.iterdir() if (d / "run_info.json").is_file()) if collected.is_dir() else []
+    root = roots[0] if len(roots) == 1 else collected
     info = _read(root / "run_info.json") if (root / "run_info.json").is_file() else {}
     seconds = stage_seconds(collected)
     manifest = root / "data_mix_manifest.json"

@@ -22,6 +22,7 @@ TEST_FREQ=${SFT_TEST_FREQ:-280}
 WAVES=${WAVES:-sft,val,test}
 REPEAT_SOURCE=${REPEAT_SOURCE:-wikitabletext}
 MAX_TOKENS=${MAX_TOKENS:-384}
+SFT_SEED=${SFT_SEED:-}  # set: the SFT train rows in an order of this seed (a second SFT seed)
 : "${MODEL_DIR:?MODEL_DIR (the base model) must be set}" "${GOLDEN_DIR:?GOLDEN_DIR must be set}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 VAL=$GOLDEN_DIR/common_validation_schemas.jsonl
@@ -36,15 +37,15 @@ trap 'kill "$SMI" 2>/dev/null; python3 -m trainer serve stop --ports "$(seq -s, 
 on() { [[ ,$WAVES, == *,$1,* ]]; }
 wait_all() { for n in "$@"; do until $J wait "$n" 60 > /dev/null; [[ $? != 3 ]]; do :; done; echo "$n: $($J status | grep "^$n ")"; done; }
 stamp() { echo "=== $(date -u +%T) $*"; }
-python3 - "$R/run_info.json" "$MIX" "$TEST_FREQ" "$MAX_TOKENS" "$REPEAT_SOURCE" <<'PY'
+python3 - "$R/run_info.json" "$MIX" "$TEST_FREQ" "$MAX_TOKENS" "$REPEAT_SOURCE" "$SFT_SEED" <<'PY'
 import json, os, subprocess, sys
-path, mix, freq, max_tokens, repeat = sys.argv[1:]
+path, mix, freq, max_tokens, repeat, seed = sys.argv[1:]
 try:
     head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
 except OSError:
     head = ""
 head = head or os.environ.get("STX_COMMIT")  # a node copy of the tree has no .git
-json.dump({"sft_mix": mix, "sft_test_freq": int(freq), "max_tokens": int(max_tokens), "repeat_source": repeat,
+json.dump({"sft_mix": mix, "sft_test_freq": int(freq), "max_tokens": int(max_tokens), "repeat_source": repeat, "sft_seed": seed or None,
            "commit": head, "command": "bash scripts/gpu_node/sft_mix.sh"}, open(path, "w"), indent=1)
 PY
 
@@ -57,6 +58,16 @@ if on sft; then
   mix=$!
   wait "$base" && wait "$mix" || { echo "data build failed"; tail -5 "$R"/data_*.log; exit 1; }
   cp "$R/data_mix/manifest.json" "$R/data_mix_manifest.json"
+  if [[ -n ${SFT_SEED:-} ]]; then  # another SFT seed: VERL's SFT sampler is seeded with 0, so shuffle the rows
+    python3 - "$SFT_SEED" "$R"/data_{base,mix}/a{1,2}/train.parquet <<'PY'
+import sys, numpy as np, pyarrow.parquet as pq
+seed, paths = int(sys.argv[1]), sys.argv[2:]
+for path in paths:
+    t = pq.read_table(path)
+    pq.write_table(t.take(np.random.default_rng(seed).permutation(t.num_rows)), path)
+print(f"SFT train rows shuffled with seed {seed}: {len(paths)} files")
+PY
+  fi
   stamp "SFT"
   for i in 0 1 2 3; do
     name=${NAMES[$i]}; phase=${name%_*}; data=data_${name#*_}
