@@ -49,6 +49,7 @@ def node_root(tmp_path: Path) -> Path:
     """What the node script leaves in its folder after the validation wave (π1: mix better; π2: base better)."""
     root = tmp_path / "mix"
     scored(root, "val_pi1", stage1(2), stage1(len(VAL)))
+    (root / "run_info.json").write_text(json.dumps({"sft_mix": "people=2", "commit": "abc", "sft_seed": None}))
     scored(root, "val_pi2", stage2(len(VAL)), stage2(3))
     return root
 
