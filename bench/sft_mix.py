@@ -33,7 +33,7 @@ VARIANTS = ("base", "mix")
 CHOICE_METRIC = {"pi1": ("schema_f1", "val_pi1"), "pi2": ("aligned_cell_f1", "val_pi2")}
 SFT_RUNS = ("a1_base", "a1_mix", "a2_base", "a2_mix")
 REPEAT_MODES = ("default", "batch_invariant")
-REPEAT_RUNS = ("c256_1", "c256_2", "c32")
+REPEAT_RUNS = ("c256_1", "c256_2", "c32")  # sft_mix.sh's runs; repeat_check.sh runs c16 as its third
 
 
 def _read(path: Path) -> Any:
@@ -90,8 +90,13 @@ def repeat_summary(root: Path) -> dict[str, Any]:
         return {}
     golden = read_golden(golden_path)
     out: dict[str, Any] = {"documents": len(golden)}
-    for mode in REPEAT_MODES:
-        runs = {r: root / "repeat" / f"{mode}_{r}.jsonl" for r in REPEAT_RUNS}
+    # a mode is a file name's part before its run (``<mode>_c256_1.jsonl``): two runs at concurrency 256 and
+    # one or more at a lower one (c32 here, c16 in repeat_check.sh); each is compared with the first
+    files = {f.stem for f in (root / "repeat").glob("*_c*.jsonl")}
+    modes = sorted({f.rsplit("_c", 1)[0].removesuffix("_c256") for f in files})
+    for mode in sorted(modes, key=lambda m: (m not in REPEAT_MODES, m)):
+        lower = sorted(f[len(mode) + 1 :] for f in files if f.startswith(mode + "_c") and "c256" not in f)
+        runs = {r: root / "repeat" / f"{mode}_{r}.jsonl" for r in (*REPEAT_RUNS[:2], *(lower or REPEAT_RUNS[2:]))}
         if not all(p.is_file() for p in runs.values()):
             out[mode] = {"missing": sorted(r for r, p in runs.items() if not p.is_file())}
             continue
@@ -260,13 +265,15 @@ def render_md(p: dict[str, Any], command: str) -> str:
     if rep:
         lines.append(f"## Does an evaluation repeat? π1 on {rep['documents']} validation documents\n")
         rows = []
-        for mode in REPEAT_MODES:
-            r = rep.get(mode, {})
+        for mode, r in rep.items():
+            if mode == "documents":
+                continue
             if "missing" in r:
                 rows.append([mode, "missing: " + ", ".join(r["missing"]), "", "", ""])
                 continue
-            for run_name in REPEAT_RUNS:
-                x = r[run_name]
+            for run_name, x in r.items():
+                if run_name == "repeats":
+                    continue
                 rows.append([mode, run_name, x["answers"], x["differ_from_first"], f"{x['schema_f1']:.4f}"])
         lines.append(md_table(["mode", "run", "answers", "differ from c256_1", "schema F1"], rows))
     return "\n".join(lines) + "\n"

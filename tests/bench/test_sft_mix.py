@@ -88,6 +88,13 @@ def test_repeat_summary_counts_answers_that_differ(node_root: Path) -> None:
     assert default["repeats"] is False and default["c256_2"]["differ_from_first"] == 0
     assert default["c32"]["differ_from_first"] == 1 and default["c32"]["differ_ids"] == [VAL[4].id]
     assert default["c32"]["schema_f1"] > default["c256_1"]["schema_f1"]
+    # repeat_check.sh's settings: any mode name, its lower concurrency run c16
+    for run in ("c256_1", "c256_2", "c16"):
+        write_jsonl(node_root / "repeat" / f"bi_graphs_noprefix_{run}.jsonl", stage1(4))
+    rep = sft_mix.repeat_summary(node_root)
+    assert list(rep) == ["documents", "batch_invariant", "default", "bi_graphs_noprefix"]
+    assert rep["bi_graphs_noprefix"]["repeats"] is True and set(rep["bi_graphs_noprefix"]) == {
+        "c256_1", "c256_2", "c16", "repeats"}  # fmt: skip
     (node_root / "repeat" / "batch_invariant_c32.jsonl").unlink()
     assert sft_mix.repeat_summary(node_root)["batch_invariant"] == {"missing": ["c32"]}
 
@@ -115,8 +122,11 @@ def test_report_reads_the_archive(node_root: Path, tmp_path: Path) -> None:
     assert sft_mix.plot(p, tmp_path / "p.png") == tmp_path / "p.png" and (tmp_path / "p.png").stat().st_size > 0
 
 
-def test_the_node_script_parses() -> None:
-    script = REPO / "scripts" / "gpu_node" / "sft_mix.sh"
-    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
-    res = subprocess.run(["bash", str(script)], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
-    assert res.returncode != 0 and "MODEL_DIR (the base model) must be set" in res.stderr
+@pytest.mark.parametrize(
+    ("script", "needs"), [("sft_mix.sh", "MODEL_DIR (the base model) must be set"), ("repeat_check.sh", "MODEL (an HF")]
+)
+def test_the_node_scripts_parse_and_name_what_they_need(script: str, needs: str) -> None:
+    path = REPO / "scripts" / "gpu_node" / script
+    assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
+    res = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert res.returncode != 0 and needs in res.stderr
