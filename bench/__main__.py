@@ -164,15 +164,21 @@ def sft_mix_choose(
 
 @sft_mix_app.command("report")
 def sft_mix_report(
-    collected: Annotated[Path, typer.Option(exists=True, file_okay=False, help="Unpacked job.sh archive.")],
+    collected: Annotated[
+        list[Path],
+        typer.Option(exists=True, file_okay=False, help="Unpacked job.sh archive (repeat: one per SFT seed)."),
+    ],
+    repeat: Annotated[
+        Path | None, typer.Option(exists=True, file_okay=False, help="A repeat_check.sh output folder.")
+    ] = None,
     notes: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, help="Markdown appended as notes.")] = None,
     name: Annotated[str, typer.Option(help="Report name: bench/results/NAME.{json,md,png}.")] = "sft_mix",
 ) -> None:
     """SFT runs, validation per source, the choice, Phase D on test, the repeat check: bench/results/sft_mix.*."""
     from bench import sft_mix
 
-    p = sft_mix.run(collected, notes, name)
-    print(json.dumps({"choice": p["choice"], "repeat": p["repeat"]}, indent=1)[:4000])
+    p = sft_mix.run(collected, notes, name, repeat)
+    print(json.dumps({k: p[k] for k in ("paired", "choice") if k in p}, indent=1)[:4000])
 
 
 @app.command(name="gpu-scaling")

@@ -75,8 +75,10 @@ def choose(root: Path) -> dict[str, Any]:
         }
     (root / "choice.json").write_text(json.dumps(out, indent=2) + "\n")
     for policy, c in out.items():
-        print(f"{policy}: {c['chosen']} ({c['metric']} macro on validation: base {c['macro']['base']:.4f}, "
-              f"mix {c['macro']['mix']:.4f})")  # fmt: skip
+        print(
+            f"{policy}: {c['chosen']} ({c['metric']} macro on validation: base {c['macro']['base']:.4f}, "
+            f"mix {c['macro']['mix']:.4f})"
+        )
     return out
 
 
@@ -173,7 +175,9 @@ def build(collected: Path) -> dict[str, Any]:
         }
     p: dict[str, Any] = {
         "run": info,
-        "card": (collected / "card.txt").read_text().strip() if (collected / "card.txt").is_file() else None,
+        "card": "; ".join((collected / "card.txt").read_text().split("\n")).strip("; ")
+        if (collected / "card.txt").is_file()
+        else None,
         "versions": _read(collected / "versions.json") if (collected / "versions.json").is_file() else {},
         "sft_mix": mix,
         "sft": sft,
@@ -228,39 +232,59 @@ def render_md(p: dict[str, Any], command: str) -> str:
     ]
     if p["sft_mix"]:
         m = p["sft_mix"]
-        rows = [[s, m["train_before"].get(s, 0), m["train_after"].get(s, 0), m["weights"].get(s, 1.0)]
-                for s in sorted(m["train_before"])]  # fmt: skip
+        rows = [
+            [s, m["train_before"].get(s, 0), m["train_after"].get(s, 0), m["weights"].get(s, 1.0)]
+            for s in sorted(m["train_before"])
+        ]
         lines += ["## The train split per source\n", md_table(["source", "base", "mix", "weight"], rows)]
     rows = []
     for name, s in p["sft"].items():
         curve = ", ".join(f"{step}: {loss:.4f}" for step, loss in s["val_loss"])
         rows.append([name, s["status"], s["steps"], s["phase_seconds"], s["job_seconds"], curve or "–"])
-    lines += ["## SFT runs (one GPU each), and the validation loss by step\n",
-              md_table(["run", "status", "steps", "phase s", "job s", "val loss (step: loss)"], rows)]  # fmt: skip
+    lines += [
+        "## SFT runs (one GPU each), and the validation loss by step\n",
+        md_table(["run", "status", "steps", "phase s", "job s", "val loss (step: loss)"], rows),
+    ]
     for policy, val in p["validation"].items():
         title = "π1: schema F1 of its schemas" if policy == "pi1" else "π2: aligned cell F1 on the gold schemas"
-        lines += [f"## Validation, {title}\n",
-                  md_table(["variant", "source", "n", val["metric"]], _per_source_rows(val["settings"]))]  # fmt: skip
+        lines += [
+            f"## Validation, {title}\n",
+            md_table(["variant", "source", "n", val["metric"]], _per_source_rows(val["settings"])),
+        ]
     if p["choice"]:
         rows = []
         for policy, c in p["choice"].items():
             t = c.get("paired") or {}
             diff = f"{100 * t['diff']:+.2f} [{100 * t['ci_low']:+.2f}, {100 * t['ci_high']:+.2f}]" if t else "–"
             rows.append([policy, c["metric"], _pt(c["macro"]["base"]), _pt(c["macro"]["mix"]), diff, c["chosen"]])
-        lines += ["## The choice (validation, macro mean over sources)\n",
-                  md_table(["policy", "metric", "base", "mix", "mix − base, paired", "chosen"], rows)]  # fmt: skip
+        lines += [
+            "## The choice (validation, macro mean over sources)\n",
+            md_table(["policy", "metric", "base", "mix", "mix − base, paired", "chosen"], rows),
+        ]
     if "test" in p:
         t = p["test"]
-        lines += ["## Test split, Phase D end to end: aligned cell F1\n",
-                  md_table(["setting", "source", "n", "aligned cell F1"], _per_source_rows(t["phase_d"])),
-                  "\nSchema F1 of π1's schemas in the same run:\n",
-                  md_table(["setting", "source", "n", "schema F1"], _per_source_rows(t["schema_f1"]))]  # fmt: skip
-        rows = [[x["baseline"], x["treatment"], x["scope"], x["n"],
-                 f"{100 * x['diff']:+.2f} [{100 * x['ci_low']:+.2f}, {100 * x['ci_high']:+.2f}]", f"{x['p_value']:.3f}"]
-                for x in t["paired"]]  # fmt: skip
+        lines += [
+            "## Test split, Phase D end to end: aligned cell F1\n",
+            md_table(["setting", "source", "n", "aligned cell F1"], _per_source_rows(t["phase_d"])),
+            "\nSchema F1 of π1's schemas in the same run:\n",
+            md_table(["setting", "source", "n", "schema F1"], _per_source_rows(t["schema_f1"])),
+        ]
+        rows = [
+            [
+                x["baseline"],
+                x["treatment"],
+                x["scope"],
+                x["n"],
+                f"{100 * x['diff']:+.2f} [{100 * x['ci_low']:+.2f}, {100 * x['ci_high']:+.2f}]",
+                f"{x['p_value']:.3f}",
+            ]
+            for x in t["paired"]
+        ]
         if rows:
-            lines += ["\nPaired tests (aligned cell F1):\n",
-                      md_table(["baseline", "treatment", "scope", "n", "diff", "p"], rows)]  # fmt: skip
+            lines += [
+                "\nPaired tests (aligned cell F1):\n",
+                md_table(["baseline", "treatment", "scope", "n", "diff", "p"], rows),
+            ]
     rep = p["repeat"]
     if rep:
         lines.append(f"## Does an evaluation repeat? π1 on {rep['documents']} validation documents\n")
@@ -279,7 +303,9 @@ def render_md(p: dict[str, Any], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(p: dict[str, Any], path: Path) -> Path | None:
+def plot(p: dict[str, Any], path: Path, combined: Mapping[str, Any] | None = None) -> Path | None:
+    """Left: the SFT runs' validation loss. Right: Phase D on test per source or, with ``combined`` (several
+    seeds), mix − sft per source for each seed with its paired 95% interval."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -292,15 +318,37 @@ def plot(p: dict[str, Any], path: Path) -> Path | None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for name, c in curves.items():
         a.plot([s for s, _ in c], [v for _, v in c], marker="o", label=name)
-    a.set(xlabel="SFT step", ylabel="validation loss", title="SFT: validation loss")
-    a.legend()
+    seed = f" (seed {p['run'].get('sft_seed') or 0})" if combined else ""
+    a.set(xlabel="SFT step", ylabel="validation loss", title=f"SFT: validation loss{seed}")
+    if curves:
+        a.legend()
+    if combined and combined.get("paired"):
+        scopes = [t for t in combined["paired"] if t["scope"] != "pooled"]
+        for k in range(max(t["seeds"] for t in scopes)):
+            xs = [i + 0.2 * k for i in range(len(scopes))]
+            d = [100 * t["per_seed"][k]["diff"] for t in scopes]
+            err = [
+                [100 * (t["per_seed"][k]["diff"] - t["per_seed"][k]["low"]) for t in scopes],
+                [100 * (t["per_seed"][k]["high"] - t["per_seed"][k]["diff"]) for t in scopes],
+            ]
+            b.errorbar(xs, d, yerr=err, fmt="o", capsize=3, label=f"seed {k}")
+        b.axhline(0, color="grey", lw=0.8)
+        b.set_xticks([i + 0.1 for i in range(len(scopes))], [t["scope"] for t in scopes])
+        b.set(ylabel="mix − sft, aligned cell F1 (points)", title="Test, end to end: paired 95% intervals")
+        b.legend()
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
     sources = sorted({src for s in test.values() for src in s["per_source"]})
     for k, (name, s) in enumerate(test.items()):
         xs = [i + 0.38 * k for i in range(len(sources) + 1)]
         vals = [s["per_source"][src]["mean"] or 0 for src in sources] + [s["macro"] or 0]
         cis = [s["per_source"][src]["ci"] for src in sources] + [s["macro_ci"]]
-        err = [[v - (c[0] if c else v) for v, c in zip(vals, cis, strict=True)],
-               [(c[1] if c else v) - v for v, c in zip(vals, cis, strict=True)]]  # fmt: skip
+        err = [
+            [v - (c[0] if c else v) for v, c in zip(vals, cis, strict=True)],
+            [(c[1] if c else v) - v for v, c in zip(vals, cis, strict=True)],
+        ]
         b.bar(xs, vals, width=0.38, yerr=err, capsize=3, label=name)
     b.set_xticks([i + 0.19 for i in range(len(sources) + 1)], [*sources, "macro"])
     b.set(ylabel="aligned cell F1 (test, end to end)", title="Phase D on test, 95% intervals")
@@ -312,14 +360,128 @@ def plot(p: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
-def run(collected: Path, notes_file: Path | None = None, name: str = NAME) -> dict[str, Any]:
+def combine(seeds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Across SFT seeds: each setting's test numbers averaged over seeds (``phase_d[setting].per_source[src]``)
+    and, per scope, mix − sft of every seed with the mean difference and a conservative 95% interval (the mean
+    of the seeds' bounds: the seeds share the test documents, so their errors are not independent, and the
+    mean of two estimates has an error at most the mean of theirs)."""
+    tested = [p for p in seeds if "test" in p]
+    phase_d: dict[str, Any] = {}
+    for setting in ("sft", "mix"):
+        rows = [p["test"]["phase_d"][setting] for p in tested if setting in p["test"]["phase_d"]]
+        if len(rows) != len(tested) or not rows:
+            continue
+        sources = sorted(rows[0]["per_source"])
+        phase_d[setting] = {
+            "macro": sum(float(r["macro"]) for r in rows) / len(rows),
+            "per_source": {s: sum(float(r["per_source"][s]["mean"]) for r in rows) / len(rows) for s in sources},
+            "seeds": len(rows),
+        }
+    paired: list[dict[str, Any]] = []
+    scopes = sorted({t["scope"] for p in tested for t in p["test"]["paired"]})
+    for scope in scopes:
+        per_seed = [
+            next((t for t in p["test"]["paired"] if t["scope"] == scope and t["baseline"] == "sft"), None)
+            for p in tested
+        ]
+        if any(t is None for t in per_seed) or not per_seed:
+            continue
+        ts = [t for t in per_seed if t is not None]
+        paired.append(
+            {
+                "baseline": "sft",
+                "treatment": "mix",
+                "scope": scope,
+                "metric": ts[0]["metric"],
+                "diff": sum(t["diff"] for t in ts) / len(ts),
+                "low": sum(t["ci_low"] for t in ts) / len(ts),
+                "high": sum(t["ci_high"] for t in ts) / len(ts),
+                "p": max(t["p_value"] for t in ts),
+                "seeds": len(ts),
+                "per_seed": [
+                    {"diff": t["diff"], "low": t["ci_low"], "high": t["ci_high"], "p": t["p_value"]} for t in ts
+                ],
+            }
+        )
+    return {"phase_d": phase_d, "paired": paired}
+
+
+def render_combined(c: Mapping[str, Any], seeds: Sequence[Mapping[str, Any]], command: str) -> str:
+    lines = [
+        "# SFT source mix, over SFT seeds: chosen on validation, compared on test\n",
+        f"- this report: `{command}`; each seed's full report follows the summary",
+        "- seeds: "
+        + "; ".join(
+            f"seed {p['run'].get('sft_seed') or 0} (`{p['run'].get('commit')}`): π1 "
+            f"{p['choice']['pi1']['chosen']}, π2 {p['choice']['pi2']['chosen']}"
+            for p in seeds
+            if p.get("choice")
+        ),
+        "- mix − sft on the test split, end to end, aligned cell F1 (points); the interval over seeds is the mean of "
+        "the seeds' paired 95% bounds (conservative: the seeds share the documents); p is the largest seed's\n",
+    ]
+    rows = []
+    for t in c["paired"]:
+        each = ", ".join(
+            f"{100 * x['diff']:+.2f} [{100 * x['low']:+.2f}, {100 * x['high']:+.2f}]" for x in t["per_seed"]
+        )
+        rows.append(
+            [
+                t["scope"],
+                each,
+                f"{100 * t['diff']:+.2f} [{100 * t['low']:+.2f}, {100 * t['high']:+.2f}]",
+                f"{t['p']:.3f}",
+            ]
+        )
+    lines.append(md_table(["scope", "each seed", "over seeds", "p (max)"], rows))
+    pd = c["phase_d"]
+    if pd:
+        sources = sorted(next(iter(pd.values()))["per_source"])
+        rows = [
+            [name, *(f"{100 * s['per_source'][src]:.2f}" for src in sources), f"{100 * s['macro']:.2f}"]
+            for name, s in pd.items()
+        ]
+        lines += [
+            "\nMeans over seeds (test, end to end, aligned cell F1 ×100):\n",
+            md_table(["setting", *sources, "macro"], rows),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def run(
+    collected: Sequence[Path], notes_file: Path | None = None, name: str = NAME, repeat: Path | None = None
+) -> dict[str, Any]:
+    """One report of one node run or, with several ``collected`` (one per SFT seed), the seeds combined;
+    ``repeat``: a repeat_check.sh folder whose settings join the repeat table."""
     import sys
 
-    p = build(collected)
     command = "python -m bench " + " ".join(sys.argv[1:])
-    md = render_md(p, command)
+    seeds = [build(c) for c in collected]
+    if repeat is not None:
+        seeds[0]["repeat_check"] = repeat_summary(repeat) | {"run": _read(repeat / "run_info.json")}
+    if len(seeds) == 1:
+        p, md = seeds[0], render_md(seeds[0], command)
+    else:
+        p = {"seeds": seeds, **combine(seeds)}
+        md = render_combined(p, seeds, command)
+        md += "\n".join(
+            "\n---\n\n" + render_md(s, command).replace("\n## ", "\n### ").replace("# SFT", "## SFT", 1) for s in seeds
+        )
+    rc = seeds[0].get("repeat_check")
+    if rc:
+        rows = []
+        for mode, r in rc.items():
+            if mode in ("documents", "run") or "missing" in r:
+                continue
+            rows += [[mode, run_name, x["differ_from_first"]] for run_name, x in r.items() if run_name != "repeats"]
+        info = rc["run"]
+        md += (
+            f"\n## Does an evaluation repeat? Executor settings, {rc['documents']} {info['repeat_source']} validation "
+            f"documents, model `{info['model']}`, max tokens {info['max_tokens']} (`{info['command']}` at "
+            f"`{info['commit']}`)\n\n" + md_table(["setting", "run", "answers that differ from c256_1"], rows)
+        )
     if notes_file is not None:
         md += "\n" + notes_file.read_text()
     write_result(name, p, md, quick=False)
-    plot(p, RESULTS_DIR / f"{name}.png")
+    plot(seeds[0], RESULTS_DIR / f"{name}.png", p if len(seeds) > 1 else None)
     return p

@@ -40,11 +40,13 @@ stamp() { echo "=== $(date -u +%T) $*"; }
 python3 - "$R/run_info.json" "$MIX" "$TEST_FREQ" "$MAX_TOKENS" "$REPEAT_SOURCE" "$SFT_SEED" <<'PY'
 import json, os, subprocess, sys
 path, mix, freq, max_tokens, repeat, seed = sys.argv[1:]
-try:
-    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-except OSError:
-    head = ""
-head = head or os.environ.get("STX_COMMIT")  # a node copy of the tree has no .git
+# STX_COMMIT first: a device call's copy of the tree may carry a .git of an earlier commit
+head = os.environ.get("STX_COMMIT")
+if not head:
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+    except OSError:
+        head = None
 json.dump({"sft_mix": mix, "sft_test_freq": int(freq), "max_tokens": int(max_tokens), "repeat_source": repeat, "sft_seed": seed or None,
            "commit": head, "command": "bash scripts/gpu_node/sft_mix.sh"}, open(path, "w"), indent=1)
 PY

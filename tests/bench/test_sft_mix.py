@@ -130,3 +130,27 @@ def test_the_node_scripts_parse_and_name_what_they_need(script: str, needs: str)
     assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
     res = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert res.returncode != 0 and needs in res.stderr
+
+
+def test_seeds_combine_into_per_seed_and_mean_differences(tmp_path: Path) -> None:
+    seeds = []
+    for k, right in enumerate((4, 6)):
+        root = tmp_path / f"s{k}" / "mix"
+        scored(root, "test", stage1(2), stage1(right))  # a pipeline-less stand-in: schema F1 is the paired metric
+        (root / "run_info.json").write_text(json.dumps({"sft_seed": k, "commit": "abc"}))
+        p = sft_mix.build(root.parent)
+        assert p["test"]["paired"], p["test"]
+        for t in p["test"]["paired"]:  # name the settings as the node script does
+            t["baseline"], t["treatment"] = "sft", "mix"
+        p["test"]["phase_d"] = {"sft": p["test"]["schema_f1"]["base"], "mix": p["test"]["schema_f1"]["mix"]}
+        seeds.append(p)
+    c = sft_mix.combine(seeds)
+    macro = next(t for t in c["paired"] if t["scope"] == "macro")
+    assert macro["seeds"] == 2 and len(macro["per_seed"]) == 2
+    each = [x["diff"] for x in macro["per_seed"]]
+    assert each[1] > each[0] > 0 and macro["diff"] == pytest.approx(sum(each) / 2)
+    assert macro["low"] == pytest.approx(sum(x["low"] for x in macro["per_seed"]) / 2)
+    assert c["phase_d"]["mix"]["seeds"] == 2 and c["phase_d"]["mix"]["macro"] > c["phase_d"]["sft"]["macro"]
+    md = sft_mix.render_combined(c, seeds, "cmd")
+    assert "| macro |" in md and "over seeds" in md
+    assert sft_mix.plot(seeds[0], tmp_path / "c.png", c) == tmp_path / "c.png"
