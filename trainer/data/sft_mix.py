@@ -17,11 +17,13 @@ golden data at hand, never a fixed list.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from shared import GoldenExample
@@ -97,3 +99,32 @@ class SourceMix:
             "train_before": dict(Counter(source_of(ex.id) for ex in before)),
             "train_after": dict(Counter(source_of(ex.id) for ex in after)),
         }
+
+
+def recorded_mix(data_dir: Path) -> dict[str, Any] | None:
+    """The mix that the SFT data in ``data_dir`` was built with (its manifest), or None (no mix, or no data)."""
+    path = data_dir / "manifest.json"
+    if not path.is_file():
+        return None
+    phases = json.loads(path.read_text()).get("phases", {})
+    for phase in ("a1", "a2"):
+        if phase in phases:
+            mix: dict[str, Any] | None = phases[phase].get("sft_mix")
+            return mix
+    return None
+
+
+def check_reuse(data_dir: Path, mix: SourceMix | None) -> None:
+    """Data already built in ``data_dir`` is reused only if it was built with the mix asked for."""
+    recorded = recorded_mix(data_dir)
+    was = (recorded["weights"], recorded["seed"]) if recorded else None
+    now = (dict(mix.weights), mix.seed) if mix else None
+    if was != now:
+
+        def say(x: tuple[dict[str, float], int] | None) -> str:
+            return "no mix" if x is None else f"{SourceMix(x[0], x[1]).spec()} (seed {x[1]})"
+
+        raise SourceMixError(
+            f"--sft-mix: {data_dir} holds SFT data built with {say(was)}, asked for {say(now)}: "
+            "build into another folder (a new workdir) or remove it"
+        )

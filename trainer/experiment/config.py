@@ -64,6 +64,10 @@ class ExperimentConfig:
         ),
     )
     limit: int | None = field(default=None, metadata=cli_meta(help="First N examples per split (data build).", min=1))
+    sft_mix: str | None = field(
+        default=None,
+        metadata=cli_meta(help="A1/A2's train split reweighted by source, SOURCE=WEIGHT,... (data build --sft-mix)."),
+    )
     sft_overrides: tuple[str, ...] = field(
         default=(),
         metadata=cli_meta(help="Hydra override for A1/A2 (repeatable).", option="sft_override", cli_type=list[str],

@@ -23,11 +23,14 @@ C2_MAX_TOKENS = 256
 
 def sft(ctx: Context) -> None:
     from trainer.data.datasets import build_datasets
+    from trainer.data.sft_mix import SourceMix, check_reuse
 
     phases = ctx.data_phases()
+    mix = SourceMix.parse(ctx.cfg.sft_mix) if ctx.cfg.sft_mix else None
     if not all((ctx.wd.data / p / "train.parquet").is_file() for p in phases):
-        counts = build_datasets(ctx.cfg.golden, ctx.wd.data, list(phases), limit=ctx.cfg.limit)
+        counts = build_datasets(ctx.cfg.golden, ctx.wd.data, list(phases), limit=ctx.cfg.limit, sft_mix=mix)
         ctx.manifest.set("data", counts)
+    check_reuse(ctx.wd.data, mix)
     pair = ("a1", "a2") if ctx.design.start == "a1" else ("a2", "a1")
     jobs = [(p, ctx.sft_phase(p, ctx.placement.sft(i))) for i, p in enumerate(pair)]
     ctx.run_phases([(p, run) for p, run in jobs if not phase_ok(ctx.wd.phase(p))], stagger_s=0.0)

@@ -59,6 +59,10 @@ class LoopConfig:
         default=None, metadata=cli_meta(help="Executor serving π1ʳ-pipe for C2 precompute (cluster).")
     )
     limit: int | None = field(default=None, metadata=cli_meta(help="First N examples per split (data).", min=1))
+    sft_mix: str | None = field(
+        default=None,
+        metadata=cli_meta(help="A1/A2's train split reweighted by source, SOURCE=WEIGHT,... (data build --sft-mix)."),
+    )
     eval_limit: int | None = field(default=None, metadata=cli_meta(help="First N test examples in Phase D.", min=1))
     loops: int = field(
         default=1, metadata=cli_meta(help="2: run C1→C2 again if loop 1 gained ≥ --min-gain.", min=1, max=2)

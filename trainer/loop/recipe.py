@@ -75,11 +75,14 @@ class Loop:
     # -- its parts
     def build_data(self) -> None:
         from trainer.data.datasets import build_datasets
+        from trainer.data.sft_mix import SourceMix, check_reuse
 
         phases = [*self.sft_phases(), *(p for p in BUILD_PHASES if p not in SFT_PHASES)]
+        mix = SourceMix.parse(self.cfg.sft_mix) if self.cfg.sft_mix else None
         if all((self.data / p / "train.parquet").is_file() for p in phases):
+            check_reuse(self.data, mix)
             return
-        counts = build_datasets(self.cfg.golden, self.data, phases, limit=self.cfg.limit)
+        counts = build_datasets(self.cfg.golden, self.data, phases, limit=self.cfg.limit, sft_mix=mix)
         self.manifest.set("data", {"dir": str(self.data), "counts": counts})
 
     def sft_phases(self) -> list[str]:

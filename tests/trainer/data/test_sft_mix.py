@@ -90,3 +90,26 @@ def test_cli_names_the_option_on_a_bad_mix(tmp_path: Path) -> None:
     assert ok.exit_code == 0, ok.output
     assert "SFT mix people=2" in ok.output
     assert json.loads((tmp_path / "manifest.json").read_text())["phases"]["a1"]["counts"]["train"] == 16
+
+
+def test_built_data_is_reused_only_with_the_mix_it_was_built_with(tmp_path: Path) -> None:
+    from trainer.data.sft_mix import check_reuse, recorded_mix
+
+    mix = SourceMix.parse("people=2", seed=1)
+    build_datasets(SAMPLE_DIR, tmp_path / "mixed", ["a1", "a2"], sft_mix=mix)
+    build_datasets(SAMPLE_DIR, tmp_path / "plain", ["a1", "a2"])
+    assert recorded_mix(tmp_path / "mixed")["weights"] == {"people": 2.0} and recorded_mix(tmp_path / "plain") is None
+    check_reuse(tmp_path / "mixed", SourceMix.parse("people=2", seed=1))
+    check_reuse(tmp_path / "plain", None)
+    with pytest.raises(SourceMixError, match=r"built with people=2 \(seed 1\), asked for no mix"):
+        check_reuse(tmp_path / "mixed", None)
+    with pytest.raises(SourceMixError, match=r"built with people=2 \(seed 1\), asked for people=2 \(seed 0\)"):
+        check_reuse(tmp_path / "mixed", SourceMix.parse("people=2"))
+    with pytest.raises(SourceMixError, match=r"built with no mix, asked for product=0.5 \(seed 0\)"):
+        check_reuse(tmp_path / "plain", SourceMix.parse("product=0.5"))
+
+
+@pytest.mark.parametrize("command", [["loop"], ["experiment", "pi1-ab"]])
+def test_the_loop_and_the_experiments_take_a_mix(command: list[str]) -> None:
+    res = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0 and "--sft-mix" in res.output
