@@ -190,6 +190,9 @@ def build(collected: Path) -> dict[str, Any]:
         path = root / folder / "metrics.json"
         if path.is_file():
             p["validation"][policy] = {"metric": metric, "settings": _setting_table(_read(path), metric)}
+    rows = {f.name.removeprefix("test_rows_").removesuffix(".jsonl.gz"): f for f in root.glob("test_rows_*.jsonl.gz")}
+    if rows:
+        p["test_rows"] = {name: str(f) for name, f in sorted(rows.items())}
     test = root / "test" / "metrics.json"
     if test.is_file():
         m = _read(test)
@@ -403,7 +406,39 @@ def combine(seeds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 ],
             }
         )
-    return {"phase_d": phase_d, "paired": paired}
+    out: dict[str, Any] = {"phase_d": phase_d, "paired": paired}
+    if tested and all({"sft", "mix"} <= set(p.get("test_rows", {})) for p in tested):
+        out["pooled_over_seeds"] = pooled_over_seeds(tested)
+    return out
+
+
+def pooled_over_seeds(seeds: Sequence[Mapping[str, Any]], golden: Path | None = None) -> list[dict[str, Any]]:
+    """mix − sft with every document's metric averaged over the seeds first, then paired-tested (macro, pooled and
+    per source): the seeds' test rows (``test_rows_<setting>.jsonl.gz``) scored against the golden test split."""
+    import gzip
+
+    from bench.common import golden_dir
+    from shared import read_golden
+    from trainer.evaluation.phase_d import DEFAULT_PAIRED_METRIC, normalize_prediction_record, score_predictions
+    from trainer.evaluation.significance import paired_tests
+
+    examples = read_golden(golden_dir(golden) / "common_test_schemas.jsonl")
+    mean: dict[str, dict[str, dict[str, Any]]] = {}
+    for setting in ("sft", "mix"):
+        per_doc: dict[str, list[float]] = {}
+        source: dict[str, str] = {}
+        for p in seeds:
+            with gzip.open(p["test_rows"][setting], "rt") as f:
+                recs = [normalize_prediction_record(json.loads(line)) for line in f if line.strip()]
+            for r in score_predictions(examples, recs):
+                per_doc.setdefault(str(r["id"]), []).append(float(r[DEFAULT_PAIRED_METRIC]))
+                source[str(r["id"])] = str(r["source"])
+        complete = {i: v for i, v in per_doc.items() if len(v) == len(seeds)}
+        mean[setting] = {
+            i: {"id": i, "source": source[i], DEFAULT_PAIRED_METRIC: sum(v) / len(v)} for i, v in complete.items()
+        }
+    rows = {k: list(v.values()) for k, v in mean.items()}
+    return paired_tests(rows, [("sft", "mix")], DEFAULT_PAIRED_METRIC)
 
 
 def render_combined(c: Mapping[str, Any], seeds: Sequence[Mapping[str, Any]], command: str) -> str:
@@ -434,6 +469,21 @@ def render_combined(c: Mapping[str, Any], seeds: Sequence[Mapping[str, Any]], co
             ]
         )
     lines.append(md_table(["scope", "each seed", "over seeds", "p (max)"], rows))
+    pooled = c.get("pooled_over_seeds")
+    if pooled:
+        rows = [
+            [
+                t["scope"],
+                t["n"],
+                f"{100 * t['diff']:+.2f} [{100 * t['ci_low']:+.2f}, {100 * t['ci_high']:+.2f}]",
+                f"{t['p_value']:.3f}",
+            ]
+            for t in pooled
+        ]
+        lines += [
+            "\nPaired over seeds (each document's metric averaged over the seeds, then bootstrapped):\n",
+            md_table(["scope", "n", "mix − sft", "p"], rows),
+        ]
     pd = c["phase_d"]
     if pd:
         sources = sorted(next(iter(pd.values()))["per_source"])

@@ -149,6 +149,9 @@ if on test; then
   for s in "${settings[@]}"; do preds+=(--predictions "${s%%:*}=$R/test_${s%%:*}/predictions_${s%%:*}.jsonl"); done
   python3 -m trainer evaluate score --golden "$TEST" "${preds[@]}" --out "$R/test" --max-truncated-share 1 \
     > "$R/test_score.log" 2>&1 || { echo "test scoring failed"; tail -5 "$R/test_score.log"; exit 1; }
+  # each setting's answers, under a name job.sh collect keeps (it leaves predictions_* out): the report pools
+  # seeds document by document from them
+  for s in "${settings[@]}"; do gzip -c "$R/test_${s%%:*}/predictions_${s%%:*}.jsonl" > "$R/test_rows_${s%%:*}.jsonl.gz"; done
 fi
 if [[ -n ${REPEAT:-} ]]; then stamp "repeat check"; wait "$REPEAT" || echo "repeat check failed"; fi
 stamp "done"

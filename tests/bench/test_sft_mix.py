@@ -154,3 +154,37 @@ def test_seeds_combine_into_per_seed_and_mean_differences(tmp_path: Path) -> Non
     md = sft_mix.render_combined(c, seeds, "cmd")
     assert "| macro |" in md and "over seeds" in md
     assert sft_mix.plot(seeds[0], tmp_path / "c.png", c) == tmp_path / "c.png"
+
+
+def test_seeds_pool_document_by_document_when_the_rows_came_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gzip
+
+    monkeypatch.setenv("GOLDEN_DIR", str(SAMPLE_DIR))
+    test = read_golden(SAMPLE_DIR / golden_filename("test"))
+
+    def rows(right: int) -> str:
+        return "".join(
+            json.dumps({"id": ex.id, "schema_prediction": canonical_schema_json(ex.schema_dict()),
+                        "table_prediction": gold_ndjson(ex.table_dict()) if i < right else ""}) + "\n"
+            for i, ex in enumerate(test)
+        )  # fmt: skip
+
+    seeds = []
+    for k, (sft_right, mix_right) in enumerate(((2, 4), (2, 6))):
+        root = tmp_path / f"s{k}" / "mix"
+        root.mkdir(parents=True)
+        (root / "run_info.json").write_text(json.dumps({"sft_seed": k}))
+        for name, right in (("sft", sft_right), ("mix", mix_right)):
+            with gzip.open(root / f"test_rows_{name}.jsonl.gz", "wt") as f:
+                f.write(rows(right))
+        p = sft_mix.build(root.parent)
+        assert set(p["test_rows"]) == {"sft", "mix"}
+        p["test"] = {"phase_d": {}, "paired": []}
+        seeds.append(p)
+    pooled = sft_mix.combine(seeds)["pooled_over_seeds"]
+    overall = next(t for t in pooled if t["scope"] == "pooled")
+    # documents 2-3 right in both seeds' mix, 4-5 in one: the mean over seeds gains (2 + 2 * 0.5) / 6
+    assert overall["n"] == len(test) and overall["diff"] == pytest.approx(3 / len(test))
+    assert "Paired over seeds" in sft_mix.render_combined(sft_mix.combine(seeds), seeds, "cmd")
