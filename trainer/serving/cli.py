@@ -5,8 +5,11 @@ GPU nodes reached by time-limited calls. Mounted on the main app by ``trainer/cl
     python -m trainer serve wait --ports 18201,18202
     python -m trainer serve stop --ports 18201,18202
 
-Without ``--gpus`` one vLLM-CPU executor serves on ``--port`` (``--mem``, ``--eager`` and
-``--no-prefix-cache`` are GPU settings).
+Without ``--gpus`` one vLLM-CPU executor serves on ``--port`` (``--mem``, ``--eager``, ``--no-prefix-cache``
+and ``--batch-invariant`` are GPU settings; vLLM-CPU always runs eager with prefix caching on).
+
+An evaluation repeats (the same answers for the same requests at the same concurrency) with ``--eager
+--no-prefix-cache``; ``--batch-invariant`` was measured not to give that (docs/reliability.md#evaluations-that-repeat).
 """
 
 from __future__ import annotations
@@ -47,10 +50,17 @@ def start_cmd(
     mem: float = typer.Option(0.3, min=0.01, max=1.0, help="--gpu-memory-utilization of each."),
     prefix_cache: bool = typer.Option(True, "--prefix-cache/--no-prefix-cache", help="vLLM's prefix caching."),
     eager: bool = typer.Option(False, "--eager", help="No CUDA graphs / torch.compile: starts sooner, runs slower."),
+    batch_invariant: bool = typer.Option(
+        False,
+        "--batch-invariant",
+        help="vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1 for these executors). Measured on H200 with "
+        "vLLM 0.24.0 not to make answers independent of the batch; --eager --no-prefix-cache repeat at a fixed "
+        "concurrency.",
+    ),
     wait: bool = typer.Option(False, "--wait", help="Return once every executor lists its model."),
 ) -> None:
     """Start executors detached: they outlive this command; ``stop`` ends them."""
-    ports = detached.start(model, name, gpu_list(gpus), port, mem, prefix_cache, eager)
+    ports = detached.start(model, name, gpu_list(gpus), port, mem, prefix_cache, eager, batch_invariant)
     if wait:
         detached.wait(ports)
 

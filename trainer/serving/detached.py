@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 from services.executor_vllm.cpu_launcher import CpuExecutor
-from trainer.serving.executors import executor_for
+from trainer.serving.executors import BATCH_INVARIANT_ENV, executor_for
 from trainer.serving.gpus import ExecutorSlot
 
 START_TIMEOUT_S = 480.0
@@ -30,14 +30,23 @@ def run_dir() -> Path:
 
 
 def executor(
-    model: str, name: str, gpu: str | None, port: int, mem: float, prefix_cache: bool = True, eager: bool = False
+    model: str,
+    name: str,
+    gpu: str | None,
+    port: int,
+    mem: float,
+    prefix_cache: bool = True,
+    eager: bool = False,
+    batch_invariant: bool = False,
 ) -> CpuExecutor:
-    """The executor on ``gpu`` (``mem`` of it, CUDA graphs unless ``eager``), or on CPU when ``gpu`` is None,
-    logging to ``<run dir>/stx-vllm-<port>.log``."""
+    """The executor on ``gpu`` (``mem`` of it, CUDA graphs unless ``eager``, vLLM's batch-invariant mode if
+    ``batch_invariant``), or on CPU when ``gpu`` is None (the GPU settings unused), logging to
+    ``<run dir>/stx-vllm-<port>.log``."""
     slot = None if gpu is None else ExecutorSlot((gpu,), mem)
+    env = {BATCH_INVARIANT_ENV: "1"} if batch_invariant and slot is not None else None
     return executor_for(
         model, run_dir() / f"stx-vllm-{port}.log", slot, eager=eager, served_name=name, port=port,
-        prefix_caching=prefix_cache,
+        prefix_caching=prefix_cache, extra_env=env,
     )  # fmt: skip
 
 
@@ -56,11 +65,12 @@ def start(
     mem: float,
     prefix_cache: bool = True,
     eager: bool = False,
+    batch_invariant: bool = False,
 ) -> list[int]:
     """Launch one executor per entry of ``gpus`` (None: on CPU), detached; their ports."""
     ports = []
     for gpu, p in assign(gpus, port):
-        ex = executor(model, name, gpu, p, mem, prefix_cache, eager)
+        ex = executor(model, name, gpu, p, mem, prefix_cache, eager, batch_invariant)
         proc = ex.launch(die_with_parent=False, append_log=True)
         (run_dir() / f"stx-vllm-{p}.pid").write_text(str(proc.pid))
         print(f"vLLM {name} on {'CPU' if gpu is None else f'GPU {gpu}'}: {ex.url} (pid {proc.pid})", flush=True)

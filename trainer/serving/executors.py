@@ -2,6 +2,12 @@
 is checked. Every executor the trainer, its programs and the benchmarks start comes from here
 (:func:`executor_for` builds it from ``services/executor_vllm``).
 
+Prefix caching is on unless a caller turns it off. Evaluation and the data that is scored turn it off
+(``prefix_caching=False``): on a GPU, an eager executor without prefix caching gives the same answers again
+for the same requests at the same concurrency, and one with it does not (docs/reliability.md#evaluations-that-repeat).
+The endpoints of executors started here carry their :class:`~trainer.serving.endpoint.ServingMode`, which
+Phase D records.
+
 Executors are launched in the calling thread and only *waited for* side by side: an owned child ends
 when the thread that started it does (``services/child_process.py``), and the caller's thread is the
 one that stops them.
@@ -17,7 +23,7 @@ from pathlib import Path
 
 from services.executor_vllm.cpu_launcher import CpuExecutor
 from services.executor_vllm.gpu_launcher import GpuExecutor
-from trainer.serving.endpoint import Endpoint
+from trainer.serving.endpoint import Endpoint, ServingMode
 from trainer.serving.gpus import ExecutorSlot
 from trainer.serving.identity import check_executor_url
 
@@ -25,6 +31,9 @@ from trainer.serving.identity import check_executor_url
 # only "the policy"; an external server proves its identity by folder or fingerprint instead.
 SERVED_NAME = "policy"
 START_TIMEOUT_S = 900.0
+# vLLM's batch-invariant mode (opt-in: ``trainer serve start --batch-invariant``). Measured on 4 × H200 with
+# vLLM 0.24.0 not to make answers independent of the batch (bench/results/sft_mix.md).
+BATCH_INVARIANT_ENV = "VLLM_BATCH_INVARIANT"
 
 
 def executor_for(
@@ -40,7 +49,9 @@ def executor_for(
     extra_env: Mapping[str, str] | None = None,
 ) -> CpuExecutor:
     """An executor serving ``model`` as ``served_name``: on ``slot``'s GPUs (eager unless ``eager`` is
-    False, prefix caching unless told), else vLLM-CPU (always eager, prefix caching on). Not started.
+    False, prefix caching unless ``prefix_caching`` is False), else vLLM-CPU, which has neither switch: it
+    always runs eager with prefix caching on (``CpuExecutor``; ``eager`` and ``prefix_caching`` are not
+    used). Not started.
     ``log`` None: ``/tmp/stx-executor-<port>.log``. With CUDA graphs, a GPU executor compiles into a cache
     beside its log (``<log>.vllm-cache``): executors that start together never race on one."""
     if slot is not None and not eager and log is not None:
@@ -51,6 +62,19 @@ def executor_for(
         model, slot.gpus, served_name, port, gpu_memory_utilization=slot.memory, log_path=log,
         max_model_len=max_model_len, enforce_eager=eager, prefix_caching=prefix_caching, extra_env=extra_env,
     )  # fmt: skip
+
+
+def serving_mode(ex: CpuExecutor) -> ServingMode:
+    """How ``ex`` serves, read from its command line and environment (what it is launched with)."""
+    if not isinstance(ex, CpuExecutor):  # not one of services/executor_vllm's (a test's stand-in): nothing to read
+        return ServingMode()
+    cmd = ex.command()
+    return ServingMode(
+        build="GPU" if isinstance(ex, GpuExecutor) else "CPU",
+        eager="--enforce-eager" in cmd,
+        prefix_caching="--enable-prefix-caching" in cmd,
+        batch_invariant={**ex.env(), **ex.extra_env}.get(BATCH_INVARIANT_ENV, "0") not in ("", "0"),
+    )
 
 
 def replica_logs(prefix: Path, n: int) -> list[Path]:
@@ -103,7 +127,7 @@ def serve_replicas(
     ]
     try:
         start_together(executors, timeout)
-        yield [Endpoint(ex.url, served_name) for ex in executors]
+        yield [Endpoint(ex.url, served_name, mode=serving_mode(ex)) for ex in executors]
     finally:
         for ex in executors:
             ex.stop()
@@ -121,17 +145,20 @@ def serve_model(
     served_name: str = SERVED_NAME,
     max_model_len: int = 4096,
     timeout: float = START_TIMEOUT_S,
+    prefix_caching: bool = True,
 ) -> Iterator[Endpoint]:
     """``model`` served while the block runs: by ``external`` if given (which must prove it serves that
-    model: :func:`~trainer.serving.identity.check_executor_url`, ``what`` names the step in its error),
-    else by an executor started here on ``slot``'s GPU or on CPU, always stopped at the end."""
+    model: :func:`~trainer.serving.identity.check_executor_url`, ``what`` names the step in its error;
+    its serving mode is not known), else by an executor started here on ``slot``'s GPU or on CPU, always
+    stopped at the end."""
     if external:
         identity = check_executor_url(external, model, what or f"the server of {model}")
         yield Endpoint(external, identity.served_name, identity)
         return
     with serve_replicas(
-        model, [log], [slot], eager=eager, served_name=served_name, max_model_len=max_model_len, timeout=timeout
-    ) as (endpoint,):
+        model, [log], [slot], eager=eager, served_name=served_name, max_model_len=max_model_len, timeout=timeout,
+        prefix_caching=prefix_caching,
+    ) as (endpoint,):  # fmt: skip
         yield endpoint
 
 
@@ -162,10 +189,18 @@ class ExecutorPool:
     models it needs (:meth:`ensure`), those already up are reused, the rest start in :func:`start_waves`
     order; :meth:`release` stops the ones a later step will not need, :meth:`close` (or the ``with`` block's
     end) stops every one. Call it from the thread that owns the program: an owned child ends with the
-    thread that launched it."""
+    thread that launched it. Every executor of a pool is served alike (``eager``, ``prefix_caching``)."""
 
-    def __init__(self, *, eager: bool = True, max_model_len: int = 4096, timeout: float = START_TIMEOUT_S) -> None:
-        self.eager, self.max_model_len, self.timeout = eager, max_model_len, timeout
+    def __init__(
+        self,
+        *,
+        eager: bool = True,
+        prefix_caching: bool = True,
+        max_model_len: int = 4096,
+        timeout: float = START_TIMEOUT_S,
+    ) -> None:
+        self.eager, self.prefix_caching = eager, prefix_caching
+        self.max_model_len, self.timeout = max_model_len, timeout
         self._up: dict[str, tuple[CpuExecutor, Endpoint]] = {}
 
     def __enter__(self) -> ExecutorPool:
@@ -188,12 +223,12 @@ class ExecutorPool:
         for wave in start_waves(list(missing.values())):
             executors = [
                 executor_for(s.model, s.log, s.slot, eager=self.eager, served_name=s.served_name,
-                             max_model_len=self.max_model_len)
+                             max_model_len=self.max_model_len, prefix_caching=self.prefix_caching)
                 for s in wave
             ]  # fmt: skip
             start_together(executors, self.timeout)
             for spec, ex in zip(wave, executors, strict=True):
-                self._up[spec.model] = (ex, Endpoint(ex.url, spec.served_name))
+                self._up[spec.model] = (ex, Endpoint(ex.url, spec.served_name, mode=serving_mode(ex)))
         return [self._up[s.model][1] for s in specs]
 
     def release(self, keep: Iterable[str] = ()) -> list[str]:

@@ -85,8 +85,12 @@ def serve_reward_api(
         with reward_api_process(log, workers=workers, port=port) as api:
             yield RewardApi(api.url)
         return
+    # Prefix caching stays on here (vLLM's default): speed matters during RL, where the reward bounds a
+    # step's time, every Stage-2 prompt starts with the same instructions and a group's samples often
+    # predict one schema (then whole prompts repeat). A reward is computed once and never compared with a
+    # rerun's; the executors that evaluate turn caching off to repeat (docs/reliability.md#evaluations-that-repeat).
     with (
-        serve_replicas(executor_model, executor_logs, slots, eager=eager) as executors,
+        serve_replicas(executor_model, executor_logs, slots, eager=eager, prefix_caching=True) as executors,
         reward_api_process(log, executors=executors, workers=workers, port=port, max_tokens=max_tokens) as api,
     ):
         yield RewardApi(api.url)

