@@ -242,7 +242,9 @@ def evaluate_pipeline(
     timeout: float = Timeout,
     seed: int = Seed,
 ) -> None:
-    """Stage 1 then Stage 2 per setting; metrics, report, plots and the loop-2 decision."""
+    """Stage 1 then Stage 2 per setting; metrics, report, plots and the loop-2 decision. The servers at the
+    URLs were started elsewhere: their serving mode is recorded as unknown, beside the concurrency and max
+    tokens used here."""
     try:
         settings = [Setting.parse(s) for s in setting]
     except ValueError as exc:
@@ -257,7 +259,7 @@ def evaluate_pipeline(
     try:
         res = write_outputs(
             out, examples, preds, f"Pipeline evaluation: {golden.name}", decision_metric, min_gain,
-            max_tokens=max_tokens, max_truncated_share=max_truncated_share,
+            max_tokens=max_tokens, max_truncated_share=max_truncated_share, concurrency=concurrency,
         )  # fmt: skip
     except TruncatedAnswersError as exc:
         raise _bad("--max-tokens", f"{exc} (the report is in {out})") from None

@@ -7,6 +7,7 @@ import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -206,7 +207,7 @@ def test_precompute_and_phase_d_are_reused_only_for_the_same_content(tmp_path: P
     (ev / EVAL_KEY).write_text(json.dumps(ekey))
     calls: list[str] = []
 
-    def staged(_ws: object, name: str, *_a: object, **_k: object) -> list[dict[str, object]]:
+    def staged(_ws: object, name: str, *_a: object, **_k: object) -> tuple[list[dict[str, object]], None]:
         calls.append(name)
         raise RuntimeError("re-evaluated")
 
@@ -366,3 +367,41 @@ def test_abort_file_name_is_the_one_grpo_base_gives_the_trainer() -> None:
     base = Path(__file__).resolve().parents[2] / "trainer" / "phases" / "configs" / "grpo_base.yaml"
     cfg = yaml.safe_load(base.read_text())
     assert cfg["reward_ready"]["abort_file"] == "${oc.env:TRAINER_OUT_DIR}/" + ABORT_FILE
+
+
+def test_phase_d_serves_without_prefix_caching_and_records_the_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop's Phase-D executors run eager without prefix caching (the mode that repeats); metrics.json and
+    report.md record it per setting, and a decision taken again over the recorded scores keeps the line."""
+    from trainer.loop import phase_d_step
+    from trainer.serving.endpoint import ServingMode
+
+    asked: list[dict[str, object]] = []
+    mode = ServingMode("CPU", eager=True, prefix_caching=True, batch_invariant=False)
+
+    @contextlib.contextmanager
+    def serve_model(model: str, _log: Path, _slot: object = None, **kw: object) -> Iterator[Endpoint]:
+        asked.append(kw)
+        yield Endpoint("http://127.0.0.1:9", "policy", mode=mode)
+
+    def run_two_stage(_name: str, pi1: str, pi2: str, examples: Any, serve: Any, *_a: Any) -> list[dict[str, Any]]:
+        for model, stage in ((pi1, "stage1"), (pi2, "stage2")):
+            with serve(model, stage):
+                pass
+        return [{"id": ex.id, "schema_prediction": json.dumps(ex.schema_dict()), "table_prediction": None}
+                for ex in examples]  # fmt: skip
+
+    monkeypatch.setattr(phase_d_step, "serve_model", serve_model)
+    monkeypatch.setattr("trainer.evaluation.two_stage.run_two_stage", run_two_stage)
+    cfg = LoopConfig(golden=SAMPLE, out=tmp_path / "loop", profile="cpu-smoke", pi1_sft="/a", pi2_sft="/b")
+    settings = {"sft": ("/a", "/b"), "pipe": ("/c", "/b")}
+    evaluate_phase_d(Workspace.open(cfg), settings, "loop1", ("sft", "pipe"))
+    assert len(asked) == 4 and all(kw["prefix_caching"] is False and kw["eager"] is True for kw in asked)
+    out = tmp_path / "loop" / "eval_loop1"
+    serving = json.loads((out / "metrics.json").read_text())["serving"]
+    assert serving["sft"] == serving["pipe"] == {**mode.as_dict(), "concurrency": 16, "max_tokens": cfg.eval_max_tokens}
+    line = next(ln for ln in (out / "report.md").read_text().splitlines() if ln.startswith("Serving: "))
+    evaluate_phase_d(Workspace.open(cfg), settings, "loop1", ("pipe", "sft"))  # reused, decided again
+    assert len(asked) == 4 and json.loads((out / "metrics.json").read_text())["loop2"]["last"] == "sft"
+    assert line in (out / "report.md").read_text().splitlines()

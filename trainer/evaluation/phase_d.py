@@ -3,7 +3,9 @@
 Every number comes from ``shared`` (schema P/R/F1, cell accuracy, aligned metrics); this module only
 runs models, averages and renders. Data source of an example = its id before the first ``-``.
 Invalid outputs count as zero in every quality metric (and lower the valid rates), so a setting
-cannot gain by emitting nothing.
+cannot gain by emitting nothing. Each setting's serving mode (the executors' build, eager, prefix caching,
+batch-invariant mode; the client's concurrency and max tokens) is recorded beside its scores: what a rerun
+must match to give the same answers (docs/reliability.md#evaluations-that-repeat).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from trainer.evaluation.inference import read_jsonl, write_jsonl
 from trainer.evaluation.report import SCHEMA_METRICS, TABLE_METRICS, aligned_key, markdown_report, plot_metrics
 from trainer.evaluation.significance import intervals, paired_tests
 from trainer.evaluation.two_stage import PromptStage, run_two_stage
-from trainer.serving.endpoint import Endpoint
+from trainer.serving.endpoint import UNKNOWN, Endpoint, ServingMode
 
 # End-to-end, order-invariant aligned cell F1 (names normalised): the default table reward's number, so
 # training and report agree; the loop-2 rule and the paired tests read its macro mean over sources.
@@ -235,6 +237,25 @@ def truncation(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def serving_record(
+    names: Sequence[str],
+    modes: Mapping[str, ServingMode | None] | None,
+    concurrency: int | None,
+    max_tokens: int | None,
+) -> dict[str, dict[str, Any]]:
+    """Per setting, how its answers were generated: its executors' mode and the client's concurrency and
+    max tokens, ``"unknown"`` for what the caller does not know (a server it did not start, offline scoring)."""
+    known = modes or {}
+    return {
+        name: {
+            **(known.get(name) or ServingMode()).as_dict(),
+            "concurrency": UNKNOWN if concurrency is None else concurrency,
+            "max_tokens": UNKNOWN if max_tokens is None else max_tokens,
+        }
+        for name in names
+    }
+
+
 def write_outputs(
     out: Path,
     golden: Sequence[GoldenExample],
@@ -247,6 +268,8 @@ def write_outputs(
     paired_metric: str = DEFAULT_PAIRED_METRIC,
     max_tokens: int | None = None,
     max_truncated_share: float = DEFAULT_MAX_TRUNCATED_SHARE,
+    serving: Mapping[str, ServingMode | None] | None = None,
+    concurrency: int | None = None,
 ) -> EvalOutputs:
     """Score every setting's predictions; write metrics.json, report.md, plots/ (and predictions).
 
@@ -257,6 +280,9 @@ def write_outputs(
     Answers cut at the token limit (``max_tokens``, recorded) are counted per setting and stage
     (``truncated``); past ``max_truncated_share`` of a stage's answers, the outputs are written and then
     :class:`~trainer.evaluation.generation.TruncatedAnswersError` names the setting, the stage and the count.
+
+    ``serving`` (each setting's executors' mode, as far as the caller knows it) and ``concurrency`` are
+    recorded per setting (metrics.json ``serving``, one line of report.md), with ``max_tokens``.
     """
     if not golden:
         # a report over n = 0 would read as a finished evaluation with no numbers in it
@@ -280,6 +306,7 @@ def write_outputs(
         # compared on what they hold, the schema
         paired_metric = "schema_f1"
     tests = paired_tests(scored, comparison_pairs(names), paired_metric)
+    served = serving_record(names, serving, concurrency, max_tokens)
     metrics_path = out / "metrics.json"
     metrics_path.write_text(
         json.dumps(
@@ -287,6 +314,7 @@ def write_outputs(
                 "prompt_version": PROMPT_VERSION,
                 "max_tokens": max_tokens,
                 "max_truncated_share": max_truncated_share,
+                "serving": served,
                 "settings": metrics,
                 "loop2": decision,
                 "paired_tests": tests,
@@ -296,7 +324,7 @@ def write_outputs(
         + "\n"
     )
     report = out / "report.md"
-    report.write_text(markdown_report(metrics, decision, title, tests, max_tokens))
+    report.write_text(markdown_report(metrics, decision, title, tests, max_tokens, served))
     plots = plot_metrics(metrics, out / "plots")
     for name in metrics:
         for stage, t in metrics[name]["truncated"].items():

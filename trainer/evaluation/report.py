@@ -36,6 +36,7 @@ def markdown_report(
     title: str,
     paired_tests: Sequence[Mapping[str, Any]] | None = None,
     max_tokens: int | None = None,
+    serving: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> str:
     names = list(metrics)
     keys = ["n", *SCHEMA_METRICS, *TABLE_METRICS]
@@ -43,6 +44,8 @@ def markdown_report(
     lines = [f"# {title}", "", f"Prompt version: `{PROMPT_VERSION}`", ""]
     if max_tokens is not None:
         lines += [f"Max tokens per answer: {max_tokens}", ""]
+    if serving:
+        lines += [serving_line(serving), ""]
     lines += _truncation_lines(metrics, names)
     if all("macro" in metrics[n] for n in names):
         n_src = max(int(metrics[n]["macro"].get("n", 0)) for n in names)
@@ -69,6 +72,32 @@ def markdown_report(
     lines += _paired_lines(paired_tests or [])
     lines += ["", "## Loop-2 decision", "", f"**{decision['decision']}**: {decision.get('reason', '')}", ""]
     return "\n".join(lines)
+
+
+def _serving_text(rec: Mapping[str, Any]) -> str:
+    def flag(key: str, what: str, on: str, off: str) -> str:
+        value = rec.get(key)
+        return on if value is True else off if value is False else f"{what} unknown"
+
+    build = rec.get("vllm_build", "unknown")
+    return ", ".join(
+        (
+            "vLLM build unknown" if build == "unknown" else f"vLLM {build}",
+            flag("eager", "eager", "eager", "CUDA graphs"),
+            flag("prefix_caching", "prefix caching", "prefix caching on", "no prefix caching"),
+            flag("batch_invariant", "batch-invariant mode", "batch-invariant mode on", "batch-invariant mode off"),
+            f"concurrency {rec.get('concurrency', 'unknown')}",
+            f"max tokens {rec.get('max_tokens', 'unknown')}",
+        )
+    )
+
+
+def serving_line(serving: Mapping[str, Mapping[str, Any]]) -> str:
+    """One line: how the answers were generated (one mode for every setting, or each setting's)."""
+    texts = {name: _serving_text(rec) for name, rec in serving.items()}
+    if len(set(texts.values())) == 1:
+        return f"Serving: {next(iter(texts.values()))} (every setting)."
+    return "Serving: " + "; ".join(f"{name}: {text}" for name, text in texts.items()) + "."
 
 
 def _truncation_lines(metrics: Mapping[str, Mapping[str, Any]], names: Sequence[str]) -> list[str]:

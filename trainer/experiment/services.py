@@ -3,6 +3,11 @@ ends: executors of the phases' outputs (:class:`~trainer.serving.executors.Execu
 folder, so an arm whose best step was step 0 is served by its start policy's executor) and the two reward
 APIs (``local``: no executor; ``pipe``: its pipeline calls go to the partner π2ˢ's executor, which eval
 then reuses). Everything here is called from the recipe's main thread, which owns the children.
+
+The executors run eager without prefix caching, the mode in which an evaluation repeats
+(docs/reliability.md#evaluations-that-repeat): Phase D is scored on them, C2's schemas and the preflight
+come from them, and the ``pipe`` reward API's calls share the partner's executor with eval, so they are
+served alike.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ class Services(contextlib.AbstractContextManager["Services"]):
         # the pipeline reward's Stage-2 answers (None: the reward API's default)
         self.pipe_settings: dict[str, Any] = {"max_tokens": reward_max_tokens} if reward_max_tokens else {}
         self.models: dict[str, str] = {}  # phase -> the model folder it produced (set as they become known)
-        self.pool = ExecutorPool(eager=True)
+        self.pool = ExecutorPool(eager=True, prefix_caching=False)
         self._apis: dict[str, tuple[contextlib.ExitStack, str]] = {}
 
     def __exit__(self, *_exc: object) -> None:

@@ -153,8 +153,15 @@ def evaluate(ctx: Context) -> None:
         max_tokens=cfg.eval_max_tokens, concurrency=cfg.eval_concurrency, timeout_s=cfg.eval_timeout_s
     )
     examples = read_golden(cfg.golden / "common_test_schemas.jsonl", cfg.eval_limit)
-    # answers cut at max tokens: counted per setting, and past the share the evaluation fails
-    cut: dict[str, Any] = {"max_tokens": cfg.eval_max_tokens, "max_truncated_share": cfg.eval_max_truncated_share}
+    # answers cut at max tokens: counted per setting, and past the share the evaluation fails; the client's
+    # concurrency is recorded with each setting's serving mode
+    cut: dict[str, Any] = {
+        "max_tokens": cfg.eval_max_tokens,
+        "max_truncated_share": cfg.eval_max_truncated_share,
+        "concurrency": cfg.eval_concurrency,
+    }
+    # π1 and π2 of a setting come from one pool, served alike: π1's executor's mode is the setting's
+    modes = {name: eps[p1].mode for name, (p1, _p2) in settings.items()}
 
     def serving(p1: str, p2: str) -> ServeModel:
         def serve(model: str, stage: PromptStage) -> contextlib.AbstractContextManager[Endpoint]:
@@ -207,21 +214,23 @@ def evaluate(ctx: Context) -> None:
             first_error(list(schemas.values()))
             preds = {name: stage1_records(schemas[p1].result()) for name, (p1, _p2) in settings.items()}
             out = write_outputs(
-                wd.stage1_eval, examples, preds, f"π1 schemas alone ({d.name})", write_predictions=False, **cut
-            )
+                wd.stage1_eval, examples, preds, f"π1 schemas alone ({d.name})", write_predictions=False,
+                serving=modes, **cut,
+            )  # fmt: skip
             ctx.say(f"π1 schemas alone: {out.report}")
         first_error(list(on_gold.values()))
         if gold:
             gold_preds = {name: load_predictions(wd.gold_schema / f"{name}.jsonl") for name in gold}
             out = write_outputs(
                 wd.gold_schema_eval, examples, gold_preds, f"π2 on gold schemas ({d.name})", write_predictions=False,
-                **cut,
+                serving={name: eps[p].mode for name, p in gold.items()}, **cut,
             )  # fmt: skip
             ctx.say(f"π2 on gold schemas: {out.report}")
         first_error(list(pipelines.values()))
     res = write_outputs(
-        wd.phase_d, examples, {n: f.result() for n, f in pipelines.items()}, f"Phase D ({d.name})", **cut
-    )
+        wd.phase_d, examples, {n: f.result() for n, f in pipelines.items()}, f"Phase D ({d.name})",
+        serving=modes, **cut,
+    )  # fmt: skip
     ctx.say(f"Phase D: {res.report} ({res.decision.get('reason', '')})")
 
 

@@ -66,7 +66,11 @@ def precompute_c2_data(ws: Workspace, pi1_pipe: str, data_dir: Path, tag: str) -
     slot = ExecutorSlot(ws.plan.gpus[:1]) if ws.plan else None
     log = ws.logs / f"executor_precompute_{tag}.log"
     external, what = cfg.pi1_pipe_url, f"precompute {tag} (π1ʳ-pipe)"
-    with serve_model(pi1_pipe, log, slot, external=external, what=what, eager=cfg.executor_eager) as ep:
+    # C2 trains on these (greedy) schemas: served as evaluation is, without prefix caching, a rerun at the same
+    # concurrency writes the same ones (docs/reliability.md#evaluations-that-repeat)
+    with serve_model(
+        pi1_pipe, log, slot, external=external, what=what, eager=cfg.executor_eager, prefix_caching=False
+    ) as ep:
         served = ep.identity.as_dict() if ep.identity else None
         if served is not None:
             ws.manifest.set(f"served:precompute_{tag}", served)

@@ -1,39 +1,61 @@
 """The loop's Phase D: each setting's π1 then π2 served in turn (settings side by side on GPUs, one each),
 scored end to end on the test split, and the loop-2 decision; reused only for the same content key, with
-the decision taken again by the current rule."""
+the decision taken again by the current rule.
+
+Its executors run without prefix caching, and eager unless ``--executor-cuda-graphs``: so a rerun at the same
+concurrency gives the same answers (docs/reliability.md#evaluations-that-repeat). The serving mode is
+recorded in metrics.json and report.md."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.loop.manifest import EVAL_KEY, eval_key, read_json
 from trainer.loop.workspace import Workspace
-from trainer.serving.endpoint import Endpoint
+from trainer.serving.endpoint import Endpoint, ServingMode
 from trainer.serving.executors import serve_model
 from trainer.serving.gpus import ExecutorSlot, waves
 
-# (workspace, setting, π1, π2, examples, slot) → the setting's pipeline records
-Pipeline = Callable[[Workspace, str, str, str, Sequence[Any], ExecutorSlot | None], list[dict[str, Any]]]
+if TYPE_CHECKING:  # imported where used: aiohttp only when Phase D runs
+    from trainer.evaluation.generation import GenerationConfig
+
+# (workspace, setting, π1, π2, examples, slot) → the setting's pipeline records and how its executors served
+# (None: not known)
+Pipeline = Callable[
+    [Workspace, str, str, str, Sequence[Any], ExecutorSlot | None], tuple[list[dict[str, Any]], ServingMode | None]
+]
+
+
+def eval_generation(ws: Workspace) -> GenerationConfig:
+    """The loop's Phase-D requests: greedy, the client's default concurrency, ``eval_max_tokens``."""
+    from trainer.evaluation.generation import GenerationConfig
+
+    return GenerationConfig(max_tokens=ws.cfg.eval_max_tokens)
 
 
 def staged_pipeline(
     ws: Workspace, name: str, pi1: str, pi2: str, examples: Sequence[Any], slot: ExecutorSlot | None = None
-) -> list[dict[str, Any]]:
-    """Stage 1 with π1 served alone, then Stage 2 with π2 on the predicted schemas (on ``slot``)."""
-    from trainer.evaluation.generation import GenerationConfig
+) -> tuple[list[dict[str, Any]], ServingMode | None]:
+    """Stage 1 with π1 served alone, then Stage 2 with π2 on the predicted schemas (on ``slot``); the records
+    and the executors' serving mode (π1's and π2's are started alike)."""
     from trainer.evaluation.two_stage import PromptStage, generate_quietly, run_two_stage
 
-    def serve(model: str, stage: PromptStage) -> contextlib.AbstractContextManager[Endpoint]:
-        log = ws.logs / f"executor_eval_{name}_{'pi1' if stage == 'stage1' else 'pi2'}.log"
-        return serve_model(model, log, slot, eager=ws.cfg.executor_eager)
+    modes: list[ServingMode | None] = []
 
-    gen = GenerationConfig(max_tokens=ws.cfg.eval_max_tokens)
-    return run_two_stage(name, pi1, pi2, examples, serve, gen, generate_quietly)
+    @contextlib.contextmanager
+    def serve(model: str, stage: PromptStage) -> Iterator[Endpoint]:
+        log = ws.logs / f"executor_eval_{name}_{'pi1' if stage == 'stage1' else 'pi2'}.log"
+        with serve_model(model, log, slot, eager=ws.cfg.executor_eager, prefix_caching=False) as ep:
+            modes.append(ep.mode)
+            yield ep
+
+    records = run_two_stage(name, pi1, pi2, examples, serve, eval_generation(ws), generate_quietly)
+    return records, (modes[0] if modes else None)
 
 
 def evaluate_phase_d(
@@ -61,9 +83,9 @@ def evaluate_phase_d(
             ws.manifest.set(f"eval:{tag}", {"dir": str(out), "loop2": decision})
             return decision
     examples = read_golden(cfg.golden / "common_test_schemas.jsonl", cfg.eval_limit)
-    preds: dict[str, list[dict[str, Any]]] = {}
+    runs: dict[str, tuple[list[dict[str, Any]], ServingMode | None]] = {}
     if ws.plan is None:
-        preds = {name: run(ws, name, pi1, pi2, examples, None) for name, (pi1, pi2) in settings.items()}
+        runs = {name: run(ws, name, pi1, pi2, examples, None) for name, (pi1, pi2) in settings.items()}
     else:
         # settings side by side, one GPU each (π1 then π2 on it), in waves of at most one per GPU
         slots = ws.plan.eval_slots(len(settings))
@@ -73,11 +95,12 @@ def evaluate_phase_d(
                     name: pool.submit(run, ws, name, *settings[name], examples, slot)
                     for name, slot in zip(wave, slots, strict=False)
                 }
-                preds.update({name: f.result() for name, f in futures.items()})
-        preds = {name: preds[name] for name in settings}  # report order = settings order
+                runs.update({name: f.result() for name, f in futures.items()})
+    preds = {name: runs[name][0] for name in settings}  # report order = settings order
     res = write_outputs(
         out, examples, preds, f"Phase D ({tag})", cfg.decision_metric, cfg.min_gain, compare=compare,
         max_tokens=cfg.eval_max_tokens, max_truncated_share=cfg.eval_max_truncated_share,
+        serving={name: runs[name][1] for name in settings}, concurrency=eval_generation(ws).concurrency,
     )  # fmt: skip
     (out / EVAL_KEY).write_text(json.dumps(key, indent=2) + "\n")
     ws.manifest.set(
@@ -98,6 +121,9 @@ def redecide(
     if decision != recorded.get("loop2"):
         recorded["loop2"] = decision
         (out / "metrics.json").write_text(json.dumps(recorded, indent=2) + "\n")
-        report = markdown_report(recorded["settings"], decision, title, recorded.get("paired_tests"))
+        report = markdown_report(
+            recorded["settings"], decision, title, recorded.get("paired_tests"), recorded.get("max_tokens"),
+            recorded.get("serving"),
+        )  # fmt: skip
         (out / "report.md").write_text(report)
     return decision

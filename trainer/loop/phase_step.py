@@ -110,7 +110,9 @@ def preflight(
     cfg = ws.cfg
     slot = ExecutorSlot(placement.gpus[:1], 0.3) if placement else None
     key = str(out_dir.relative_to(ws.out))
-    with serve_model(model, ws.logs / f"executor_preflight_{name}.log", slot, eager=cfg.executor_eager) as ep:
+    # served as evaluation is, without prefix caching (docs/reliability.md#evaluations-that-repeat)
+    log = ws.logs / f"executor_preflight_{name}.log"
+    with serve_model(model, log, slot, eager=cfg.executor_eager, prefix_caching=False) as ep:
         rep = advantage_check(
             cfg.golden, reward_of(name), ep.url, ep.served_name, reward_url,
             min_informative=float(cfg.preflight_min or 0.0), max_tokens=cfg.eval_max_tokens,

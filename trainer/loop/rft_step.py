@@ -28,7 +28,8 @@ def rft_baseline(ws: Workspace, sft: SftStep, pi1_sft: str, pi2_sft: str) -> tup
         phase = sft_phase_for(reward)
         if phase_done(base / "sft") is None and not (base / "data" / phase / "train.parquet").is_file():
             with (
-                serve_model(start, ws.logs / f"executor_rft_{reward}.log") as ep,
+                # its samples are scored: served as evaluation is (docs/reliability.md#evaluations-that-repeat)
+                serve_model(start, ws.logs / f"executor_rft_{reward}.log", prefix_caching=False) as ep,
                 ws.reward_api(None, cfg.reward_url, f"rft_{reward}") as url,
             ):
                 rep = build_rft_data(cfg.golden, base, reward, ep.url, ep.served_name, url, gen, cfg.limit)

@@ -207,3 +207,51 @@ def test_an_empty_test_split_is_an_error_not_a_report_over_nothing(tmp_path: Pat
     assert res.exit_code == 2 and "no examples to evaluate" in res.output
     with pytest.raises(ValueError, match="no golden examples"):
         write_outputs(tmp_path / "e3", [], {"sft": []}, "Phase D")
+
+
+def test_phase_d_records_how_each_setting_was_served(tmp_path: Path) -> None:
+    """metrics.json ``serving`` per setting (the executors' mode, concurrency, max tokens) and one report line;
+    what the caller does not know is "unknown"."""
+    from trainer.serving.endpoint import ServingMode
+
+    golden = read_golden(TEST)
+    gpu = ServingMode("GPU", eager=True, prefix_caching=False, batch_invariant=False)
+    out = write_outputs(tmp_path / "d", golden, {"sft": _worse_preds(), "pipe": _gold_preds()}, "t",
+                        write_predictions=False, max_tokens=384, serving={"sft": gpu, "pipe": gpu},
+                        concurrency=256)  # fmt: skip
+    serving = json.loads(out.metrics_path.read_text())["serving"]
+    assert serving["sft"] == serving["pipe"] == {
+        "vllm_build": "GPU", "eager": True, "prefix_caching": False, "batch_invariant": False,
+        "concurrency": 256, "max_tokens": 384,
+    }  # fmt: skip
+    line = ("Serving: vLLM GPU, eager, no prefix caching, batch-invariant mode off, concurrency 256, "
+            "max tokens 384 (every setting).")  # fmt: skip
+    assert line in out.report.read_text().splitlines()
+
+    out = write_outputs(tmp_path / "e", golden, {"sft": _worse_preds(), "pipe": _gold_preds()}, "t",
+                        write_predictions=False, serving={"pipe": ServingMode("CPU", True, True, False)})  # fmt: skip
+    serving = json.loads(out.metrics_path.read_text())["serving"]
+    assert set(serving["sft"].values()) == {"unknown"} and serving["pipe"]["vllm_build"] == "CPU"
+    report = out.report.read_text()
+    assert (
+        "Serving: sft: vLLM build unknown, eager unknown, prefix caching unknown, batch-invariant mode unknown, "
+        "concurrency unknown, max tokens unknown; pipe: vLLM CPU, eager, prefix caching on"
+    ) in report
+
+
+def test_evaluate_pipeline_against_urls_records_what_it_knows(tmp_path: Path) -> None:
+    """Servers ``evaluate pipeline`` did not start: their mode unknown, its own concurrency and max tokens known."""
+    from tests.helpers.faulty_executor import FaultyExecutor
+
+    ex = read_golden(TEST)[0]
+    with FaultyExecutor(content=canonical_schema_json(ex.schema_dict())) as fx:
+        res = CliRunner().invoke(app, [
+            "evaluate", "pipeline", "--golden", str(TEST), "--limit", "2", "--max-tokens", "64", "--concurrency", "4",
+            "--out", str(tmp_path / "eval"), "--setting", f"x={fx.url},{fx.model},{fx.url},{fx.model}",
+            "--max-truncated-share", "1",
+        ])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    serving = json.loads((tmp_path / "eval" / "metrics.json").read_text())["serving"]
+    assert serving == {"x": {"vllm_build": "unknown", "eager": "unknown", "prefix_caching": "unknown",
+                             "batch_invariant": "unknown", "concurrency": 4, "max_tokens": 64}}  # fmt: skip
+    assert "concurrency 4, max tokens 64 (every setting)." in (tmp_path / "eval" / "report.md").read_text()

@@ -41,6 +41,7 @@ class Node:
     keep_step0: set[str] = field(default_factory=set)  # arms whose early stopping keeps step 0
     preflight_sources: list[Any] = field(default_factory=list)  # the sources each preflight sweep was given
     control_passes: bool = True
+    prefix_caching: list[bool] = field(default_factory=list)  # how each executor was asked to serve
 
     def launched(self) -> list[str]:
         return [e[1] for e in self.events if e[0] == "launch"]
@@ -66,6 +67,7 @@ def node(monkeypatch: pytest.MonkeyPatch) -> Node:
     n = Node()
 
     def executor_for(model: str, _log: Path, slot: ExecutorSlot | None = None, **kw: Any) -> FakeExecutor:
+        n.prefix_caching.append(kw["prefix_caching"])
         return FakeExecutor(n, model, slot, kw["served_name"])
 
     @contextmanager
@@ -203,6 +205,9 @@ def test_pi1_on_one_gpu(node: Node, tmp_path: Path) -> None:
     assert ("control", "b1", "b1_improvable.parquet") in node.events
     metrics = json.loads((wd.phase_d / "metrics.json").read_text())
     assert list(metrics["settings"]) == ["sft", "local", "pipe"] and metrics["paired_tests"]
+    # evaluation's executors run without prefix caching; the serving mode is recorded per setting
+    assert node.prefix_caching == [False] * 3
+    assert metrics["serving"]["pipe"]["concurrency"] == exp.cfg.eval_concurrency
     stage1 = json.loads((wd.stage1_eval / "metrics.json").read_text())
     assert list(stage1["settings"]) == ["sft", "local", "pipe"]
     assert {t["metric"] for t in stage1["paired_tests"]} == {"schema_f1"}
