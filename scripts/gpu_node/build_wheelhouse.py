@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=48.0,
         # a device call carries 64 MiB with the repo tree: 60 MB chunks left the tree 7 MB, and a 7.3 MB
-        # tree was refused (issue 23's fifth lease)
+        # tree was refused
         help="Largest chunk, MB (10^6 bytes).",
     )
     ap.add_argument("--xz-min-mb", type=float, default=20.0, help="xz wheels at least this big (0: never).")

@@ -170,7 +170,7 @@ def test_the_report_says_when_the_policy_did_not_move(collected_rl: Path) -> Non
     import shutil
 
     recorded = Path(__file__).resolve().parents[1] / "trainer" / "phases" / "fixtures" / "b1_issue12_metrics.jsonl"
-    shutil.copy(recorded, collected_rl / "b1" / "metrics.jsonl")  # issue 12's B1 run
+    shutil.copy(recorded, collected_rl / "b1" / "metrics.jsonl")  # a recorded B1 run on one H200
     p = lg.build(collected_rl, {}, None)
     m = p["monitors"]["b1"]
     assert m["policy_moved"] is False and m["kl_floor"] == 0.01 and m["trained_steps"] == 10
@@ -220,7 +220,7 @@ def test_the_pi2_ab_report_has_macro_phase_d_and_pi2_on_gold_schemas(collected: 
 
 
 def test_a_run_without_phase_d_reports_validation_per_source(collected: Path) -> None:
-    """Issue 23's 4-GPU lease ended during RL: no Phase D, but the per-source validation curve is the result."""
+    """A run cut during RL: no Phase D, but the per-source validation curve is the result."""
     import shutil
 
     shutil.rmtree(collected / "phase_d")
@@ -231,18 +231,18 @@ def test_a_run_without_phase_d_reports_validation_per_source(collected: Path) ->
         {"step": 5, "data": {e2e: 0.9739, wtt: 0.6032, "critic/score/mean": 0.6, "timing_s/step": 50.0}},
     ]
     (collected / "b1" / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    p = lg.build(collected, {}, "the lease ended during RL")
+    p = lg.build(collected, {}, "the allocation ended during RL")
     assert p["phase_d"] == {} and p["test_documents"] == 0 and p["sft_vs_hf_baseline"] == []
     v = p["validation_per_source"]["b1"]
     assert [r["step"] for r in v] == [0, 5]
     assert v[1]["change_points"] == {"e2e": -0.42, "wikitabletext": 1.0, "macro": pytest.approx(0.29, abs=0.01)}
     md = lg.render_md(p)
-    assert "**No Phase D in this run** (nothing on the test split): the lease ended during RL" in md
+    assert "**No Phase D in this run** (nothing on the test split): the allocation ended during RL" in md
     assert "| b1 | 5 | 0.9739 (-0.42) | 0.6032 (+1.00) |" in md
 
 
 def test_stage1_alone_on_the_test_split_is_reported_per_source(collected: Path) -> None:
-    """Issue 23's third lease: Phase D did not fit, but B1's schemas were scored on the test split alone."""
+    """Phase D did not fit, but B1's schemas were scored on the test split alone."""
     (collected / "stage1_eval").mkdir()
     wtt = {"n": 671, "schema_valid": 1.0, "schema_precision": 0.63, "schema_recall": 0.627, "schema_f1": 0.6215}
     s1 = {

@@ -38,7 +38,7 @@ JOB_OVERLAYS = ["gpu-cluster/trainer", "single-node/trainer"]
 RAYJOB_OVERLAYS = ["gpu-cluster/trainer-rayjob"]
 SECRET_NAME = "stx-secrets"
 NAMESPACE = "stx"
-# The env vars services/executor_vllm/entrypoint.py maps to `vllm serve` flags (DESIGN, issue 8).
+# The env vars services/executor_vllm/entrypoint.py maps to `vllm serve` flags (DESIGN).
 EXECUTOR_ENV = {
     "EXECUTOR_MODEL_PATH",
     "EXECUTOR_SERVED_MODEL_NAME",
@@ -720,7 +720,7 @@ def test_strict_validation_rejects_an_unknown_field(tmp_path):
     assert "'readinesProbe' was unexpected" in proc.stdout + proc.stderr
 
 
-# ------------------------------------------------------------------------------------------ issue 26
+# ------------------------------------------------------------------- executor budgets and reward_api limits
 
 
 def _reward_api_env(docs):
@@ -758,7 +758,7 @@ def test_executor_in_flight_is_budgeted_for_the_hpa_maximum(overlay):
 
 @pytest.mark.parametrize("overlay", SERVICE_OVERLAYS)
 def test_executor_in_flight_is_budgeted_per_executor_pod(overlay):
-    """Budget in-flight calls per executor, not per worker (issue 26): each worker caps its calls at one
+    """Budget in-flight calls per executor, not per worker: each worker caps its calls at one
     executor URL at MAX_IN_FLIGHT_PER_EXECUTOR (and all of them at MAX_IN_FLIGHT); at the HPA's maximum the
     pods behind each URL see at most ~128 calls each (docs/deploy.md). Before: no such setting."""
     from services.reward_api.settings import Settings

@@ -42,7 +42,7 @@ def test_stage2_sections_schema_and_target() -> None:
 
 
 def test_stage2_schema_id_is_neutral_whatever_the_gold_id() -> None:
-    """The gold id (source + split, e.g. ``rotowire_sent-train-3``) never reaches the prompt (issue 17.6)."""
+    """The gold id (source + split, e.g. ``rotowire_sent-train-3``) never reaches the prompt."""
     gold = {"table_id": "rotowire_sent-train-3", "columns": [{"name": "team"}]}
     user = build_stage2_messages("doc", gold)[1]["content"]
     assert "rotowire" not in user and "train" not in user.split("[SCHEMA]", 1)[1].split("<|document|>", 1)[0]

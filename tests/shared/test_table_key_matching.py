@@ -1,4 +1,4 @@
-"""Issue 22 (reverses the decision of issue 17.7): the default table reward matches column names
+"""The default table reward matches column names
 through ``normalize_name``, as the schema reward does, so a correct value under ``teamName`` counts
 when the gold says ``team_name``. The seed's positional metric keeps literal keys (``table_metric:
 positional``). These tests pin both, so a change to either side is a visible choice.

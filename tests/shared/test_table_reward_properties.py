@@ -1,4 +1,4 @@
-"""Issue 22: properties of the default table reward (aligned cell F1, normalised names).
+"""Properties of the default table reward (aligned cell F1, normalised names).
 
 - A perfect prediction gets the maximum.
 - No worsening edit raises the reward (padding with null or invented columns, dropping or renaming a

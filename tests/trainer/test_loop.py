@@ -55,7 +55,7 @@ def test_phase_done_requires_ok_and_export(tmp_path: Path) -> None:
 
 @contextlib.contextmanager
 def c1_reward_api(tmp_path: Path, pi2: Path) -> Iterator[str]:
-    """A real reward API whose executor model name carries π2's content hash (issue 17.3)."""
+    """A real reward API whose executor model name carries π2's content hash."""
     executor = Endpoint("http://127.0.0.1:9", f"pi2-{short(fingerprint(pi2))}")
     with reward_api_process(tmp_path / "c1_api.log", executors=[executor]) as api:
         yield api.url

@@ -179,7 +179,7 @@ def test_preflight_stops_the_loop_before_a_phase_whose_groups_teach_nothing(
     assert "b1" not in runner.runs and seen == [("schema", "http://127.0.0.1:9", 0.25)]
     assert json.loads((out / "b1" / "preflight.json").read_text())["ok"] is False
 
-    # issue 23: groups that differ are not enough; no sample beating the greedy answer is no headroom
+    # groups that differ are not enough; no sample beating the greedy answer is no headroom
     def no_headroom(golden: Path, reward: str, url: str, model: str, reward_url: str, **kw: object):  # type: ignore[no-untyped-def]
         outcomes = [preflight.PromptOutcome(f"e2e-{i}", 1.0, (1.0, 0.5), (True, True)) for i in range(8)]
         return preflight.build_report(reward, outcomes, 1.0, min_informative=0.25)

@@ -114,7 +114,7 @@ def test_identical_concurrent_calls_join_the_one_in_flight() -> None:
     assert n_requests == 1
 
 
-# ---- issue 26: one /v1/models read in flight; calls budgeted per executor replica ----------------------
+# ---- one /v1/models read in flight; calls budgeted per executor replica ----------------------
 
 
 @pytest.mark.parametrize("model_check_s", [5.0, 0.0])

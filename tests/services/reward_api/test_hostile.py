@@ -1,4 +1,4 @@
-"""Issue 26: reward_api under hostile and unlucky conditions, over HTTP against a real reward_api process.
+"""reward_api under hostile and unlucky conditions, over HTTP against a real reward_api process.
 
 Executors here are ``FaultyExecutor`` fault injectors (tests/helpers/faulty_executor.py): a cut answer, a
 model swap behind the same name, a malformed ``/v1/models``, a redirect, a slow executor. Each test names

@@ -293,8 +293,8 @@ def test_pi2_c2data_gold_schemas_and_the_improvable_fallback(node: Node, tmp_pat
     assert (exp.wd.gold_schema_eval / "metrics.json").is_file() and (exp.wd.phase_d / "metrics.json").is_file()
 
 
-def lease_ends_during_pipes_stage2(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The ``pipe`` setting's Stage 2 fails as a lease ending mid-Phase D would (the node's fake runner's
+def allocation_ends_during_pipes_stage2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``pipe`` setting's Stage 2 fails as an allocation ending mid-Phase D would (the node's fake runner's
     ``run_two_stage``, wrapped)."""
     import trainer.evaluation.two_stage as two_stage
 
@@ -302,7 +302,7 @@ def lease_ends_during_pipes_stage2(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def cut(setting: str, *args: Any, **kw: Any) -> Any:
         if setting == "pipe":
-            raise RuntimeError("the lease ended")
+            raise RuntimeError("the allocation ended")
         return whole(setting, *args, **kw)
 
     monkeypatch.setattr("trainer.evaluation.two_stage.run_two_stage", cut)
@@ -312,9 +312,9 @@ def test_pi2_gold_schema_eval_is_written_before_phase_d_ends(
     node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """π2 on gold schemas (one stage) lands before Phase D (two): a run cut during Phase D keeps it."""
-    lease_ends_during_pipes_stage2(monkeypatch)
+    allocation_ends_during_pipes_stage2(monkeypatch)
     exp = experiment(node, tmp_path, "pi2-ab", gpus=("0", "1"), control="off")
-    with pytest.raises(RuntimeError, match="the lease ended"):
+    with pytest.raises(RuntimeError, match="the allocation ended"):
         exp.run()
     gold = json.loads((exp.wd.gold_schema_eval / "metrics.json").read_text())
     assert set(gold["settings"]) == {"sft", "local", "pipe"}
@@ -327,9 +327,9 @@ def test_pi1_schemas_alone_are_scored_before_phase_d_ends(
 ) -> None:
     """pi1-ab: the three π1s' schemas (one stage: the B1 target) land before Phase D (two); a run cut
     during Phase D keeps them, and each setting's scores are its own π1's."""
-    lease_ends_during_pipes_stage2(monkeypatch)
+    allocation_ends_during_pipes_stage2(monkeypatch)
     exp = experiment(node, tmp_path, gpus=("0", "1"), control="off")
-    with pytest.raises(RuntimeError, match="the lease ended"):
+    with pytest.raises(RuntimeError, match="the allocation ended"):
         exp.run()
     stage1 = json.loads((exp.wd.stage1_eval / "metrics.json").read_text())
     assert list(stage1["settings"]) == ["sft", "local", "pipe"]

@@ -159,7 +159,7 @@ def test_save_freq_must_match_test_freq(c1_config: Any) -> None:
 def test_a_gain_below_min_delta_keeps_that_checkpoint(
     c1_config: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Issue 17.4: step 2 scores highest but gains < min_delta over step 1; it is the one kept and exported."""
+    """Step 2 scores highest but gains < min_delta over step 1; it is the one kept and exported."""
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.merge(

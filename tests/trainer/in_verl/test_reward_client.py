@@ -96,7 +96,7 @@ async def test_503_raises_after_all_attempts_never_a_score() -> None:
 
 
 async def test_executor_503_is_not_retried_by_the_client() -> None:
-    """Issue 26: the service retries its executor calls; retrying its executor 503 again multiplied the
+    """The service retries its executor calls; retrying its executor 503 again multiplied the
     executor attempts (3 service tries × 4 client tries = 12 per sample). One layer retries."""
     faults = Faults(fail_first=1000, status=503, error="executor_unavailable")
     with FaultyRewardApi(faults) as api:

@@ -1,4 +1,4 @@
-"""The GRPO phases run VERL 0.9.1's own synchronous trainer, and failures stop them (issue 17.1, 17.2).
+"""The GRPO phases run VERL 0.9.1's own synchronous trainer, and failures stop them.
 
 VERL's code runs for real here: ``PPOTrainer.__init__`` / ``_build_replay_buffer`` /
 ``_init_dataloader`` on the composed phase config, ``PPOTrainer._step_once`` with the real sync
