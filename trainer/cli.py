@@ -21,7 +21,7 @@ from shared import read_golden
 from shared.golden import GoldenFormatError
 from trainer.data.datasets import build_datasets
 from trainer.data.precompute import precompute_c2
-from trainer.data.prompt_fit import Stage2Fit
+from trainer.data.prompt_fit import PhaseLengths, Stage2Fit
 from trainer.data.sft_mix import SourceMix, SourceMixError
 from trainer.evaluation import report
 from trainer.evaluation.generation import GenerationClient, GenerationConfig, TruncatedAnswersError
@@ -88,6 +88,40 @@ def _stage2_fit(tokenizer: Path | None, max_len: int | None) -> Stage2Fit | None
     return Stage2Fit(tokenizer, max_len) if tokenizer is not None and max_len is not None else None
 
 
+def _phase_lengths(tokenizer: Path | None, max_prompt_len: int | None, max_sft_len: int | None) -> PhaseLengths | None:
+    if tokenizer is None:
+        if max_prompt_len is not None or max_sft_len is not None:
+            raise _bad("--max-prompt-len/--max-sft-len", "need --tokenizer (the policy's model folder)")
+        return None
+    try:
+        return PhaseLengths(tokenizer, max_prompt_len, max_sft_len)
+    except ValueError as exc:
+        raise _bad("--tokenizer", str(exc)) from None
+
+
+_SHOWN_IDS = 20
+
+
+def _print_too_long(manifest: Path, phases: list[str]) -> None:
+    """Per phase and split: the rows over its length limit, the limit and their first ids."""
+    built = json.loads(manifest.read_text())["phases"]
+    for phase in phases:
+        found = built.get(phase, {}).get("too_long")
+        if not found:
+            continue
+        for split, over in found["over"].items():
+            ids = found["ids"][split]
+            shown = ", ".join(ids[:_SHOWN_IDS]) + (" ..." if len(ids) > _SHOWN_IDS else "")
+            console.print(
+                f"{phase} {split}: {over} of {found['rows'][split]} rows over {found['limit_key']} {found['limit']} "
+                f"tokens (longest {found['longest'][split]})" + (f": {shown}" if ids else "")
+            )
+    console.print(
+        "Rows over a limit are kept in the data: the phase's length filter drops them at its start and names "
+        "them in its phase_result.json (all ids: manifest.json, <phase>.too_long)."
+    )
+
+
 @data_app.command("build")
 def data_build(
     golden: Path = typer.Option(..., exists=True, file_okay=False, help="Folder with common_{split}_schemas.jsonl."),
@@ -102,6 +136,19 @@ def data_build(
         "copies of each example plus a seeded share frac(w); unnamed sources keep 1; validation is never mixed.",
     ),
     sft_mix_seed: int = typer.Option(0, help="Seed of the fractional part of --sft-mix."),
+    tokenizer: Path | None = typer.Option(
+        None,
+        exists=True,
+        file_okay=False,
+        help="The policy's tokenizer (HF model dir): with --max-prompt-len / --max-sft-len, the rows over a "
+        "phase's length limit are counted and named (printed, manifest <phase>.too_long), not dropped.",
+    ),
+    max_prompt_len: int | None = typer.Option(
+        None, min=1, help="RL phases' data.max_prompt_length (512 gpu, 384 cpu-smoke): prompts over it are reported."
+    ),
+    max_sft_len: int | None = typer.Option(
+        None, min=1, help="SFT phases' data.max_length (1024 gpu, 768 cpu-smoke): conversations over it are reported."
+    ),
 ) -> None:
     """SFT (A1, A2) and RL (B1, B2, C1) parquet files, plus the manifest."""
     selected = [p.strip().lower() for p in phases.split(",") if p.strip()]
@@ -109,10 +156,11 @@ def data_build(
     if unknown:
         raise _bad("--phases", f"unknown {unknown}; choose from {list(BUILD_PHASES)} (c2: precompute-schemas)")
     fit = _stage2_fit(stage2_tokenizer, stage2_max_len)
+    lengths = _phase_lengths(tokenizer, max_prompt_len, max_sft_len)
     try:
         mix = SourceMix.parse(sft_mix, sft_mix_seed) if sft_mix is not None else None
         with console.status("building datasets"):
-            counts = build_datasets(golden, out, selected, limit=limit, stage2_fit=fit, sft_mix=mix)
+            counts = build_datasets(golden, out, selected, limit=limit, stage2_fit=fit, sft_mix=mix, lengths=lengths)
     except SourceMixError as exc:
         raise _bad("--sft-mix", str(exc).removeprefix("--sft-mix: ")) from None
     except (GoldenFormatError, FileNotFoundError) as exc:  # file:line: field: reason, or a missing split file
@@ -132,6 +180,8 @@ def data_build(
                 f"SFT mix {mix.spec()}: train examples per source {described['train_before']} -> "
                 f"{described['train_after']}"
             )
+    if lengths is not None:
+        _print_too_long(out / "manifest.json", selected)
     console.print(f"manifest: {out / 'manifest.json'}")
 
 

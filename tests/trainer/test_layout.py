@@ -215,9 +215,10 @@ def test_nothing_outside_in_verl_imports_it() -> None:
 def test_the_checker_catches_a_forbidden_import(tmp_path: Path) -> None:
     """A table that forbids what the code does is reported with file and line."""
     text = DOC.read_text().replace(
-        "| `shared`, `trainer.data_source`, `trainer.phases.registry`, `trainer.evaluation.two_stage`, "
-        "`trainer.evaluation.generation` |",
-        "| `shared`, `trainer.data_source`, `trainer.evaluation.two_stage`, `trainer.evaluation.generation` |",
+        "| `shared`, `trainer.data_source`, `trainer.phases.registry`, `trainer.phases.prompt_filter`, "
+        "`trainer.phases.sft_length_filter`, `trainer.evaluation.two_stage`, `trainer.evaluation.generation` |",
+        "| `shared`, `trainer.data_source`, `trainer.phases.prompt_filter`, `trainer.phases.sft_length_filter`, "
+        "`trainer.evaluation.two_stage`, `trainer.evaluation.generation` |",
         1,
     )
     assert text != DOC.read_text()

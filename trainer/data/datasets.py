@@ -6,7 +6,8 @@ What a phase's rows hold (its prompt, what its reward checks, its reward kind) i
 Layout under ``--out``: ``<phase>/<split>.parquet`` (phases a1, a2, b1, b2, c1, c2; splits train and
 validation) plus ``manifest.json`` (counts, prompt version, source files with sha256).
 
-- SFT (A1, A2): one column ``messages`` (system, user, assistant) for VERL's ``sft_trainer``.
+- SFT (A1, A2): ``messages`` (system, user, assistant) for VERL's ``sft_trainer``, and the golden ``id``
+  (VERL reads only ``messages``; the SFT length filter names the rows it drops by it).
 - RL (B1, B2, C1, C2): VERL's RLHFDataset columns ``prompt``, ``data_source``, ``ability``,
   ``reward_model`` {style, ground_truth}, ``extra_info`` {id, phase, prompt_version, index, split}.
   ``data_source`` is ``<reward kind>:<golden source>`` (``table:wikitabletext``, :mod:`trainer.data_source`),
@@ -37,7 +38,7 @@ from shared import (
     read_golden,
 )
 from shared.golden import sha256_file
-from trainer.data.prompt_fit import Stage2Fit
+from trainer.data.prompt_fit import PhaseLengths, Stage2Fit
 from trainer.data.sft_mix import SourceMix
 from trainer.data_source import data_source
 from trainer.phases.registry import ABILITY, BUILD_PHASES, PHASES, SFT_PHASES, Phase, get_phase
@@ -45,7 +46,7 @@ from trainer.phases.registry import ABILITY, BUILD_PHASES, PHASES, SFT_PHASES, P
 TRAIN_SPLITS = ("train", "validation")
 
 _MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
-SFT_SCHEMA = pa.schema([("messages", pa.list_(_MESSAGE))])
+SFT_SCHEMA = pa.schema([("messages", pa.list_(_MESSAGE)), ("id", pa.string())])
 RL_SCHEMA = pa.schema(
     [
         ("prompt", pa.list_(_MESSAGE)),
@@ -87,7 +88,7 @@ def sft_row(phase: str, ex: GoldenExample) -> dict[str, Any]:
     if ph.kind != "sft":
         raise ValueError(f"phase must be one of {list(SFT_PHASES)}, got {phase!r}")
     target = canonical_schema_json(ex.schema_dict()) if ph.policy == "pi1" else gold_ndjson(ex.table_dict())
-    return {"messages": [*golden_prompt(ph, ex), {"role": "assistant", "content": target}]}
+    return {"messages": [*golden_prompt(ph, ex), {"role": "assistant", "content": target}], "id": ex.id}
 
 
 def ground_truth(phase: str, ex: GoldenExample) -> dict[str, Any]:
@@ -153,18 +154,22 @@ def build_datasets(
     limit: int | None = None,
     stage2_fit: Stage2Fit | None = None,
     sft_mix: SourceMix | None = None,
+    lengths: PhaseLengths | None = None,
 ) -> dict[str, dict[str, int]]:
     """Write the parquet files of ``phases`` for ``splits``; returns counts per phase and split.
 
     With ``stage2_fit``, C1 drops documents whose Stage-2 prompt (on the gold schema) cannot fit the
     executor's context; their number and ids go to the manifest (``c1.stage2_too_long``).
     With ``sft_mix``, the SFT phases' train split is reweighted by source (:mod:`trainer.data.sft_mix`);
-    the mix and the counts per source go to the manifest (``a1.sft_mix``, ``a2.sft_mix``)."""
+    the mix and the counts per source go to the manifest (``a1.sft_mix``, ``a2.sft_mix``).
+    With ``lengths``, the rows over a phase's length limit (RL prompts, SFT conversations) are counted and
+    named per split in the manifest (``<phase>.too_long``) and kept: the phase's length filter drops them."""
     bad = [p for p in phases if p not in BUILD_PHASES]
     if bad:
         raise ValueError(f"--phases: unknown {bad}; choose from {list(BUILD_PHASES)} (c2: precompute-schemas)")
     counts: dict[str, dict[str, int]] = {p: {} for p in phases}
     too_long: dict[str, list[str]] = {}
+    over_limit: dict[str, dict[str, dict[str, Any]]] = {}
     mixed: dict[str, Any] = {}
     sources = []
     for split in splits:
@@ -181,6 +186,7 @@ def build_datasets(
             if phase in SFT_PHASES:
                 rows = [sft_row(phase, ex) for ex in sft_examples]
                 counts[phase][split] = write_parquet(rows, out / phase / f"{split}.parquet", SFT_SCHEMA)
+                found = lengths.over("sft", [r["messages"] for r in rows], [r["id"] for r in rows]) if lengths else None
             else:
                 kept = examples
                 if phase == "c1" and stage2_fit is not None:
@@ -188,6 +194,9 @@ def build_datasets(
                     too_long[split] = sorted({ex.id for ex in examples} - {ex.id for ex in kept})
                 rows = [rl_row(phase, ex, i, split) for i, ex in enumerate(kept)]
                 counts[phase][split] = write_parquet(rows, out / phase / f"{split}.parquet", RL_SCHEMA)
+                found = lengths.over("rl", [r["prompt"] for r in rows], [ex.id for ex in kept]) if lengths else None
+            if found is not None:
+                over_limit.setdefault(phase, {})[split] = found
     extra: dict[str, Any] = {p: {"limit": limit} for p in phases}
     for phase in SFT_PHASES:
         if phase in extra:
@@ -195,6 +204,18 @@ def build_datasets(
     if "c1" in extra and stage2_fit is not None:
         extra["c1"] |= {**stage2_fit.describe(), "stage2_too_long": {k: len(v) for k, v in too_long.items()}}
         extra["c1"]["stage2_too_long_ids"] = too_long
+    if lengths is not None:
+        for phase, per_split in over_limit.items():
+            key, value = lengths.limit("sft" if phase in SFT_PHASES else "rl")
+            extra[phase]["too_long"] = {
+                "tokenizer": str(lengths.tokenizer_dir),
+                "limit_key": key,
+                "limit": value,
+                **{
+                    field: {split: f[field] for split, f in per_split.items()}
+                    for field in ("rows", "over", "longest", "ids")
+                },
+            }
     update_manifest(out, counts, sources, **extra)
     return counts
 

@@ -48,7 +48,11 @@ def main(config: DictConfig) -> None:
     check_fills_a_batch(config.data.train_files, config.data.train_batch_size, config.data.get("train_max_samples"))
     # the prompt length filter once per file and tokenizer (cached), instead of in every phase's TaskRunner
     ckpt_dir = Path(str(config.trainer.default_local_dir))
-    filtered = prompt_filter.apply(config, ckpt_dir.parent / "prompts")
+    try:
+        filtered = prompt_filter.apply(config, ckpt_dir.parent / "prompts")
+    except prompt_filter.AllTooLong as exc:  # the launcher's phase_result.json takes the record's error
+        prompt_filter.record(ckpt_dir, [], error=str(exc))
+        raise SystemExit(f"[prompt_filter] error: {exc}") from None
     if filtered is not None:
         for split in filtered:
             print(split.describe(), flush=True)

@@ -3,7 +3,9 @@
 ``python -m trainer run <phase> --profile cpu-smoke|gpu --data D --out O --model M [overrides]``
 composes ``trainer/phases/configs/<phase>_{sft,grpo}.yaml`` with the profile and runs it:
 
-- SFT (A1, A2): ``torchrun -m verl.trainer.sft_trainer`` with our config dir.
+- SFT (A1, A2): ``torchrun -m verl.trainer.sft_trainer`` with our config dir, after the length filter
+  (:mod:`trainer.phases.sft_length_filter`: conversations over ``data.max_length`` dropped by id, the phase
+  pointed at the rest; a phase whose conversations are all too long stops there).
 - GRPO (B1, B2, C1, C2): ``python -m trainer.in_verl.verl_main`` (VERL's main_ppo + early stopping).
 
 Paths and URLs reach the configs through the environment (``TRAINER_DATA_DIR``,
@@ -20,7 +22,8 @@ Outputs under ``--out``: ``checkpoints/global_step_N/…``, ``checkpoints/early_
 checkpoint) and ``phase_result.json`` (command, inputs, best step, final metrics, export dir; for a
 failed phase its ``error``, from ``checkpoints/phase_failure.json`` when the failure policy stopped it;
 for GRPO its ``monitors``: per-step KL, clip fraction, entropy, evicted groups, valid-output share and
-``policy_moved``).
+``policy_moved``; ``length_filter``: per split the rows, how many the length filter dropped, the limit and
+the first ids dropped, from ``checkpoints/prompt_filter.json`` or ``checkpoints/sft_length_filter.json``).
 A failed phase exports nothing.
 """
 
@@ -35,12 +38,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from services.child_process import spawn
+from trainer.phases import prompt_filter, sft_length_filter
 from trainer.phases.registry import Phase, get_phase
 from trainer.serving.reward_api_env import (
     CLIENT_TOKEN_ENV,
@@ -205,10 +209,15 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 def launch(run: PhaseRun, log_path: Path | None = None, timeout_s: float | None = None) -> int:
     """Run the phase as a child process group; returns its exit code (the group is always reaped)."""
     run.out_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_path or run.out_dir / "train.log"
-    env = run.env()
     cmd = run.command()
     (run.out_dir / "command.sh").write_text(shlex.join(cmd) + "\n")
+    return _run_logged(cmd, run.env(), log_path or run.out_dir / "train.log", timeout_s)
+
+
+def _run_logged(cmd: Sequence[str], env: dict[str, str], log_path: Path, timeout_s: float | None) -> int:
+    """``cmd`` as a child process group writing to ``log_path``; its exit code (the group is always reaped)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    cmd = list(cmd)
     with log_path.open("ab") as log:
         log.write(f"\n# {dt.datetime.now(dt.UTC).isoformat()} {shlex.join(cmd)}\n".encode())
         log.flush()
@@ -265,6 +274,9 @@ class PhaseResult:
     # GRPO: per-step ppo_kl, clip fraction, entropy, evicted groups, valid-output share, and whether the
     # policy moved (trainer/phases/monitors.py)
     monitors: dict[str, Any] | None = None
+    # per split: rows, dropped as over the limit, the limit, the first ids dropped (prompt_filter.py for
+    # GRPO, sft_length_filter.py for SFT); None where the filter is off
+    length_filter: list[dict[str, Any]] | None = None
 
     def write(self, out_dir: Path) -> Path:
         """Atomically (a temporary file renamed over it): a watcher that sees the file sees all of it."""
@@ -282,10 +294,31 @@ def read_result(out_dir: Path) -> PhaseResult | None:
     return PhaseResult(**json.loads(path.read_text()))
 
 
+def length_record(run: PhaseRun) -> Path:
+    """Where the phase's length filter records what it dropped (prompt_filter.py / sft_length_filter.py)."""
+    name = sft_length_filter.RECORD_FILE if run.phase.kind == "sft" else prompt_filter.RECORD_FILE
+    return checkpoint_dir(run.out_dir) / name
+
+
+def filter_sft_lengths(run: PhaseRun, timeout_s: float | None = None) -> tuple[PhaseRun, int, str | None]:
+    """The SFT length filter before torchrun (its own process, the phase's config arguments and environment):
+    the run pointed at the filtered files, the filter's exit code, and why the phase cannot start (or None)."""
+    code = _run_logged(sft_length_filter.command(run.command()), run.env(), run.out_dir / "train.log", timeout_s)
+    found = prompt_filter.read_record(length_record(run))
+    if code != 0:
+        error = found[1] if found and found[1] else None
+        return run, code, error or f"the SFT length filter failed (exit code {code}); see {run.out_dir / 'train.log'}"
+    added = sft_length_filter.file_overrides(found[0]) if found else ()
+    keys = {o.split("=", 1)[0] for o in added}
+    kept = tuple(o for o in run.overrides if o.lstrip("+").split("=", 1)[0] not in keys)
+    return replace(run, overrides=(*kept, *added)), code, None
+
+
 def run_phase(
     run: PhaseRun, export: bool = True, timeout_s: float | None = None, keep_checkpoints: bool = True
 ) -> PhaseResult:
-    """Launch, then pick the best (RL) or last (SFT) checkpoint, export it to ``out/hf``, record it."""
+    """Launch (an SFT phase after its length filter), then pick the best (RL) or last (SFT) checkpoint,
+    export it to ``out/hf``, record it."""
     from trainer.phases.early_stopping import STATE_FILE, checkpoint_steps, read_state
     from trainer.phases.export import export_checkpoint
     from trainer.phases.rollout_failures import FAILURE_FILE, read_failure
@@ -294,14 +327,21 @@ def run_phase(
     t0 = time.monotonic()
     failure_file = checkpoint_dir(run.out_dir) / FAILURE_FILE
     failure_file.unlink(missing_ok=True)  # a resumed phase starts without its last run's failure
-    code = launch(run, timeout_s=timeout_s)
+    length_record(run).unlink(missing_ok=True)  # nor its length filter's
+    run.out_dir.mkdir(parents=True, exist_ok=True)
+    code, not_started = 0, None
+    if run.phase.kind == "sft":
+        run, code, not_started = filter_sft_lengths(run, timeout_s)
+    if not_started is None:
+        code = launch(run, timeout_s=timeout_s)
     failure = read_failure(failure_file)
     ckpts = checkpoint_dir(run.out_dir)
     metrics = read_metrics(run.out_dir / "metrics.jsonl")
+    filtered = prompt_filter.read_record(length_record(run))
     res = PhaseResult(
         phase=run.phase.name,
         profile=run.profile,
-        status="ok" if code == 0 and failure is None else "failed",
+        status="ok" if code == 0 and failure is None and not_started is None else "failed",
         exit_code=code,
         command=run.command(),
         model_in=run.model_path,
@@ -310,6 +350,7 @@ def run_phase(
         started=started.isoformat(timespec="seconds"),
         seconds=round(time.monotonic() - t0, 1),
         final_metrics=metrics[-1]["data"] if metrics else None,
+        length_filter=[r.summary() for r in filtered[0]] if filtered else None,
     )
     if run.phase.kind == "grpo":
         from trainer.phases.monitors import read_kl_floor, summarise
@@ -323,7 +364,12 @@ def run_phase(
         res.best_step = checkpoint_steps(ckpts)[-1]
     if res.status == "failed":
         res.failure = failure
-        res.error = failure["message"] if failure else f"exit code {code}; see {run.out_dir / 'train.log'}"
+        res.error = (
+            not_started
+            or (failure["message"] if failure else None)
+            or (filtered[1] if filtered else None)  # the length filter stopped the phase before VERL
+            or f"exit code {code}; see {run.out_dir / 'train.log'}"
+        )
     if res.status == "ok" and export and res.best_step is not None:
         if res.best_step == 0:
             # Nothing beat the starting policy: the phase's output is its input model.

@@ -14,11 +14,17 @@ every phase's validation split holds the same documents). Then:
 
 - every prompt fits ``data.max_prompt_length``: the files are used as they are;
 - some do not: the rows that fit are written to ``<out>/prompts/<split>_<n>_<file>`` and the phase reads
-  those. The count, the limit and the ids of the rows dropped are printed and recorded in
-  ``checkpoints/prompt_filter.json``, where VERL's filter only printed the length it kept.
+  those. The count, the limit and the ids of the rows dropped are printed (``train.log``) and recorded in
+  ``checkpoints/prompt_filter.json``, which the launcher copies into ``phase_result.json``
+  (``length_filter``), where VERL's filter only printed the length it kept;
+- none does: the phase fails before Ray with :class:`AllTooLong`, naming the split's files and
+  ``data.max_prompt_length`` (the message is the record's ``error`` and the phase result's).
 
 Either way VERL's own filter is turned off (``data.filter_overlong_prompts=false``); ``truncation:
 error`` still fails a prompt that is too long. ``prompt_filter.enabled=false`` keeps VERL's filter.
+
+The SFT phases' length filter (:mod:`trainer.phases.sft_length_filter`) is this filter with another
+:class:`Rule`: what is counted, how, and against which setting.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,28 +43,63 @@ from services.executor_vllm.gguf_source import cache_dir as project_cache_dir
 from trainer.phases.train_set import files_of
 
 RECORD_FILE = "prompt_filter.json"
-_SHOWN_IDS = 20
+# ids shown in train.log and phase_result.json; the record keeps them all
+SHOWN_IDS = 20
+
+Counter = Callable[[Sequence[Any], Any, dict[str, Any]], list[int]]
+
+
+class AllTooLong(ValueError):
+    """Every row of a split is over the limit: the phase would have nothing to train or validate on."""
 
 
 @dataclass
 class SplitFilter:
     split: str
     files: list[str]
-    prompts: int
+    rows: int
     dropped: int
     limit: int
     longest: int
     dropped_ids: list[str] = field(default_factory=list)
     used_files: list[str] = field(default_factory=list)
     from_cache: int = 0
+    limit_key: str = "data.max_prompt_length"
+    tag: str = "prompt_filter"
+    unit: str = "prompts"
 
     def describe(self) -> str:
-        head = (f"[prompt_filter] {self.split}: {self.prompts} prompts, longest {self.longest} tokens, "
-                f"limit {self.limit}")  # fmt: skip
+        head = (f"[{self.tag}] {self.split}: {self.rows} {self.unit}, longest {self.longest} tokens, "
+                f"limit {self.limit_key} {self.limit}")  # fmt: skip
         if not self.dropped:
             return head + f": none dropped ({self.from_cache} lengths from the cache)"
-        shown = ", ".join(self.dropped_ids[:_SHOWN_IDS]) + (" ..." if self.dropped > _SHOWN_IDS else "")
+        shown = ", ".join(self.dropped_ids[:SHOWN_IDS]) + (" ..." if self.dropped > SHOWN_IDS else "")
         return head + f": {self.dropped} dropped as too long ({shown}); the phase reads {self.used_files}"
+
+    def summary(self) -> dict[str, Any]:
+        """For ``phase_result.json``: the count, the limit and the first ids (the record has them all)."""
+        return {
+            "split": self.split,
+            "rows": self.rows,
+            "dropped": self.dropped,
+            "limit_key": self.limit_key,
+            "limit": self.limit,
+            "longest": self.longest,
+            "first_dropped_ids": self.dropped_ids[:SHOWN_IDS],
+            "used_files": self.used_files,
+        }
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a length filter counts, how, and against which setting: a GRPO phase's prompts (this module) or
+    an SFT phase's conversations (:mod:`trainer.phases.sft_length_filter`)."""
+
+    tag: str
+    unit: str
+    limit_key: str
+    # a module-level function (the process pool pickles it by name)
+    counter: Counter
 
 
 def cache_dir() -> Path:
@@ -103,8 +144,8 @@ def _pool_init(tokenizer_dir: str) -> None:
     _POOL_TOKENIZER = AutoTokenizer.from_pretrained(tokenizer_dir)
 
 
-def _pool_count(args: tuple[list[Any], dict[str, Any]]) -> list[int]:
-    return count_lengths(args[0], _POOL_TOKENIZER, args[1])
+def _pool_count(args: tuple[list[Any], dict[str, Any], Counter]) -> list[int]:
+    return args[2](args[0], _POOL_TOKENIZER, args[1])
 
 
 def count_many(
@@ -114,15 +155,17 @@ def count_many(
     template_kwargs: dict[str, Any],
     workers: int,
     min_pool: int = 2000,
+    counter: Counter = count_lengths,
 ) -> list[int]:
-    """:func:`count_lengths` over a pool of ``workers`` processes where there are enough prompts to pay for it."""
+    """``counter`` (:func:`count_lengths`) over a pool of ``workers`` processes where there are enough rows to
+    pay for it."""
     if workers <= 1 or len(messages) < min_pool:
-        return count_lengths(messages, tokenizer, template_kwargs)
+        return counter(messages, tokenizer, template_kwargs)
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
     size = -(-len(messages) // (workers * 4))
-    chunks = [(list(messages[i : i + size]), template_kwargs) for i in range(0, len(messages), size)]
+    chunks = [(list(messages[i : i + size]), template_kwargs, counter) for i in range(0, len(messages), size)]
     ctx = mp.get_context("fork")  # the driver, before Ray and CUDA: nothing that forking would break
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_pool_init, initargs=(tokenizer_dir,)) as pool:
         return [n for part in pool.map(_pool_count, chunks) for n in part]
@@ -155,40 +198,52 @@ class LengthCache:
 
 def file_lengths(
     path: Path, prompt_key_name: str, tokenizer: Any, tokenizer_dir: str, template_kwargs: dict[str, Any],
-    cache: LengthCache, workers: int = 1,
+    cache: LengthCache, workers: int = 1, counter: Counter = count_lengths,
 ) -> tuple[list[int], int]:  # fmt: skip
     """Lengths of every row of one parquet, and how many of them came from ``cache`` (which learns the rest)."""
     messages = pq.read_table(path, columns=[prompt_key_name]).column(prompt_key_name).to_pylist()
     keys = [prompt_key(m) for m in messages]
     todo = [i for i, k in enumerate(keys) if k not in cache.lengths]
-    counted = count_many([messages[i] for i in todo], tokenizer, tokenizer_dir, template_kwargs, workers)
+    counted = count_many([messages[i] for i in todo], tokenizer, tokenizer_dir, template_kwargs, workers,
+                         counter=counter)  # fmt: skip
     for i, n in zip(todo, counted, strict=True):
         cache.lengths[keys[i]] = n
     return [cache.lengths[k] for k in keys], len(keys) - len(todo)
 
 
 def _row_ids(path: Path) -> list[str]:
+    """An RL row's ``extra_info.id``, an SFT row's ``id`` (``trainer data build``), else ``<file>:<row>``."""
     table = pq.read_table(path)
+    fallback = [f"{path.name}:{i}" for i in range(table.num_rows)]
     if "extra_info" in table.column_names:
-        return [str((info or {}).get("id", i)) for i, info in enumerate(table.column("extra_info").to_pylist())]
-    return [f"{path.name}:{i}" for i in range(table.num_rows)]
+        infos = table.column("extra_info").to_pylist()
+        return [str((info or {}).get("id") or fallback[i]) for i, info in enumerate(infos)]
+    if "id" in table.column_names:
+        return [str(rid or fallback[i]) for i, rid in enumerate(table.column("id").to_pylist())]
+    return fallback
+
+
+PROMPTS = Rule(tag="prompt_filter", unit="prompts", limit_key="data.max_prompt_length", counter=count_lengths)
 
 
 def filter_split(
     split: str, files: list[str], limit: int, prompt_key_name: str, tokenizer: Any, tokenizer_dir: str,
-    template_kwargs: dict[str, Any], out_dir: Path, cache: LengthCache, workers: int = 1,
+    template_kwargs: dict[str, Any], out_dir: Path, cache: LengthCache, workers: int = 1, rule: Rule = PROMPTS,
 ) -> SplitFilter:  # fmt: skip
     """One split's files: counted (or read from the cache), and rewritten without the rows over ``limit``."""
-    result = SplitFilter(split, files, prompts=0, dropped=0, limit=limit, longest=0, used_files=list(files))
+    result = SplitFilter(split, files, rows=0, dropped=0, limit=limit, longest=0, used_files=list(files),
+                         limit_key=rule.limit_key, tag=rule.tag, unit=rule.unit)  # fmt: skip
     from_cache = 0
     kept_tables = []
     for f in files:
         path = Path(f)
         if not path.is_file():
             raise ValueError(f"data.{split}_files: {f} does not exist")
-        lengths, hits = file_lengths(path, prompt_key_name, tokenizer, tokenizer_dir, template_kwargs, cache, workers)
+        lengths, hits = file_lengths(
+            path, prompt_key_name, tokenizer, tokenizer_dir, template_kwargs, cache, workers, rule.counter
+        )
         from_cache += hits
-        result.prompts += len(lengths)
+        result.rows += len(lengths)
         result.longest = max([result.longest, *lengths])
         over = [i for i, n in enumerate(lengths) if n > limit]
         if over:
@@ -199,9 +254,10 @@ def filter_split(
         kept_tables.append((path, keep, len(lengths)))
     result.from_cache = from_cache
     if result.dropped:
-        if result.dropped == result.prompts:
-            raise ValueError(f"data.{split}_files: all {result.prompts} prompts are longer than "
-                             f"data.max_prompt_length {limit} tokens (longest {result.longest})")  # fmt: skip
+        if result.dropped == result.rows:
+            raise AllTooLong(f"data.{split}_files: all {result.rows} {rule.unit} are longer than "
+                             f"{rule.limit_key} {limit} tokens (longest {result.longest}; "
+                             f"{', '.join(files)})")  # fmt: skip
         out_dir.mkdir(parents=True, exist_ok=True)
         result.used_files = []
         for n, (path, keep, total) in enumerate(kept_tables):
@@ -259,8 +315,18 @@ def apply(config: Any, out_dir: Path) -> list[SplitFilter] | None:
     return results
 
 
-def record(ckpt_dir: Path, results: list[SplitFilter]) -> Path:
+def record(ckpt_dir: Path, results: list[SplitFilter], error: str | None = None, name: str = RECORD_FILE) -> Path:
+    """``{"splits": [every split, all its dropped ids], "error": why the phase stopped here, or null}``."""
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    path = ckpt_dir / RECORD_FILE
-    path.write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
+    path = ckpt_dir / name
+    path.write_text(json.dumps({"splits": [asdict(r) for r in results], "error": error}, indent=2) + "\n")
     return path
+
+
+def read_record(path: Path) -> tuple[list[SplitFilter], str | None] | None:
+    """A record of :func:`record` (None where none was written or it cannot be read)."""
+    try:
+        raw = json.loads(path.read_text())
+        return [SplitFilter(**s) for s in raw["splits"]], raw.get("error")
+    except (OSError, ValueError, TypeError, KeyError):
+        return None

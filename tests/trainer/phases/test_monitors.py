@@ -142,5 +142,6 @@ def test_run_phase_puts_the_monitors_into_the_phase_result(tmp_path: Path, monke
     back = read_result(tmp_path / "o")
     assert back is not None and back.monitors is not None
     assert back.monitors["max_kl_to_ref"] == pytest.approx(0.00224136)
+    monkeypatch.setattr(launch, "filter_sft_lengths", lambda run, timeout_s=None: (run, 0, None))  # no data here
     sft = run_phase(PhaseRun(get_phase("a1"), "gpu", tmp_path / "d", tmp_path / "o", "/m"), export=False)
     assert sft.monitors is None  # SFT has no policy-gradient monitors

@@ -64,7 +64,7 @@ def test_nothing_too_long_keeps_the_files_and_turns_verls_filter_off(
     assert c.data.filter_overlong_prompts is False
     assert c.data.train_files == f"{data}/b1/train.parquet" and c.data.val_files == f"{data}/b1/validation.parquet"
     train = results[0]
-    assert train.prompts == pq.ParquetFile(data / "b1" / "train.parquet").metadata.num_rows == 300
+    assert train.rows == pq.ParquetFile(data / "b1" / "train.parquet").metadata.num_rows == 300
     assert train.dropped == 0 and 100 < train.longest <= 512 and train.from_cache == 0
     assert "none dropped" in train.describe()
     # a second phase start reads every length from the cache, here for the same prompts in another file
@@ -72,9 +72,9 @@ def test_nothing_too_long_keeps_the_files_and_turns_verls_filter_off(
     pq.write_table(pq.read_table(data / "b1" / "train.parquet"), copy)
     again = _config(data, model_dir, tmp_path, f"data.train_files={copy}")
     second = pf.apply(again, tmp_path / "prompts")
-    assert second is not None and second[0].from_cache == 300 and second[1].from_cache == results[1].prompts
+    assert second is not None and second[0].from_cache == 300 and second[1].from_cache == results[1].rows
     rec = json.loads(pf.record(tmp_path / "ckpt", second).read_text())
-    assert rec[0]["prompts"] == 300 and rec[0]["dropped"] == 0
+    assert rec["splits"][0]["rows"] == 300 and rec["splits"][0]["dropped"] == 0 and rec["error"] is None
 
 
 def test_too_long_prompts_are_dropped_by_id_into_new_files(
@@ -106,3 +106,35 @@ def test_all_too_long_is_an_error_and_disabled_leaves_verls_filter(
         pf.apply(c, tmp_path / "prompts")
     off = _config(data, model_dir, tmp_path, "prompt_filter.enabled=false")
     assert pf.apply(off, tmp_path / "prompts") is None and off.data.filter_overlong_prompts is True
+
+
+def test_the_launcher_copies_the_record_into_the_phase_result(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """What VERL's process recorded (dropped rows, or why it stopped) reaches phase_result.json."""
+    from trainer.phases import launch
+    from trainer.phases.launch import PhaseRun
+    from trainer.phases.registry import get_phase
+
+    ids = [f"doc-{i}" for i in range(30)]
+    dropped = pf.SplitFilter("train", ["t.parquet"], rows=100, dropped=30, limit=512, longest=9000, dropped_ids=ids)
+
+    def fake_verl(run: PhaseRun, **_: Any) -> int:
+        pf.record(launch.checkpoint_dir(run.out_dir), [dropped])
+        return 0
+
+    run = PhaseRun(get_phase("b1"), "gpu", tmp_path / "d", tmp_path / "o", "/m", "http://127.0.0.1:1")
+    monkeypatch.setattr(launch, "launch", fake_verl)
+    res = launch.run_phase(run, export=False)
+    assert res.length_filter == [{
+        "split": "train", "rows": 100, "dropped": 30, "limit_key": "data.max_prompt_length", "limit": 512,
+        "longest": 9000, "first_dropped_ids": ids[: pf.SHOWN_IDS], "used_files": [],
+    }]  # fmt: skip
+    assert json.loads((tmp_path / "o" / "phase_result.json").read_text())["length_filter"] == res.length_filter
+
+    def all_too_long(run: PhaseRun, **_: Any) -> int:
+        pf.record(launch.checkpoint_dir(run.out_dir), [], error="data.train_files: all 3 prompts are longer than x")
+        return 1
+
+    monkeypatch.setattr(launch, "launch", all_too_long)
+    res = launch.run_phase(run, export=False)
+    assert res.status == "failed" and res.error == "data.train_files: all 3 prompts are longer than x"
+    assert res.length_filter == []
