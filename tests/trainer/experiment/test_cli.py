@@ -61,7 +61,8 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     base = ["experiment", "pi2-ab", "--golden", str(SAMPLE), "--workdir", str(tmp_path)]
     given = [
         "--profile", "gpu", "--gpus", "2,3", "--base-model", "/b", "--sft-from", str(tmp_path), "--data-phases",
-        "a1,a2,b1,c1,b2", "--limit", "5", "--sft-override", "a=1", "--sft-override", "b=2", "--temps", "0.8,1.2",
+        "a1,a2,b1,c1,b2", "--limit", "5", "--sft-mix", "e2e=2", "--sft-override", "a=1", "--sft-override", "b=2",
+        "--temps", "0.8,1.2",
         "--preflight-phases", "b2,c2", "--preflight-prompts", "8", "--preflight-sources", "wikitabletext,e2e",
         "--preflight-n", "4", "--preflight-max-tokens",
         "128", "--min-share", "0.2", "--force-rl", "--min-source-share", "0.3", "--rl-improvable",
@@ -78,7 +79,8 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert name == "pi2-ab"
     assert cfg == ExperimentConfig(
         golden=SAMPLE, workdir=tmp_path, profile="gpu", gpus=("2", "3"), base_model="/b", sft_from=tmp_path,
-        data_phases=("a1", "a2", "b1", "c1", "b2"), limit=5, sft_overrides=("a=1", "b=2"), temps=(0.8, 1.2),
+        data_phases=("a1", "a2", "b1", "c1", "b2"), limit=5, sft_mix="e2e=2", sft_overrides=("a=1", "b=2"),
+        temps=(0.8, 1.2),
         preflight_phases=("b2", "c2"), preflight_prompts=8, preflight_sources=("wikitabletext", "e2e"), preflight_n=4,
         preflight_max_tokens=128, min_share=0.2,
         force_rl=True, min_source_share=0.3, rl_improvable=True, rl_sources=("wikitabletext",), control="parallel",
