@@ -1,5 +1,5 @@
 """Hostile and unlucky conditions: memory and CPU bombs, slow clients, orphaned work, retry storms and
-leaks, tried on a real reward_api (issue 26). Fault executors are ``FaultyExecutor`` fault injectors.
+leaks, tried on a real reward_api. Fault executors are ``FaultyExecutor`` fault injectors.
 
 Scale: the full run (``python -m bench reliability``) opens 1,000 idle sockets and sends the largest
 legal bodies; the CI run scales the socket count down.

@@ -1,4 +1,4 @@
-"""Bad input: lone surrogates, non-finite numbers, config bounds, broken bodies (issue 16, classes 1-3 and 5).
+"""Bad input: lone surrogates, non-finite numbers, config bounds, broken bodies.
 
 Policy under test (docs/reward_api.md, "Bad input"): a string that is not valid Unicode (a lone UTF-16
 surrogate) is a 422 naming its field, never a 500; a valid string, whatever its characters, is accepted

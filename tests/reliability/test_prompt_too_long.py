@@ -70,7 +70,7 @@ def _check(body: dict[str, Any], items: list[dict[str, Any]], limit: int) -> str
     assert long["reward"] == pytest.approx(want.reward) and long["table_reward"] == pytest.approx(-1.0)
     others = [r for i, r in enumerate(results) if i != 1]
     # The others are scored; an answer cut at MAX_TOKENS (16 with the real executor, to keep CPU time
-    # short) is reported as executor_truncated, not scored as a wrong table (issue 26).
+    # short) is reported as executor_truncated, not scored as a wrong table.
     assert all(r["error"] in (None, "executor_truncated") for r in others), others
     assert body["failed"] == 0 and body["prompt_too_long"] == 1
     cut = sum(r["error"] == "executor_truncated" for r in others)

@@ -236,7 +236,7 @@ def test_evaluation_never_imports_verl() -> None:
         assert not any(n.split(".")[0] in ("verl", "ray", "vllm") for n in names), path
 
 
-# ---- one concept, one owner (issue 24) ----------------------------------------------------------
+# ---- one concept, one owner -------------------------------------------------------------------
 
 SERVING = TRAINER / "serving"
 

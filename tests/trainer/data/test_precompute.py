@@ -69,7 +69,7 @@ def test_a_predictor_that_loses_documents_is_an_error(tmp_path: Path) -> None:
 
 
 def test_sources_narrow_a_split_before_its_sample(tmp_path: Path) -> None:
-    """``sources``: C2 drawn where the headroom is (issue 23: WikiTableText); π1 is asked only for those
+    """``sources``: C2 drawn where the headroom is (WikiTableText here); π1 is asked only for those
     documents, the sample comes from them, the other split stays whole, and the manifest says so."""
     import json
 

@@ -1,4 +1,4 @@
-"""Issue 17.6: every Stage-2 prompt carries the same neutral ``schema_id``, never the gold example id.
+"""Every Stage-2 prompt carries the same neutral ``schema_id``, never the gold example id.
 
 The gold ids name the source and the split (``rotowire_sent-train-…``, ``e2e-…-test-…``); the model
 must not see them. SFT (A2) and RL (B2) data, the reward API's pipeline prompt and evaluation all

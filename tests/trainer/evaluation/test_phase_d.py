@@ -175,7 +175,7 @@ def test_stage1_only_settings_are_paired_on_schema_f1(tmp_path: Path) -> None:
 
 def test_every_rl_setting_is_paired_against_sft_too() -> None:
     """base → sft → local → pipe in a chain, plus sft → pipe: "no source worse than sft" needs each RL
-    setting paired with sft (issue 23's sixth lease had local → pipe but no sft → pipe)."""
+    setting paired with sft, not only local → pipe."""
     assert comparison_pairs(["sft", "local", "pipe"]) == [("sft", "local"), ("local", "pipe"), ("sft", "pipe")]
     assert comparison_pairs(["base", "sft", "local", "pipe", "rft"]) == [
         ("base", "sft"), ("sft", "local"), ("local", "pipe"), ("pipe", "rft"), ("sft", "pipe"), ("sft", "rft"),

@@ -51,8 +51,8 @@ def test_reward_api_ranks_gold_first(reward_api: Any, reward: Any) -> None:
 
 def test_score_results_batches_under_the_services_item_limit() -> None:
     """A preflight sweep scores prompts x sources x (n + 1) items: more than reward_api takes in one request
-    (REWARD_API_MAX_ITEMS). score_results sends them in batches, results in order (issue 23's GPU lease
-    lost its sweep to a 413 for 10,200 items in one POST)."""
+    (REWARD_API_MAX_ITEMS). score_results sends them in batches, results in order (one POST of 10,200
+    items would get a 413 and lose the sweep)."""
     from services.reward_api.app import create_app
     from services.reward_api.settings import Settings
     from tests.helpers.servers import ThreadServer

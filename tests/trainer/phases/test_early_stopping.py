@@ -44,7 +44,7 @@ def test_phase_score_is_weighted_mean() -> None:
 def test_plateau_stops_after_patience_and_keeps_best(tmp_path: Path) -> None:
     stopper = EarlyStopper(cfg(), tmp_path / "es.json")
     decisions = [stopper.update(step, val(acc)) for step, acc in [(0, 0.1), (10, 0.3), (20, 0.305), (30, 0.30)]]
-    # 0.305 is no *progress* (gain 0.005 < min_delta 0.01) but it is the best checkpoint (issue 17.4)
+    # 0.305 is no *progress* (gain 0.005 < min_delta 0.01) but it is the best checkpoint
     assert [d.improved for d in decisions] == [True, True, False, False]
     assert [d.stop for d in decisions] == [False, False, False, True]
     assert decisions[-1].best_step == 20 and decisions[-1].best_score == pytest.approx(0.305)

@@ -1,4 +1,4 @@
-"""The GPU profiles hold the learning run's hyper-parameters (issue 12), and the CPU smoke keeps its own."""
+"""The GPU profiles hold the learning run's hyper-parameters, and the CPU smoke keeps its own."""
 
 from __future__ import annotations
 

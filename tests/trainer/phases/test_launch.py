@@ -226,7 +226,7 @@ def test_export_helpers(tmp_path: Path) -> None:
     [("b2_grpo", ("table_config",)), ("c2_grpo", ("table_config",)), ("c1_grpo", ("pipeline_config", "table_reward"))],
 )
 def test_table_phases_spell_out_the_default_table_metric(env: None, name: str, path: tuple[str, ...]) -> None:
-    """Issue 22: B2, C2 and C1's table part train on the aligned metric (docs/rewards.md)."""
+    """B2, C2 and C1's table part train on the aligned metric (docs/rewards.md)."""
     node = composed(name).reward.custom_reward_function.reward_kwargs
     for key in path:
         node = node[key]

@@ -1,4 +1,4 @@
-"""Monitors of a GRPO phase: did the policy move, and the dynamic-sampling budget (issue 23)."""
+"""Monitors of a GRPO phase: did the policy move, and the dynamic-sampling budget."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from trainer.phases.monitors import (
     write_monitor_config,
 )
 
-# VERL's file logger of issue 12's B1 run on one H200 (bench/results/learning_gpu_run/b1): 10 steps at lr 1e-5
+# VERL's file logger of a recorded B1 run on one H200 (bench/results/learning_gpu_run/b1): 10 steps at lr 1e-5
 RECORDED = Path(__file__).parent / "fixtures" / "b1_issue12_metrics.jsonl"
 
 

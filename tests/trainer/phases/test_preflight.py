@@ -161,7 +161,7 @@ def test_preflight_choose_prints_only_the_temperature_and_writes_the_choice(tmp_
     assert bad.exit_code == 2 and "--dir" in text and "no temperature with a report for every phase" in text
 
 
-# -- issue 23: what GRPO can use (improvable share per source, best-of-n - greedy, invalid share) --------
+# -- what GRPO can use (improvable share per source, best-of-n - greedy, invalid share) --------
 
 
 def _o(id_: str, greedy: float, samples: list[float], valid: list[bool] | None = None) -> PromptOutcome:
@@ -212,7 +212,7 @@ def test_macro_counts_each_source_once_and_the_report_names_sources_without_head
 def test_below_the_threshold_is_reported_as_no_headroom_and_not_ok() -> None:
     outcomes = [_o(f"e2e-{i}", 1.0, [1.0, 0.5, 1.0]) for i in range(19)] + [_o("e2e-19", 0.5, [1.0, 0.5, 0.5])]
     rep = build_report("schema", outcomes, 1.3, min_informative=0.25, min_improvable=0.10)
-    assert rep.informative_share == 1.0  # every group differs: issue 12's check would pass
+    assert rep.informative_share == 1.0  # every group differs: a check of differing groups alone would pass
     assert rep.improvable_share == pytest.approx(0.05) and not rep.headroom and not rep.ok
     assert rep.verdict().startswith("NO HEADROOM: schema at temperature 1.3") and "5% of prompts" in rep.verdict()
     assert build_report("schema", outcomes, 1.3, min_improvable=0.05).headroom  # at the threshold: enough
@@ -314,7 +314,7 @@ def test_preflight_filter_command(tmp_path: Path) -> None:
 
 
 def test_preflight_filter_drops_sources_below_the_share(tmp_path: Path) -> None:
-    """--min-source-share keeps only the sources with headroom: on issue 23's 4-GPU lease, B1 trained on
+    """--min-source-share keeps only the sources with headroom: B1 trained on
     improvable prompts of every source learned to drop columns that the E2E/RotoWire golds omit."""
     from shared import read_golden
     from trainer.data.datasets import RL_SCHEMA, rl_row, write_parquet

@@ -17,7 +17,7 @@ def _parquet(path: Path, rows: int) -> str:
 
 
 def test_a_set_smaller_than_the_batch_is_refused_by_name(tmp_path: Path) -> None:
-    f = _parquet(tmp_path / "b2_improvable.parquet", 49)  # issue 23's B2: 49 improvable prompts, batch 64
+    f = _parquet(tmp_path / "b2_improvable.parquet", 49)  # 49 improvable prompts against a batch of 64
     with pytest.raises(TrainSetTooSmall, match=r"gives 49 prompts, fewer than data.train_batch_size 64"):
         check_fills_a_batch(f, 64, 2048)
 

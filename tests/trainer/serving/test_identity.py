@@ -1,4 +1,4 @@
-"""Issue 17.3 and 17.5: model identity is content, and an external URL must serve this step's model."""
+"""Model identity is content, and an external URL must serve this step's model."""
 
 from __future__ import annotations
 

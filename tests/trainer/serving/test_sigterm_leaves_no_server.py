@@ -1,7 +1,7 @@
 """``kill -TERM`` of a running trainer program (as Slurm and Kubernetes stop a job) leaves no server
 behind: the real programs, their real servers, and every process they ever had, by PID and process group.
 
-Before issue 24 the program died on the spot and its servers, each in a session of its own, lived on.
+Without its handler the program would die on the spot and its servers, each in a session of its own, live on.
 """
 
 from __future__ import annotations
