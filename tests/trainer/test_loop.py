@@ -196,6 +196,8 @@ def test_precompute_and_phase_d_are_reused_only_for_the_same_content(tmp_path: P
     settings = {"pipe": (str(pi1), "/b")}
     ekey = eval_key(cfg, settings)
     assert eval_key(cfg, settings) == ekey
+    # a Phase D served another way (CUDA graphs) is not the same evaluation
+    assert eval_key(dataclasses.replace(cfg, executor_eager=not cfg.executor_eager), settings) != ekey
     with (golden / "common_test_schemas.jsonl").open("a") as fh:
         fh.write("\n")
     assert eval_key(cfg, settings) != ekey

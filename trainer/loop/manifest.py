@@ -138,5 +138,7 @@ def eval_key(cfg: LoopConfig, settings: dict[str, tuple[str, str]]) -> dict[str,
             "eval_limit": cfg.eval_limit,
             "max_tokens": cfg.eval_max_tokens,
             "prompt_version": PROMPT_VERSION,
+            # how the executors served (trainer/loop/phase_d_step.py): answers repeat only in one mode
+            "serving": {"eager": cfg.executor_eager, "prefix_caching": False},
         },
     }
