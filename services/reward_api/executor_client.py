@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -79,6 +80,8 @@ class Replica:
     waiting: int = 0  # callers queued for one of ``slots``
     picks: int = 0
     down_until: float = 0.0
+    generated_at: float = -math.inf  # monotonic time of its last successful generation (a call or a probe)
+    probe: asyncio.Task[str | None] | None = None  # the readiness probe in flight, shared by its callers
 
 
 @dataclass(frozen=True)
@@ -236,7 +239,34 @@ class ExecutorClient:
         ids = [m.get("id") for m in cards]
         if model not in ids:
             return {"replica": r.index, "ready": False, "reason": f"model {model!r} not listed"}
+        # Listing the model is not generating: a replica whose generation path hangs still lists it. Trust a
+        # recent generation, else ask for one token (one probe in flight per replica, shared by its callers).
+        if time.monotonic() - r.generated_at > self.settings.ready_generation_fresh_s:
+            if r.probe is None or r.probe.done():
+                r.probe = asyncio.create_task(self._probe_generation(r))
+            problem = await asyncio.shield(r.probe)
+            if problem is not None:
+                return {"replica": r.index, "ready": False, "reason": f"generation: {problem}"}
         return {"replica": r.index, "ready": True, "reason": None}
+
+    async def _probe_generation(self, r: Replica) -> str | None:
+        """One token from ``r`` within ``READY_TIMEOUT_S``: None if it came, else what went wrong."""
+        payload = {"model": self.settings.executor_model, "messages": [{"role": "user", "content": "ok"}],
+                   "max_tokens": 1, "temperature": 0.0}  # fmt: skip
+        url = f"{r.url}/v1/chat/completions"
+        try:
+            async with asyncio.timeout(self.settings.ready_timeout_s):
+                async with self._http.post(url, data=_ENCODE(payload), proxy=r.proxy, allow_redirects=False) as resp:
+                    status = resp.status
+                    await resp.read()
+        except TimeoutError:
+            return f"no token within {self.settings.ready_timeout_s} s"
+        except aiohttp.ClientError as exc:
+            return type(exc).__name__
+        if status != 200:
+            return f"HTTP {status}"
+        r.generated_at = time.monotonic()
+        return None
 
     # ---- prompt length (failures, point 6) -------------------------------------------------------
 
@@ -425,7 +455,9 @@ class ExecutorClient:
             failure: ExecutorFailure | None = None
             outcome = "ok"
             try:
-                return await self._post(r, payload)
+                answer = await self._post(r, payload)
+                r.generated_at = time.monotonic()
+                return answer
             except asyncio.CancelledError:
                 outcome = "cancelled"
                 raise

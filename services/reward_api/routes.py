@@ -184,7 +184,8 @@ async def readyz(request: Request) -> JSONResponse:
 @ops_router.get("/readyz/pipeline")
 async def readyz_pipeline(request: Request) -> JSONResponse:
     """Ready to score pipeline rewards. With executors configured: 200 only if at least one replica answers
-    ``/v1/models`` (within ``READY_TIMEOUT_S``) and lists ``EXECUTOR_MODEL`` (else 503). Without: 200,
+    ``/v1/models`` (within ``READY_TIMEOUT_S``), lists ``EXECUTOR_MODEL`` and generates (a call within
+    ``READY_GENERATION_FRESH_S``, else one token within ``READY_TIMEOUT_S``) (else 503). Without: 200,
     ``pipeline: "executor not configured"`` (/reward/pipeline answers 503 executor_not_configured)."""
     scorer: PipelineScorer = request.app.state.pipeline
     if scorer.client is None:

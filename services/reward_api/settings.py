@@ -94,6 +94,12 @@ class Settings(BaseSettings):
         "request's body is not read yet, so waiting costs no memory.",
     )
     ready_timeout_s: float = Field(2.0, gt=0, description="How long /readyz/pipeline waits for each executor.")
+    ready_generation_fresh_s: float = Field(
+        30.0,
+        ge=0,
+        description="/readyz/pipeline trusts a replica that generated within this many seconds; otherwise it asks "
+        "for one token (within READY_TIMEOUT_S), so a replica whose generation hangs is not ready. 0: always ask.",
+    )
     model_check_s: float = Field(
         5.0,
         ge=0,

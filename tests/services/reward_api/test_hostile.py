@@ -439,6 +439,36 @@ def test_local_readiness_does_not_wait_on_the_executor() -> None:
         assert httpx.get(f"{api.url}/readyz/pipeline", timeout=10).status_code == 503
 
 
+def test_a_replica_whose_generation_hangs_is_not_ready(golden_sample: list[GoldenExample]) -> None:
+    """``/v1/models`` answers but generation hangs: /readyz/pipeline asks for one token and says not ready,
+    naming the cause; a replica that generated recently is trusted without asking, within the window."""
+    ex = golden_sample[2]
+    env = {"REWARD_API_READY_TIMEOUT_S": "1"}
+    with FaultyExecutor("hang", hang_s=30, content=gold_ndjson(ex.table_dict())) as fx, service(fx.url, **env) as api:
+        t0 = time.monotonic()
+        r = httpx.get(f"{api.url}/readyz/pipeline", timeout=10)
+        assert r.status_code == 503, r.text
+        assert r.json()["replicas"][0]["reason"] == "generation: no token within 1.0 s"
+        assert time.monotonic() - t0 < 5 and fx.models_calls >= 1 and fx.calls == 1  # one probe
+        fx.mode = "ok"
+        r = httpx.get(f"{api.url}/readyz/pipeline", timeout=10)
+        assert r.status_code == 200 and r.json()["replicas"][0]["ready"] is True, r.text
+        probe = fx.requests[-1]
+        assert probe["max_tokens"] == 1 and probe["model"] == fx.model
+        # a generation just now: trusted for READY_GENERATION_FRESH_S (30 s), no new probe
+        assert post(api.url, "/reward/pipeline", {"items": [_pipe_item(ex)]}).status_code == 200
+        fx.mode, calls = "hang", fx.calls
+        assert httpx.get(f"{api.url}/readyz/pipeline", timeout=10).status_code == 200 and fx.calls == calls
+    with (
+        FaultyExecutor("hang", hang_s=30) as fx,
+        service(fx.url, REWARD_API_READY_TIMEOUT_S="1", REWARD_API_READY_GENERATION_FRESH_S="0") as api,
+    ):
+        fx.mode = "ok"
+        assert httpx.get(f"{api.url}/readyz/pipeline", timeout=10).status_code == 200
+        fx.mode = "hang"  # window 0: every readiness check asks again
+        assert httpx.get(f"{api.url}/readyz/pipeline", timeout=10).status_code == 503
+
+
 def test_pipeline_requests_never_take_the_local_slots(golden_sample: list[GoldenExample]) -> None:
     """A slow executor holds every pipeline slot; schema/table requests (B1/B2) still get theirs."""
     ex = golden_sample[7]
