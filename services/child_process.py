@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -95,8 +96,11 @@ def spawn(
 
 
 def stop_group(proc: subprocess.Popen[bytes], grace: float) -> None:
-    """SIGTERM ``proc``'s process group, SIGKILL after ``grace`` seconds; reaps it."""
+    """SIGTERM ``proc``'s process group, SIGKILL after ``grace`` seconds; reaps it. A leader that is gone
+    already (a ``kill -9`` of vLLM's API server) may have left its group behind (vLLM's engine core, ~700 MB):
+    those are ended too, within ``grace``."""
     if proc.poll() is not None:
+        _end_orphans(proc.pid, grace)
         return
     try:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -107,6 +111,39 @@ def stop_group(proc: subprocess.Popen[bytes], grace: float) -> None:
         proc.wait(timeout=10)
     except ProcessLookupError:
         proc.wait(timeout=10)
+
+
+def _end_orphans(pgid: int, grace: float) -> None:
+    """SIGTERM what is left of a process group whose leader we reaped, SIGKILL after ``grace`` seconds. The
+    group's ID stays reserved while any member lives, so the signal reaches only that group."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return  # nothing left
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not _live_members(pgid):
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _live_members(pgid: int) -> list[int]:
+    """PIDs in process group ``pgid`` that are not zombies (a zombie waits for a parent that may never reap
+    it, e.g. a container's PID 1), read from /proc."""
+    live = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+            live.append(int(entry.name))
+    return live
 
 
 def terminate_all() -> list[int]:

@@ -3,6 +3,7 @@ all reachable by one call when the owner is told to stop."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -79,3 +80,23 @@ def test_terminate_all_signals_every_owned_child_still_running(monkeypatch: pyte
         stop_group(kept, 5)
         stop_group(detached, 5)
     assert detached.returncode == -signal.SIGTERM
+
+
+def test_stop_group_ends_what_a_killed_leader_left_behind() -> None:
+    """``kill -9`` of a server's leader (vLLM's API server) leaves its group's other processes (the engine
+    core) running; stopping the server ends them too."""
+    leader = spawn(["bash", "-c", "sleep 120 & echo $!; wait"], env={"PATH": "/usr/bin:/bin"},
+                   stdout=subprocess.PIPE, die_with_parent=True)  # fmt: skip
+    assert leader.stdout is not None
+    orphan = int(leader.stdout.readline())
+    try:
+        assert os.getpgid(orphan) == leader.pid
+        leader.kill()
+        leader.wait(timeout=10)
+        assert not _gone(orphan, 0.5)  # the leader is gone, its child is not
+        t0 = time.monotonic()
+        stop_group(leader, 5)
+        assert _gone(orphan, 2.0) and time.monotonic() - t0 < 5
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(orphan, signal.SIGKILL)
