@@ -40,6 +40,15 @@ class ExecutorHTTPError(RuntimeError):
         self.status = status
 
 
+class GenerationFailed(RuntimeError):
+    """A request of a run failed after its attempts: ``index`` is its place in the run's prompts, and the
+    message says where (the model, then the setting, stage and document as callers add them) and why."""
+
+    def __init__(self, where: str, index: int, why: str) -> None:
+        super().__init__(f"{where}: {why}")
+        self.where, self.index, self.why = where, index, why
+
+
 def _retryable(exc: BaseException) -> bool:
     if isinstance(exc, ExecutorHTTPError):
         return exc.status == 429 or exc.status >= 500
@@ -149,13 +158,22 @@ class GenerationClient:
         sem = asyncio.Semaphore(self.gen.concurrency)
         async with self._http() as client:
 
-            async def run(msgs: Sequence[Message]) -> str:
-                out = (await self._choices(client, sem, msgs, 1, self.gen.seed))[0]
+            async def run(i: int, msgs: Sequence[Message]) -> str:
+                try:
+                    out = (await self._choices(client, sem, msgs, 1, self.gen.seed))[0]
+                except Exception as exc:
+                    raise GenerationFailed(f"{self.model} at {self.url}, prompt {i}", i, self._why(exc)) from exc
                 if on_done:
                     on_done()
                 return out
 
-            return list(await asyncio.gather(*(run(p) for p in prompts)))
+            return list(await asyncio.gather(*(run(i, p) for i, p in enumerate(prompts))))
+
+    def _why(self, exc: BaseException) -> str:
+        tries = f"{self.gen.max_attempts} attempt(s)"
+        if isinstance(exc, TimeoutError):
+            return f"no answer within {self.gen.timeout_s} s ({tries})"
+        return f"{type(exc).__name__}: {exc} ({tries} at most)"
 
     async def sample(self, prompts: Sequence[Sequence[Message]], n: int) -> list[list[str]]:
         """``n`` completions per prompt (one request with ``n`` each; seed ``gen.seed + i`` for prompt ``i``),

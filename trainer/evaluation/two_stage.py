@@ -25,6 +25,7 @@ from shared import PROMPT_VERSION, GoldenExample, build_stage1_messages, build_s
 from trainer.evaluation.generation import (
     GenerationClient,
     GenerationConfig,
+    GenerationFailed,
     Message,
     generate_with_progress,
     messages_hash,
@@ -69,7 +70,11 @@ def stage1_schemas(
     """Stage 1 alone: π1's schemas, one per example in order (``label`` names the progress bar)."""
     s1 = [build_stage1_messages(ex.text) for ex in examples]
     with serve(pi1, "stage1") as ep:
-        return asyncio.run(generate(GenerationClient(ep.url, ep.served_name, gen), s1, f"{label} π1 schemas"))
+        try:
+            return asyncio.run(generate(GenerationClient(ep.url, ep.served_name, gen), s1, f"{label} π1 schemas"))
+        except GenerationFailed as exc:
+            where = f"setting {label!r}, Stage 1 (π1 {pi1}), document {examples[exc.index].id} ({exc.where})"
+            raise GenerationFailed(where, exc.index, exc.why) from exc
 
 
 def run_two_stage(
@@ -104,7 +109,12 @@ def run_two_stage(
     if order:
         with serve(pi2, "stage2") as ep:
             client = GenerationClient(ep.url, ep.served_name, gen)
-            outs = asyncio.run(generate(client, [s2[i] for i in order], f"{setting} π2 tables"))
+            try:
+                outs = asyncio.run(generate(client, [s2[i] for i in order], f"{setting} π2 tables"))
+            except GenerationFailed as exc:
+                doc = examples[order[exc.index]].id
+                where = f"setting {setting!r}, Stage 2 (π2 {pi2}), document {doc} ({exc.where})"
+                raise GenerationFailed(where, order[exc.index], exc.why) from exc
         tables = dict(zip(order, outs, strict=True))
     return [
         {

@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from tests.helpers.faulty_executor import FaultyExecutor
-from trainer.evaluation.generation import ExecutorHTTPError, GenerationClient, GenerationConfig
+from trainer.evaluation.generation import ExecutorHTTPError, GenerationClient, GenerationConfig, GenerationFailed
 
 PROMPT = [{"role": "user", "content": "hello"}]
 
@@ -44,15 +44,16 @@ def test_5xx_and_429_are_retried(mode: str) -> None:
 def test_a_400_is_not_retried_and_raises() -> None:
     with FaultyExecutor("http_400") as ex:
         gen = GenerationConfig(concurrency=1, max_attempts=3)
-        with pytest.raises(ExecutorHTTPError, match=r"HTTP 400: .*injected 400"):
+        with pytest.raises(GenerationFailed, match=r"prompt 0: ExecutorHTTPError: .*HTTP 400: .*injected 400") as err:
             asyncio.run(GenerationClient(ex.url, ex.model, gen).generate([PROMPT]))
+        assert isinstance(err.value.__cause__, ExecutorHTTPError) and err.value.index == 0
         assert ex.calls == 1
 
 
 def test_a_redirect_is_not_followed_and_raises() -> None:
     with FaultyExecutor("redirect", redirect_to="http://127.0.0.1:9/elsewhere") as ex:
         gen = GenerationConfig(concurrency=1, max_attempts=3)
-        with pytest.raises(ExecutorHTTPError, match="HTTP 307"):
+        with pytest.raises(GenerationFailed, match="HTTP 307"):
             asyncio.run(GenerationClient(ex.url, ex.model, gen).generate([PROMPT]))
         assert ex.calls == 1
 
@@ -61,15 +62,17 @@ def test_a_refused_connection_is_retried_then_raises() -> None:
     from services.executor_vllm.cpu_launcher import free_port
 
     gen = GenerationConfig(concurrency=1, max_attempts=2, timeout_s=5.0)
-    with pytest.raises(aiohttp.ClientConnectionError):
+    with pytest.raises(GenerationFailed) as err:
         asyncio.run(GenerationClient(f"http://127.0.0.1:{free_port()}", "m", gen).generate([PROMPT]))
+    assert isinstance(err.value.__cause__, aiohttp.ClientConnectionError)
 
 
 def test_a_hung_executor_times_out_within_the_deadline() -> None:
     with FaultyExecutor("hang", hang_s=30.0) as ex:
         gen = GenerationConfig(concurrency=1, max_attempts=1, timeout_s=1.0)
-        with pytest.raises(TimeoutError):
+        with pytest.raises(GenerationFailed, match=r"prompt 0: no answer within 1.0 s \(1 attempt\(s\)\)") as err:
             asyncio.run(GenerationClient(ex.url, ex.model, gen).generate([PROMPT]))
+        assert isinstance(err.value.__cause__, TimeoutError)
 
 
 def test_the_environment_proxy_is_read_once_per_client(monkeypatch: pytest.MonkeyPatch) -> None:
