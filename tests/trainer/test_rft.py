@@ -89,3 +89,33 @@ def test_the_rft_command_names_a_bad_reward_kind(flag: str) -> None:
     res = CliRunner().invoke(app, [*args, "--reward-url", "http://r", flag, "stage1"])
     text = " ".join(res.output.replace("│", " ").split())  # the error box wraps lines
     assert res.exit_code == 2 and "must be one of ['schema', 'table', 'pipeline']" in text
+
+
+@pytest.mark.service
+def test_rft_with_the_pipeline_reward_keeps_the_schemas_pi2_fills_well(tmp_path: Path) -> None:
+    """π1's samples scored by the pipeline reward: a real reward API whose executor is π2 fills each
+    schema, and only the samples whose table scores above the threshold are kept, as A1 data. π2 here
+    answers the first document's gold table to every prompt, so only that document's schema earns it."""
+    import json
+
+    from shared import gold_ndjson, read_golden
+    from tests.helpers.faulty_executor import FaultyExecutor
+    from tests.helpers.servers import RewardApiServer
+
+    first, second = read_golden(SAMPLE / "common_train_schemas.jsonl", 2)
+    assert first.schema_dict()["columns"] != second.schema_dict()["columns"]
+    schema = json.dumps(first.schema_dict())
+    with (
+        FaultyExecutor(content=schema) as pi1,
+        FaultyExecutor(content=gold_ndjson(first.table_dict())) as pi2,
+        RewardApiServer(env={"REWARD_API_EXECUTOR_URLS": pi2.url, "REWARD_API_EXECUTOR_MODEL": pi2.model}) as api,
+    ):
+        rep = build_rft_data(SAMPLE, tmp_path, "pipeline", pi1.url, pi1.model, api.url, RftConfig(k=2, threshold=0.5),
+                             limit=2)  # fmt: skip
+        stage2_calls = pi2.calls
+    assert rep.reward == "pipeline" and rep.prompts == 2 and rep.samples == 4 and rep.kept == 1
+    assert stage2_calls >= 1  # the pipeline reward asked π2 (identical samples share one call)
+    rows = pq.read_table(tmp_path / "data" / "a1" / "train.parquet").to_pylist()
+    assert len(rows) == 1 and rows[0]["messages"][-1]["content"] == schema
+    assert first.text in rows[0]["messages"][1]["content"]
+    assert json.loads((tmp_path / "rft_report.json").read_text())["reward"] == "pipeline"
