@@ -140,7 +140,7 @@ def evaluate(ctx: Context) -> None:
     comparison is π2's alone). Scored and written before Phase D ends, so a run cut off during Phase D keeps
     them: pi2-ab's π2 on gold schemas (sft, local, pipe; the B2 target), pi1-ab's π1 schemas alone (the B1
     target)."""
-    from shared import read_golden
+    from shared import PROMPT_VERSION, read_golden
     from trainer.evaluation.generation import GenerationClient, GenerationConfig, truncated
     from trainer.evaluation.inference import infer
     from trainer.evaluation.phase_d import load_predictions, write_outputs
@@ -174,8 +174,28 @@ def evaluate(ctx: Context) -> None:
     for name, (p1, _p2) in settings.items():
         by_pi1.setdefault(p1, []).append(name)
 
+    test_file = cfg.golden / "common_test_schemas.jsonl"
+
     def stage1(p1: str) -> list[str]:
-        return stage1_schemas("+".join(by_pi1[p1]), ctx.output(p1), examples, serving(p1, p1), gen, generate_quietly)
+        """π1's schemas, kept under what they depend on: a rerun after a cut-short eval does not redo them."""
+        from trainer.evaluation.stage1_cache import cached_stage1
+        from trainer.loop.manifest import sha256
+        from trainer.serving.identity import fingerprint
+
+        mode = eps[p1].mode
+        key = {
+            "model": fingerprint(ctx.output(p1)), "golden": sha256(test_file), "eval_limit": cfg.eval_limit,
+            "generation": dataclasses.asdict(gen), "prompt_version": PROMPT_VERSION,
+            "serving": mode.as_dict() if mode else None,
+        }  # fmt: skip
+        label = "+".join(by_pi1[p1])
+        schemas, kept = cached_stage1(
+            wd.stage1_cache / f"{p1}.json", key,
+            lambda: stage1_schemas(label, ctx.output(p1), examples, serving(p1, p1), gen, generate_quietly),
+        )  # fmt: skip
+        if kept:
+            ctx.say(f"{label}: π1's schemas from an earlier run of this eval ({wd.stage1_cache / f'{p1}.json'})")
+        return schemas
 
     def setting(name: str, schemas: Future[list[str]]) -> list[dict[str, Any]]:
         """One setting's Stage 2 on its π1's schemas (waited for in this thread)."""

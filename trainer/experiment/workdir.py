@@ -69,6 +69,11 @@ class Workdir:
         return self.root / "gold_schema_eval"
 
     @property
+    def stage1_cache(self) -> Path:
+        """π1's Phase-D schemas, one file per π1, kept for a rerun (trainer/evaluation/stage1_cache.py)."""
+        return self.root / "stage1_cache"
+
+    @property
     def stage1_eval(self) -> Path:
         return self.root / "stage1_eval"
 

@@ -340,6 +340,33 @@ def test_pi1_schemas_alone_are_scored_before_phase_d_ends(
     assert exp.ctx.manifest.data["stage:eval"]["status"] == "failed"
 
 
+def test_a_rerun_after_a_cut_eval_takes_pi1s_schemas_from_the_first(
+    node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An eval cut during Phase D (pipe's Stage 2) keeps its finished Stage 1: the rerun scores the same
+    schemas without running π1 again, and finishes Phase D."""
+    import trainer.evaluation.two_stage as two_stage
+
+    whole, cut = two_stage.run_two_stage, {"on": True}
+
+    def maybe_cut(setting: str, *args: Any, **kw: Any) -> Any:
+        if setting == "pipe" and cut["on"]:
+            raise RuntimeError("the allocation ended")
+        return whole(setting, *args, **kw)
+
+    monkeypatch.setattr("trainer.evaluation.two_stage.run_two_stage", maybe_cut)
+    exp = experiment(node, tmp_path, gpus=("0", "1"), control="off")
+    with pytest.raises(RuntimeError, match="the allocation ended"):
+        exp.run()
+    first = sorted(node.stage1)
+    assert len(first) == 3 and len(list(exp.wd.stage1_cache.glob("*.json"))) == 3
+    cut["on"] = False
+    again = experiment(node, tmp_path, gpus=("0", "1"), control="off")
+    again.run()
+    assert sorted(node.stage1) == first  # no Stage 1 ran again
+    assert (again.wd.phase_d / "metrics.json").is_file()
+
+
 def test_settings_that_share_a_pi1_share_one_stage1(node: Node, tmp_path: Path) -> None:
     """pi2-ab: sft, local and pipe all take π1ˢ: one Stage 1, so every setting gets the same schemas and the
     π2 comparison carries no Stage-1 noise; pi1-ab's three π1s each run their own."""

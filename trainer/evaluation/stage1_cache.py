@@ -1,0 +1,33 @@
+"""π1's Stage-1 schemas of an evaluation, kept on disk under the key of what produced them, so that an
+evaluation cut short (a hung executor, a document too long for π2, an allocation that ended) does not redo its
+finished Stage 1 when it runs again.
+
+The key is the caller's: what the schemas depend on (the model's content, the golden file, the examples, the
+generation settings, how the executor served). A file written for another key is not used, and is replaced.
+Each schema is kept with its finish reason, so answers cut at the token limit are still counted as cut.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from trainer.evaluation.generation import Completion
+
+
+def cached_stage1(path: Path, key: Mapping[str, Any], run: Callable[[], list[str]]) -> tuple[list[str], bool]:
+    """The schemas kept in ``path`` for ``key``, else ``run()``'s, written there; and whether they were kept."""
+    want = json.loads(json.dumps(key, default=str))
+    if path.is_file():
+        kept = json.loads(path.read_text())
+        if kept.get("key") == want:
+            return [Completion(s["text"], s.get("finish_reason")) for s in kept["schemas"]], True
+    schemas = run()
+    rows = [{"text": str(s), "finish_reason": getattr(s, "finish_reason", None)} for s in schemas]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"key": want, "schemas": rows}, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+    return schemas, False
