@@ -20,21 +20,23 @@ REPO = Path(__file__).resolve().parents[2]
 VAL = read_golden(SAMPLE_DIR / golden_filename("validation"))
 
 
-def stage1(right: int) -> list[dict]:
-    """π1's records: the gold schema for the first ``right`` documents, an empty object for the rest."""
+def records(stage: str, right: int) -> list[dict]:
+    """``trainer infer`` records: the gold answer (π1's schema, π2's table) for the first ``right`` documents,
+    a wrong one for the rest."""
     out = []
     for i, ex in enumerate(VAL):
-        text = canonical_schema_json(ex.schema_dict()) if i < right else "{}"
-        out.append({"id": ex.id, "stage": "stage1", "prediction": text, "truncated": False})
+        gold = canonical_schema_json(ex.schema_dict()) if stage == "stage1" else gold_ndjson(ex.table_dict())
+        wrong = "{}" if stage == "stage1" else ""
+        out.append({"id": ex.id, "stage": stage, "prediction": gold if i < right else wrong, "truncated": False})
     return out
+
+
+def stage1(right: int) -> list[dict]:
+    return records("stage1", right)
 
 
 def stage2(right: int) -> list[dict]:
-    out = []
-    for i, ex in enumerate(VAL):
-        text = gold_ndjson(ex.table_dict()) if i < right else ""
-        out.append({"id": ex.id, "stage": "stage2", "prediction": text, "truncated": False})
-    return out
+    return records("stage2", right)
 
 
 def scored(root: Path, folder: str, base: list[dict], mix: list[dict]) -> None:
