@@ -5,7 +5,9 @@ composes ``trainer/phases/configs/<phase>_{sft,grpo}.yaml`` with the profile and
 
 - SFT (A1, A2): ``torchrun -m verl.trainer.sft_trainer`` with our config dir, after the length filter
   (:mod:`trainer.phases.sft_length_filter`: conversations over ``data.max_length`` dropped by id, the phase
-  pointed at the rest; a phase whose conversations are all too long stops there).
+  pointed at the rest; a phase whose conversations are all too long stops there). With
+  ``epoch_selection.enabled`` (:mod:`trainer.phases.sft_epochs`) it validates and saves at every epoch's end
+  and exports the epoch with the lowest validation loss instead of the last step.
 - GRPO (B1, B2, C1, C2): ``python -m trainer.in_verl.verl_main`` (VERL's main_ppo + early stopping).
 
 Paths and URLs reach the configs through the environment (``TRAINER_DATA_DIR``,
@@ -23,7 +25,8 @@ checkpoint) and ``phase_result.json`` (command, inputs, best step, final metrics
 failed phase its ``error``, from ``checkpoints/phase_failure.json`` when the failure policy stopped it;
 for GRPO its ``monitors``: per-step KL, clip fraction, entropy, evicted groups, valid-output share and
 ``policy_moved``; ``length_filter``: per split the rows, how many the length filter dropped, the limit and
-the first ids dropped, from ``checkpoints/prompt_filter.json`` or ``checkpoints/sft_length_filter.json``).
+the first ids dropped, from ``checkpoints/prompt_filter.json`` or ``checkpoints/sft_length_filter.json``;
+``epoch_selection``: an SFT phase's validation loss per epoch and the epoch exported).
 A failed phase exports nothing.
 """
 
@@ -44,7 +47,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from services.child_process import spawn
-from trainer.phases import prompt_filter, sft_length_filter
+from trainer.phases import prompt_filter, sft_epochs, sft_length_filter
 from trainer.phases.registry import Phase, get_phase
 from trainer.serving.reward_api_env import (
     CLIENT_TOKEN_ENV,
@@ -277,6 +280,9 @@ class PhaseResult:
     # per split: rows, dropped as over the limit, the limit, the first ids dropped (prompt_filter.py for
     # GRPO, sft_length_filter.py for SFT); None where the filter is off
     length_filter: list[dict[str, Any]] | None = None
+    # SFT with epoch_selection on: the validation loss at every epoch's end and the epoch exported
+    # (trainer/phases/sft_epochs.py); best_score is then minus that loss
+    epoch_selection: dict[str, Any] | None = None
 
     def write(self, out_dir: Path) -> Path:
         """Atomically (a temporary file renamed over it): a watcher that sees the file sees all of it."""
@@ -309,6 +315,9 @@ def filter_sft_lengths(run: PhaseRun, timeout_s: float | None = None) -> tuple[P
         error = found[1] if found and found[1] else None
         return run, code, error or f"the SFT length filter failed (exit code {code}); see {run.out_dir / 'train.log'}"
     added = sft_length_filter.file_overrides(found[0]) if found else ()
+    epochs = sft_epochs.read_plan(checkpoint_dir(run.out_dir))
+    if epochs is not None:
+        added = (*added, *epochs.overrides)
     keys = {o.split("=", 1)[0] for o in added}
     kept = tuple(o for o in run.overrides if o.lstrip("+").split("=", 1)[0] not in keys)
     return replace(run, overrides=(*kept, *added)), code, None
@@ -328,6 +337,7 @@ def run_phase(
     failure_file = checkpoint_dir(run.out_dir) / FAILURE_FILE
     failure_file.unlink(missing_ok=True)  # a resumed phase starts without its last run's failure
     length_record(run).unlink(missing_ok=True)  # nor its length filter's
+    (checkpoint_dir(run.out_dir) / sft_epochs.PLAN_FILE).unlink(missing_ok=True)  # nor its epoch plan
     run.out_dir.mkdir(parents=True, exist_ok=True)
     code, not_started = 0, None
     if run.phase.kind == "sft":
@@ -360,6 +370,13 @@ def run_phase(
     if run.phase.kind == "grpo" and state_path.is_file():
         st = read_state(state_path)
         res.best_step, res.best_score, res.stopped_early = st.best_step, st.best_score, st.stopped
+    elif run.phase.kind == "sft" and (epochs := sft_epochs.read_plan(ckpts)) is not None:
+        choice = sft_epochs.choose(metrics, checkpoint_steps(ckpts), epochs.steps_per_epoch)
+        if choice is not None:
+            res.epoch_selection = asdict(choice)
+            res.best_step, res.best_score = choice.chosen_step, -choice.chosen_val_loss
+        elif checkpoint_steps(ckpts):
+            res.best_step = checkpoint_steps(ckpts)[-1]
     elif checkpoint_steps(ckpts):
         res.best_step = checkpoint_steps(ckpts)[-1]
     if res.status == "failed":

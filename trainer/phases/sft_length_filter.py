@@ -21,6 +21,9 @@ Here every conversation of the train and validation files is counted the way tha
 ``sft_length_filter.enabled=false`` leaves VERL alone (``truncation: error`` then fails the phase in VERL);
 so does a ``data.truncation`` other than ``error`` (VERL cuts such conversations instead).
 
+The same process writes the epoch plan of :mod:`trainer.phases.sft_epochs` (from the rows it kept) where
+``epoch_selection.enabled`` is on.
+
 It runs as its own process, ``python -m trainer.phases.sft_length_filter --config-path <configs>
 --config-name a1_sft sft_profile=... <overrides>``, with the phase's environment and the arguments
 torchrun gets, so the config it reads is the one VERL composes (the launcher runs phases side by side in
@@ -35,6 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from trainer.phases import sft_epochs
 from trainer.phases.prompt_filter import (
     AllTooLong,
     LengthCache,
@@ -201,10 +205,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if results is None:
         print("[sft_length_filter] off (sft_length_filter.enabled=false)", flush=True)
-        return 0
-    for r in results:
-        print(r.describe(), flush=True)
-    record(ckpt_dir, results, name=RECORD_FILE)
+    else:
+        for r in results:
+            print(r.describe(), flush=True)
+    kept = next((r.rows - r.dropped for r in results or [] if r.split == "train"), None)
+    try:
+        epochs = sft_epochs.write_plan(config, ckpt_dir, kept)
+    except sft_epochs.EpochPlanError as exc:
+        record(ckpt_dir, results or [], error=f"epoch_selection: {exc}", name=RECORD_FILE)
+        print(f"[sft_epochs] error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    if epochs is not None:
+        print(
+            f"[sft_epochs] {epochs.rows} train rows, batch {epochs.batch_size} on {epochs.dp_size} ranks: "
+            f"{epochs.steps_per_epoch} steps an epoch; a checkpoint and the validation loss at every epoch's end "
+            f"({' '.join(epochs.overrides)})",
+            flush=True,
+        )
+    if results is not None:
+        record(ckpt_dir, results, name=RECORD_FILE)
     return 0
 
 
