@@ -1,11 +1,13 @@
-"""The SFT source mix, chosen on validation and compared on test; and whether an evaluation repeats exactly.
+"""Two SFT recipes, chosen on validation and compared on test; and whether an evaluation repeats exactly.
 
-``scripts/gpu_node/sft_mix.sh`` runs on a GPU node: A1 and A2 each trained once on the golden train split
-(``base``) and once on it reweighted by source (``mix``, ``trainer data build --sft-mix``), the same number of
-examples; each model then scored on the validation split; ``python -m bench sft-mix choose ROOT`` picks per
-policy; Phase D runs on the test split for sft (both ``base``) and the chosen pair. Then, here,
-``python -m bench sft-mix report --collected DIR`` reads the unpacked ``job.sh collect`` archive and writes
-``bench/results/sft_mix.{json,md,png}``.
+``scripts/gpu_node/sft_mix.sh`` runs on a GPU node: A1 and A2 each trained with the reference recipe
+(``base``) and with a treatment recipe whose name the script records in ``run_info.json`` (``treatment``;
+``mix`` where none is named: the train split reweighted by source, ``trainer data build --sft-mix``; or, e.g.,
+other batch sizes and epochs chosen on validation); each model then scored on the validation split;
+``python -m bench sft-mix choose ROOT`` picks per policy; Phase D runs on the test split for sft (both
+``base``) and the chosen pair (a setting named after the treatment). Then, here, ``python -m bench sft-mix
+report --collected DIR [--name NAME]`` reads the unpacked ``job.sh collect`` archive and writes
+``bench/results/NAME.{json,md,png}``.
 
 The choice (fixed before the run): per policy, the variant with the higher **macro mean over sources on
 validation**: π1 by schema F1 of its own schemas, π2 by aligned cell F1 on the gold schemas (apart from π1's
@@ -28,10 +30,11 @@ from typing import Any
 from bench.common import RESULTS_DIR, md_table, write_result
 
 NAME = "sft_mix"
-VARIANTS = ("base", "mix")
+BASE = "base"
+DEFAULT_TREATMENT = "mix"  # the node script's treatment where its run_info.json names none
+DEFAULT_BATCH = 32  # data.train_batch_size of the gpu SFT profile, where a run's command sets none
 # what each policy is chosen by on validation, and the folder its two variants were scored into
 CHOICE_METRIC = {"pi1": ("schema_f1", "val_pi1"), "pi2": ("aligned_cell_f1", "val_pi2")}
-SFT_RUNS = ("a1_base", "a1_mix", "a2_base", "a2_mix")
 REPEAT_MODES = ("default", "batch_invariant")
 REPEAT_RUNS = ("c256_1", "c256_2", "c32")  # sft_mix.sh's runs; repeat_check.sh runs c16 as its third
 
@@ -44,6 +47,20 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def treatment_of(info: Mapping[str, Any]) -> str:
+    """The treatment variant's name in a node run's ``run_info.json``."""
+    return str(info.get("treatment") or DEFAULT_TREATMENT)
+
+
+def sft_runs(treatment: str) -> tuple[str, ...]:
+    return (f"a1_{BASE}", f"a1_{treatment}", f"a2_{BASE}", f"a2_{treatment}")
+
+
+def _run_info(root: Path) -> dict[str, Any]:
+    path = root / "run_info.json"
+    return dict(_read(path)) if path.is_file() else {}
+
+
 def macro_paired(tests: Sequence[Mapping[str, Any]], base: str, treat: str) -> dict[str, Any] | None:
     for t in tests:
         if t.get("scope") == "macro" and t["baseline"] == base and t["treatment"] == treat:
@@ -52,7 +69,9 @@ def macro_paired(tests: Sequence[Mapping[str, Any]], base: str, treat: str) -> d
 
 
 def choose(root: Path) -> dict[str, Any]:
-    """Per policy, ``base`` or ``mix`` by its validation metric's macro mean; written to ``ROOT/choice.json``."""
+    """Per policy, ``base`` or the treatment by its validation metric's macro mean; written to
+    ``ROOT/choice.json``."""
+    treat = treatment_of(_run_info(root))
     out: dict[str, Any] = {}
     for policy, (metric, folder) in CHOICE_METRIC.items():
         path = root / folder / "metrics.json"
@@ -60,24 +79,25 @@ def choose(root: Path) -> dict[str, Any]:
             raise FileNotFoundError(f"{path}: the validation scores of {policy}'s two variants are missing")
         m = _read(path)
         means = {}
-        for v in VARIANTS:
+        for v in (BASE, treat):
             value = m["settings"].get(v, {}).get("macro", {}).get(metric)
             if value is None or not math.isfinite(float(value)):
                 raise ValueError(f"{path}: setting {v!r} has no macro {metric}")
             means[v] = float(value)
-        chosen = "mix" if means["mix"] > means["base"] else "base"
+        chosen = treat if means[treat] > means[BASE] else BASE
         out[policy] = {
             "metric": metric,
             "split": "validation",
+            "treatment": treat,
             "macro": means,
             "chosen": chosen,
-            "paired": macro_paired(m.get("paired_tests", []), "base", "mix"),
+            "paired": macro_paired(m.get("paired_tests", []), BASE, treat),
         }
     (root / "choice.json").write_text(json.dumps(out, indent=2) + "\n")
     for policy, c in out.items():
         print(
-            f"{policy}: {c['chosen']} ({c['metric']} macro on validation: base {c['macro']['base']:.4f}, "
-            f"mix {c['macro']['mix']:.4f})"
+            f"{policy}: {c['chosen']} ({c['metric']} macro on validation: base {c['macro'][BASE]:.4f}, "
+            f"{treat} {c['macro'][treat]:.4f})"
         )
     return out
 
@@ -126,6 +146,14 @@ def val_loss_curve(metrics: Path) -> list[tuple[int, float]]:
     return [(int(r["step"]), float(r["data"]["val/loss"])) for r in rows if "val/loss" in r.get("data", {})]
 
 
+def train_batch_size(command: Sequence[str]) -> int:
+    """``data.train_batch_size`` of an SFT phase's command (the profile's where the command sets none)."""
+    for arg in command:
+        if arg.startswith("data.train_batch_size="):
+            return int(arg.split("=", 1)[1])
+    return DEFAULT_BATCH
+
+
 def stage_seconds(collected: Path) -> dict[str, int]:
     path = collected / "jobs" / "stages.tsv"
     out: dict[str, int] = {}
@@ -158,23 +186,30 @@ def build(collected: Path) -> dict[str, Any]:
     # the node script's folder (MIX_OUT, packed by `job.sh collect` under its own name), or the archive itself
     roots = sorted(d for d in collected.iterdir() if (d / "run_info.json").is_file()) if collected.is_dir() else []
     root = roots[0] if len(roots) == 1 else collected
-    info = _read(root / "run_info.json") if (root / "run_info.json").is_file() else {}
+    info = _run_info(root)
+    treat = treatment_of(info)
     seconds = stage_seconds(collected)
-    manifest = root / "data_mix_manifest.json"
+    manifest = root / f"data_{treat}_manifest.json"
     mix = _read(manifest)["phases"]["a1"].get("sft_mix") if manifest.is_file() else None
     sft = {}
-    for name in SFT_RUNS:
+    for name in sft_runs(treat):
         result = root / name / "phase_result.json"
         r = _read(result) if result.is_file() else {}
+        metrics = _jsonl(root / name / "metrics.jsonl") if (root / name / "metrics.jsonl").is_file() else []
+        steps = max((int(m["step"]) for m in metrics), default=r.get("best_step"))
         sft[name] = {
             "status": r.get("status"),
-            "steps": r.get("best_step"),
+            "steps": steps,
+            "exported_step": r.get("best_step"),
+            "batch": train_batch_size(r.get("command", [])),
             "phase_seconds": r.get("seconds"),
             "job_seconds": seconds.get(name),
             "val_loss": val_loss_curve(root / name / "metrics.jsonl"),
+            "epoch_selection": r.get("epoch_selection"),
         }
     p: dict[str, Any] = {
         "run": info,
+        "treatment": treat,
         "card": "; ".join((collected / "card.txt").read_text().split("\n")).strip("; ")
         if (collected / "card.txt").is_file()
         else None,
@@ -223,15 +258,18 @@ def _per_source_rows(table: Mapping[str, Any]) -> list[list[Any]]:
 
 def render_md(p: dict[str, Any], command: str) -> str:
     run, v = p["run"], p["versions"]
+    treat = p.get("treatment", DEFAULT_TREATMENT)
+    title = "SFT source mix" if treat == DEFAULT_TREATMENT else f"SFT recipes, {treat} against base"
     lines = [
-        "# SFT source mix: chosen on validation, compared on test; evaluations that repeat\n",
+        f"# {title}: chosen on validation, compared on test; evaluations that repeat\n",
         f"- card: {p['card']}",
         "- versions: " + ", ".join(f"{k} {x}" for k, x in v.items()),
-        f"- on the node: `{run.get('command')}` at `{run.get('commit')}`, SFT_MIX `{run.get('sft_mix')}`, "
-        f"val loss every {run.get('sft_test_freq')} steps, max tokens {run.get('max_tokens')}",
+        f"- on the node: `{run.get('command')}` at `{run.get('commit')}`, {treat}'s mix `{run.get('sft_mix') or '–'}`, "
+        f"val loss every {run.get('sft_test_freq')} steps, max tokens {run.get('max_tokens')}"
+        + "".join(f", {k} `{run[k]}`" for k in ("base_args", "treatment_args", "treatment_mix") if run.get(k)),
         f"- this report: `{command}`",
-        "- numbers are points (×100) with 95% bootstrap intervals; paired tests are mix − base (or mix − sft) over "
-        "the same documents\n",
+        "- numbers are points (×100) with 95% bootstrap intervals; paired tests are "
+        f"{treat} − base (or {treat} − sft) over the same documents\n",
     ]
     if p["sft_mix"]:
         m = p["sft_mix"]
@@ -239,14 +277,20 @@ def render_md(p: dict[str, Any], command: str) -> str:
             [s, m["train_before"].get(s, 0), m["train_after"].get(s, 0), m["weights"].get(s, 1.0)]
             for s in sorted(m["train_before"])
         ]
-        lines += ["## The train split per source\n", md_table(["source", "base", "mix", "weight"], rows)]
+        lines += [f"## The train split per source ({treat})\n", md_table(["source", "golden", treat, "weight"], rows)]
     rows = []
     for name, s in p["sft"].items():
         curve = ", ".join(f"{step}: {loss:.4f}" for step, loss in s["val_loss"])
-        rows.append([name, s["status"], s["steps"], s["phase_seconds"], s["job_seconds"], curve or "–"])
+        batch = s.get("batch", DEFAULT_BATCH)
+        sel = s.get("epoch_selection") or {}
+        exported = f"{s.get('exported_step')} (epoch {sel['chosen_epoch']:g})" if sel else s.get("exported_step", "–")
+        seconds = [s["phase_seconds"], s["job_seconds"]]
+        rows.append([name, s["status"], batch, s["steps"], exported, *seconds, curve or "–"])
     lines += [
         "## SFT runs (one GPU each), and the validation loss by step\n",
-        md_table(["run", "status", "steps", "phase s", "job s", "val loss (step: loss)"], rows),
+        md_table(
+            ["run", "status", "batch", "steps", "exported step", "phase s", "job s", "val loss (step: loss)"], rows
+        ),
     ]
     for policy, val in p["validation"].items():
         title = "π1: schema F1 of its schemas" if policy == "pi1" else "π2: aligned cell F1 on the gold schemas"
@@ -257,20 +301,21 @@ def render_md(p: dict[str, Any], command: str) -> str:
     if p["choice"]:
         rows = []
         for policy, c in p["choice"].items():
-            t = c.get("paired") or {}
-            diff = f"{100 * t['diff']:+.2f} [{100 * t['ci_low']:+.2f}, {100 * t['ci_high']:+.2f}]" if t else "–"
-            rows.append([policy, c["metric"], _pt(c["macro"]["base"]), _pt(c["macro"]["mix"]), diff, c["chosen"]])
+            pair = c.get("paired") or {}
+            ci = f"[{100 * pair['ci_low']:+.2f}, {100 * pair['ci_high']:+.2f}]" if pair else ""
+            diff = f"{100 * pair['diff']:+.2f} {ci}" if pair else "–"
+            rows.append([policy, c["metric"], _pt(c["macro"][BASE]), _pt(c["macro"][treat]), diff, c["chosen"]])
         lines += [
             "## The choice (validation, macro mean over sources)\n",
-            md_table(["policy", "metric", "base", "mix", "mix − base, paired", "chosen"], rows),
+            md_table(["policy", "metric", "base", treat, f"{treat} − base, paired", "chosen"], rows),
         ]
     if "test" in p:
-        t = p["test"]
+        test = p["test"]
         lines += [
             "## Test split, Phase D end to end: aligned cell F1\n",
-            md_table(["setting", "source", "n", "aligned cell F1"], _per_source_rows(t["phase_d"])),
+            md_table(["setting", "source", "n", "aligned cell F1"], _per_source_rows(test["phase_d"])),
             "\nSchema F1 of π1's schemas in the same run:\n",
-            md_table(["setting", "source", "n", "schema F1"], _per_source_rows(t["schema_f1"])),
+            md_table(["setting", "source", "n", "schema F1"], _per_source_rows(test["schema_f1"])),
         ]
         rows = [
             [
@@ -281,7 +326,7 @@ def render_md(p: dict[str, Any], command: str) -> str:
                 f"{100 * x['diff']:+.2f} [{100 * x['ci_low']:+.2f}, {100 * x['ci_high']:+.2f}]",
                 f"{x['p_value']:.3f}",
             ]
-            for x in t["paired"]
+            for x in test["paired"]
         ]
         if rows:
             lines += [
@@ -308,21 +353,23 @@ def render_md(p: dict[str, Any], command: str) -> str:
 
 def plot(p: dict[str, Any], path: Path, combined: Mapping[str, Any] | None = None) -> Path | None:
     """Left: the SFT runs' validation loss. Right: Phase D on test per source or, with ``combined`` (several
-    seeds), mix − sft per source for each seed with its paired 95% interval."""
+    seeds), treatment − sft per source for each seed with its paired 95% interval. The loss is drawn against
+    the examples seen (step × batch), so runs of different batch sizes share an axis."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves = {n: s["val_loss"] for n, s in p["sft"].items() if s["val_loss"]}
+    treat = p.get("treatment", DEFAULT_TREATMENT)
+    curves = {n: (s["val_loss"], s.get("batch", DEFAULT_BATCH)) for n, s in p["sft"].items() if s["val_loss"]}
     test = p.get("test", {}).get("phase_d", {})
     if not curves and not test:
         return None
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, c in curves.items():
-        a.plot([s for s, _ in c], [v for _, v in c], marker="o", label=name)
+    for name, (c, batch) in curves.items():
+        a.plot([s * batch for s, _ in c], [v for _, v in c], marker="o", label=f"{name} (batch {batch})")
     seed = f" (seed {p['run'].get('sft_seed') or 0})" if combined else ""
-    a.set(xlabel="SFT step", ylabel="validation loss", title=f"SFT: validation loss{seed}")
+    a.set(xlabel="examples seen (step × batch)", ylabel="validation loss", title=f"SFT: validation loss{seed}")
     if curves:
         a.legend()
     if combined and combined.get("paired"):
@@ -337,7 +384,7 @@ def plot(p: dict[str, Any], path: Path, combined: Mapping[str, Any] | None = Non
             b.errorbar(xs, d, yerr=err, fmt="o", capsize=3, label=f"seed {k}")
         b.axhline(0, color="grey", lw=0.8)
         b.set_xticks([i + 0.1 for i in range(len(scopes))], [t["scope"] for t in scopes])
-        b.set(ylabel="mix − sft, aligned cell F1 (points)", title="Test, end to end: paired 95% intervals")
+        b.set(ylabel=f"{treat} − sft, aligned cell F1 (points)", title="Test, end to end: paired 95% intervals")
         b.legend()
         fig.tight_layout()
         fig.savefig(path, dpi=110)
@@ -365,12 +412,15 @@ def plot(p: dict[str, Any], path: Path, combined: Mapping[str, Any] | None = Non
 
 def combine(seeds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Across SFT seeds: each setting's test numbers averaged over seeds (``phase_d[setting].per_source[src]``)
-    and, per scope, mix − sft of every seed with the mean difference and a conservative 95% interval (the mean
+    and, per scope, treatment − sft of every seed with the mean difference and a conservative 95% interval (the mean
     of the seeds' bounds: the seeds share the test documents, so their errors are not independent, and the
     mean of two estimates has an error at most the mean of theirs)."""
     tested = [p for p in seeds if "test" in p]
+    treat = seeds[0].get("treatment", DEFAULT_TREATMENT) if seeds else DEFAULT_TREATMENT
+    if any(p.get("treatment", DEFAULT_TREATMENT) != treat for p in seeds):
+        raise ValueError(f"the seeds compare different treatments: {sorted({str(p.get('treatment')) for p in seeds})}")
     phase_d: dict[str, Any] = {}
-    for setting in ("sft", "mix"):
+    for setting in ("sft", treat):
         rows = [p["test"]["phase_d"][setting] for p in tested if setting in p["test"]["phase_d"]]
         if len(rows) != len(tested) or not rows:
             continue
@@ -393,7 +443,7 @@ def combine(seeds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         paired.append(
             {
                 "baseline": "sft",
-                "treatment": "mix",
+                "treatment": treat,
                 "scope": scope,
                 "metric": ts[0]["metric"],
                 "diff": sum(t["diff"] for t in ts) / len(ts),
@@ -406,14 +456,14 @@ def combine(seeds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 ],
             }
         )
-    out: dict[str, Any] = {"phase_d": phase_d, "paired": paired}
-    if tested and all({"sft", "mix"} <= set(p.get("test_rows", {})) for p in tested):
+    out: dict[str, Any] = {"treatment": treat, "phase_d": phase_d, "paired": paired}
+    if tested and all({"sft", treat} <= set(p.get("test_rows", {})) for p in tested):
         out["pooled_over_seeds"] = pooled_over_seeds(tested)
     return out
 
 
 def pooled_over_seeds(seeds: Sequence[Mapping[str, Any]], golden: Path | None = None) -> list[dict[str, Any]]:
-    """mix − sft with every document's metric averaged over the seeds first, then paired-tested (macro, pooled and
+    """treatment − sft with every document's metric averaged over the seeds first, then paired-tested (macro, pooled and
     per source): the seeds' test rows (``test_rows_<setting>.jsonl.gz``) scored against the golden test split."""
     import gzip
 
@@ -423,8 +473,9 @@ def pooled_over_seeds(seeds: Sequence[Mapping[str, Any]], golden: Path | None = 
     from trainer.evaluation.significance import paired_tests
 
     examples = read_golden(golden_dir(golden) / "common_test_schemas.jsonl")
+    treat = seeds[0].get("treatment", DEFAULT_TREATMENT)
     mean: dict[str, dict[str, dict[str, Any]]] = {}
-    for setting in ("sft", "mix"):
+    for setting in ("sft", treat):
         per_doc: dict[str, list[float]] = {}
         source: dict[str, str] = {}
         for p in seeds:
@@ -438,12 +489,14 @@ def pooled_over_seeds(seeds: Sequence[Mapping[str, Any]], golden: Path | None = 
             i: {"id": i, "source": source[i], DEFAULT_PAIRED_METRIC: sum(v) / len(v)} for i, v in complete.items()
         }
     rows = {k: list(v.values()) for k, v in mean.items()}
-    return paired_tests(rows, [("sft", "mix")], DEFAULT_PAIRED_METRIC)
+    return paired_tests(rows, [("sft", treat)], DEFAULT_PAIRED_METRIC)
 
 
 def render_combined(c: Mapping[str, Any], seeds: Sequence[Mapping[str, Any]], command: str) -> str:
+    treat = c.get("treatment", DEFAULT_TREATMENT)
+    title = "SFT source mix" if treat == DEFAULT_TREATMENT else f"SFT recipes, {treat} against base"
     lines = [
-        "# SFT source mix, over SFT seeds: chosen on validation, compared on test\n",
+        f"# {title}, over SFT seeds: chosen on validation, compared on test\n",
         f"- this report: `{command}`; each seed's full report follows the summary",
         "- seeds: "
         + "; ".join(
@@ -452,8 +505,8 @@ def render_combined(c: Mapping[str, Any], seeds: Sequence[Mapping[str, Any]], co
             for p in seeds
             if p.get("choice")
         ),
-        "- mix − sft on the test split, end to end, aligned cell F1 (points); the interval over seeds is the mean of "
-        "the seeds' paired 95% bounds (conservative: the seeds share the documents); p is the largest seed's\n",
+        f"- {treat} − sft on the test split, end to end, aligned cell F1 (points); the interval over seeds is the "
+        "mean of the seeds' paired 95% bounds (conservative: the seeds share the documents); p is the largest seed's\n",
     ]
     rows = []
     for t in c["paired"]:
@@ -482,7 +535,7 @@ def render_combined(c: Mapping[str, Any], seeds: Sequence[Mapping[str, Any]], co
         ]
         lines += [
             "\nPaired over seeds (each document's metric averaged over the seeds, then bootstrapped):\n",
-            md_table(["scope", "n", "mix − sft", "p"], rows),
+            md_table(["scope", "n", f"{treat} − sft", "p"], rows),
         ]
     pd = c["phase_d"]
     if pd:

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# The SFT source mix, chosen on validation and compared on test, on one 4-GPU node (`python -m bench sft-mix`):
-#   wave 1, SFT, one GPU each:   a1_base a1_mix a2_base a2_mix  (one pass over the same number of examples:
-#                                the golden train split, or it reweighted by SFT_MIX; val loss every
-#                                SFT_TEST_FREQ steps: the learning curve)
+# Two SFT recipes, chosen on validation and compared on test, on one 4-GPU node (`python -m bench sft-mix`):
+# `base` (the train split of BASE_MIX, the golden one where empty, and the SFT overrides BASE_ARGS) against
+# the treatment TREATMENT (default `mix`: the train split reweighted by TREATMENT_MIX, default SFT_MIX, with
+# TREATMENT_ARGS). E.g. TREATMENT=epochs TREATMENT_MIX= TREATMENT_ARGS="data.train_batch_size=128 ..." compares
+# another batch size and epochs chosen on validation (epoch_selection.enabled=true) on the same data.
+#   wave 1, SFT, one GPU each:   a1_base a1_$TREATMENT a2_base a2_$TREATMENT  (val loss every SFT_TEST_FREQ
+#                                steps, or at every epoch's end with epoch selection: the learning curve)
 #   wave 2, validation:          each model served on its GPU; π1 writes schemas for the validation split
 #                                (schema F1), π2 fills the gold schemas (aligned cell F1); the choice per
 #                                policy is the higher macro mean over sources (bench/sft_mix.py, `choose`)
 #   repeat check, beside it:     π1 (a1_base) on the validation split of REPEAT_SOURCE three times per mode,
 #                                vLLM's default and VLLM_BATCH_INVARIANT=1: twice at concurrency 256, once at 32
-#   wave 3, test:                Phase D end to end, sft (a1_base + a2_base) and mix (the chosen π1 + π2),
+#   wave 3, test:                Phase D end to end, sft (a1_base + a2_base) and $TREATMENT (the chosen π1 + π2),
 #                                then both scored together (paired tests per source)
 # Run it as a job after node_setup.sh:
 #   MODEL_DIR=/tmp/model scripts/gpu_node/job.sh start mix -- bash scripts/gpu_node/sft_mix.sh
@@ -17,10 +20,16 @@
 set -uo pipefail
 J=scripts/gpu_node/job.sh
 R=${MIX_OUT:-/tmp/mix}
-MIX=${SFT_MIX:-wikitabletext=2,e2e=2,rotowire_sent=0.45}
+TREATMENT=${TREATMENT:-mix}
+TREATMENT_MIX=${TREATMENT_MIX-${SFT_MIX:-wikitabletext=2,e2e=2,rotowire_sent=0.45}}
+TREATMENT_ARGS=${TREATMENT_ARGS:-}
+BASE_MIX=${BASE_MIX:-}
+BASE_ARGS=${BASE_ARGS:-}
+[[ $TREATMENT =~ ^[a-z0-9]+$ && $TREATMENT != base ]] || { echo "TREATMENT: '$TREATMENT' (lower-case letters and digits, not base)" >&2; exit 2; }
 TEST_FREQ=${SFT_TEST_FREQ:-280}
 WAVES=${WAVES:-sft,val,test}
 REPEAT_SOURCE=${REPEAT_SOURCE:-wikitabletext}
+REPEAT_CHECK=${REPEAT_CHECK:-1}  # 0: no repeat check beside the validation wave
 MAX_TOKENS=${MAX_TOKENS:-384}
 SFT_SEED=${SFT_SEED:-}  # set: the SFT train rows in an order of this seed (a second SFT seed)
 : "${MODEL_DIR:?MODEL_DIR (the base model) must be set}" "${GOLDEN_DIR:?GOLDEN_DIR must be set}"
@@ -28,7 +37,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 VAL=$GOLDEN_DIR/common_validation_schemas.jsonl
 TEST=$GOLDEN_DIR/common_test_schemas.jsonl
 PORT=18600
-NAMES=(a1_base a1_mix a2_base a2_mix)
+NAMES=(a1_base "a1_$TREATMENT" a2_base "a2_$TREATMENT")
 mkdir -p "$R"
 setsid nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader,nounits -lms 1000 \
   >> "$R/gpu_util.csv" 2>/dev/null < /dev/null &
@@ -37,9 +46,10 @@ trap 'kill "$SMI" 2>/dev/null; python3 -m trainer serve stop --ports "$(seq -s, 
 on() { [[ ,$WAVES, == *,$1,* ]]; }
 wait_all() { for n in "$@"; do until $J wait "$n" 60 > /dev/null; [[ $? != 3 ]]; do :; done; echo "$n: $($J status | grep "^$n ")"; done; }
 stamp() { echo "=== $(date -u +%T) $*"; }
-python3 - "$R/run_info.json" "$MIX" "$TEST_FREQ" "$MAX_TOKENS" "$REPEAT_SOURCE" "$SFT_SEED" <<'PY'
+python3 - "$R/run_info.json" "$TREATMENT_MIX" "$TEST_FREQ" "$MAX_TOKENS" "$REPEAT_SOURCE" "$SFT_SEED" \
+  "$TREATMENT" "$TREATMENT_ARGS" "$BASE_MIX" "$BASE_ARGS" <<'PY'
 import json, os, subprocess, sys
-path, mix, freq, max_tokens, repeat, seed = sys.argv[1:]
+path, mix, freq, max_tokens, repeat, seed, treatment, treatment_args, base_mix, base_args = sys.argv[1:]
 # STX_COMMIT first: a device call's copy of the tree may carry a .git of an earlier commit
 head = os.environ.get("STX_COMMIT")
 if not head:
@@ -47,21 +57,25 @@ if not head:
         head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
     except OSError:
         head = None
-json.dump({"sft_mix": mix, "sft_test_freq": int(freq), "max_tokens": int(max_tokens), "repeat_source": repeat, "sft_seed": seed or None,
+json.dump({"sft_mix": mix, "treatment": treatment, "treatment_mix": mix or None, "treatment_args": treatment_args or None,
+           "base_mix": base_mix or None, "base_args": base_args or None, "sft_test_freq": int(freq), "max_tokens": int(max_tokens), "repeat_source": repeat, "sft_seed": seed or None,
            "commit": head, "command": "bash scripts/gpu_node/sft_mix.sh"}, open(path, "w"), indent=1)
 PY
 
 if on sft; then
   stamp "data build"
-  python3 -m trainer data build --golden "$GOLDEN_DIR" --out "$R/data_base" --phases a1,a2 > "$R/data_base.log" 2>&1 &
+  build() {  # NAME MIX: the a1/a2 data of NAME, the golden train split reweighted by MIX (none: as it is)
+    python3 -m trainer data build --golden "$GOLDEN_DIR" --out "$R/data_$1" --phases a1,a2 ${2:+--sft-mix "$2"} \
+      > "$R/data_$1.log" 2>&1
+  }
+  build base "$BASE_MIX" &
   base=$!
-  python3 -m trainer data build --golden "$GOLDEN_DIR" --out "$R/data_mix" --phases a1,a2 --sft-mix "$MIX" \
-    > "$R/data_mix.log" 2>&1 &
-  mix=$!
-  wait "$base" && wait "$mix" || { echo "data build failed"; tail -5 "$R"/data_*.log; exit 1; }
-  cp "$R/data_mix/manifest.json" "$R/data_mix_manifest.json"
+  build "$TREATMENT" "$TREATMENT_MIX" &
+  treat=$!
+  wait "$base" && wait "$treat" || { echo "data build failed"; tail -5 "$R"/data_*.log; exit 1; }
+  cp "$R/data_$TREATMENT/manifest.json" "$R/data_${TREATMENT}_manifest.json"
   if [[ -n ${SFT_SEED:-} ]]; then  # another SFT seed: VERL's SFT sampler is seeded with 0, so shuffle the rows
-    python3 - "$SFT_SEED" "$R"/data_{base,mix}/a{1,2}/train.parquet <<'PY'
+    python3 - "$SFT_SEED" "$R"/data_{base,"$TREATMENT"}/a{1,2}/train.parquet <<'PY'
 import sys, numpy as np, pyarrow.parquet as pq
 seed, paths = int(sys.argv[1]), sys.argv[2:]
 for path in paths:
@@ -72,9 +86,11 @@ PY
   fi
   stamp "SFT"
   for i in 0 1 2 3; do
-    name=${NAMES[$i]}; phase=${name%_*}; data=data_${name#*_}
+    name=${NAMES[$i]}; phase=${name%_*}; data=data_${name#*_}; args=$TREATMENT_ARGS
+    [[ $name == *_base ]] && args=$BASE_ARGS
+    # shellcheck disable=SC2086  # the arm's overrides, split on spaces
     CUDA_VISIBLE_DEVICES=$i $J start "$name" -- python3 -m trainer run "$phase" --profile gpu --data "$R/$data" \
-      --out "$R/$name" --model "$MODEL_DIR" trainer.n_gpus_per_node=1 "trainer.test_freq=$TEST_FREQ"
+      --out "$R/$name" --model "$MODEL_DIR" trainer.n_gpus_per_node=1 "trainer.test_freq=$TEST_FREQ" $args
   done
   # Where a VERL SFT step's time goes (~0.33 s where the GPU is busy ~17% of it): 30 s of a1_base's process tree.
   ( sleep 150; timeout 90 "$(command -v py-spy || echo "${SITE:-/tmp/site}/bin/py-spy")" record --subprocesses \
@@ -120,23 +136,26 @@ if on val; then
       --out "$R/val/$name.jsonl" --max-tokens "$MAX_TOKENS" --concurrency 256 --timeout 600 > "$R/val/$name.log" 2>&1 &
     pids+=($!)
   done
-  repeat_check > "$R/repeat.log" 2>&1 &
-  REPEAT=$!
+  if [[ $REPEAT_CHECK == 1 ]]; then
+    repeat_check > "$R/repeat.log" 2>&1 &
+    REPEAT=$!
+  fi
   for pid in "${pids[@]}"; do wait "$pid" || { echo "a validation inference failed"; tail -5 "$R"/val/*.log; exit 1; }; done
-  python3 -m trainer evaluate score --golden "$VAL" --predictions base="$R/val/a1_base.jsonl" \
-    --predictions mix="$R/val/a1_mix.jsonl" --out "$R/val_pi1" --max-truncated-share 1 > "$R/val_pi1.log" 2>&1
-  python3 -m trainer evaluate score --golden "$VAL" --predictions base="$R/val/a2_base.jsonl" \
-    --predictions mix="$R/val/a2_mix.jsonl" --out "$R/val_pi2" --max-truncated-share 1 > "$R/val_pi2.log" 2>&1
+  for p in 1 2; do
+    python3 -m trainer evaluate score --golden "$VAL" --predictions base="$R/val/a${p}_base.jsonl" \
+      --predictions "$TREATMENT=$R/val/a${p}_$TREATMENT.jsonl" --out "$R/val_pi$p" --max-truncated-share 1 \
+      > "$R/val_pi$p.log" 2>&1
+  done
   python3 -m bench sft-mix choose "$R" || exit 1
 fi
 
 if on test; then
   stamp "test: Phase D"
   read -r PI1 PI2 < <(python3 -c "import json,sys; c=json.load(open(sys.argv[1])); print(c['pi1']['chosen'], c['pi2']['chosen'])" "$R/choice.json")
-  index() { case $1 in a1_base) echo 0;; a1_mix) echo 1;; a2_base) echo 2;; a2_mix) echo 3;; esac; }
+  index() { for i in 0 1 2 3; do [[ ${NAMES[$i]} == "$1" ]] && echo "$i"; done; }
   pids=()
   settings=("sft:a1_base:a2_base")
-  [[ $PI1 == base && $PI2 == base ]] || settings+=("mix:a1_$PI1:a2_$PI2")
+  [[ $PI1 == base && $PI2 == base ]] || settings+=("$TREATMENT:a1_$PI1:a2_$PI2")
   for s in "${settings[@]}"; do
     IFS=: read -r name p1 p2 <<< "$s"
     python3 -m trainer evaluate pipeline --golden "$TEST" \

@@ -113,8 +113,10 @@ def test_report_reads_the_archive(node_root: Path, tmp_path: Path) -> None:
     (node_root.parent / "jobs" / "stages.tsv").write_text("a1_base\t100\t420\t320\nmix\t0\t900\t900\n")
     scored(node_root, "test", stage1(3), stage1(6))
     p = sft_mix.build(node_root.parent)
-    assert p["sft"]["a1_base"] == {"status": "ok", "steps": 560, "phase_seconds": 300, "job_seconds": 320,
+    assert p["sft"]["a1_base"] == {"status": "ok", "steps": 560, "exported_step": 560, "batch": 32,
+                                   "phase_seconds": 300, "job_seconds": 320, "epoch_selection": None,
                                    "val_loss": [(280, 0.05), (560, 0.04)]}  # fmt: skip
+    assert p["treatment"] == "mix"
     assert p["stages"]["mix"] == 900
     assert set(p["validation"]) == {"pi1", "pi2"} and p["choice"]["pi1"]["chosen"] == "mix"
     assert p["test"]["schema_f1"]["mix"]["macro"] == pytest.approx(1.0)
@@ -132,6 +134,15 @@ def test_the_node_scripts_parse_and_name_what_they_need(script: str, needs: str)
     assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
     res = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert res.returncode != 0 and needs in res.stderr
+
+
+@pytest.mark.parametrize("name", ["base", "Mix", "a b", "a_b"])
+def test_the_node_script_refuses_a_treatment_name_it_cannot_file(name: str, tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "TREATMENT": name, "MODEL_DIR": "/m", "GOLDEN_DIR": "/g", "MIX_OUT": str(tmp_path)}
+    path = REPO / "scripts" / "gpu_node" / "sft_mix.sh"
+    res = subprocess.run(["bash", str(path)], capture_output=True, text=True, env=env)
+    assert res.returncode == 2 and f"TREATMENT: '{name}' (lower-case letters and digits, not base)" in res.stderr
+    assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
 def test_seeds_combine_into_per_seed_and_mean_differences(tmp_path: Path) -> None:
@@ -190,3 +201,44 @@ def test_seeds_pool_document_by_document_when_the_rows_came_back(
     # documents 2-3 right in both seeds' mix, 4-5 in one: the mean over seeds gains (2 + 2 * 0.5) / 6
     assert overall["n"] == len(test) and overall["diff"] == pytest.approx(3 / len(test))
     assert "Paired over seeds" in sft_mix.render_combined(sft_mix.combine(seeds), seeds, "cmd")
+
+
+def test_a_named_treatment_is_chosen_reported_and_plotted_by_examples_seen(node_root: Path, tmp_path: Path) -> None:
+    """A treatment other than the mix (``TREATMENT=epochs``): its runs, its Phase D setting and its curve by
+    examples seen, with the epoch its phase exported."""
+    info = json.loads((node_root / "run_info.json").read_text())
+    (node_root / "run_info.json").write_text(json.dumps({**info, "treatment": "epochs", "treatment_args": "x=1"}))
+    for folder in ("val_pi1", "val_pi2"):  # the treatment's scores under its own name
+        m = json.loads((node_root / folder / "metrics.json").read_text())
+        m["settings"]["epochs"] = m["settings"].pop("mix")
+        for t in m["paired_tests"]:
+            t["treatment"] = "epochs"
+        (node_root / folder / "metrics.json").write_text(json.dumps(m))
+    choice = sft_mix.choose(node_root)
+    assert (choice["pi1"]["chosen"], choice["pi2"]["chosen"], choice["pi1"]["treatment"]) == (
+        "epochs",
+        "base",
+        "epochs",
+    )
+    (node_root / "a1_epochs").mkdir()
+    logged = [{"step": 280, "data": {"val/loss": 0.05}}, {"step": 560, "data": {"val/loss": 0.06}}]
+    (node_root / "a1_epochs" / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in logged) + "\n")
+    sel = {"chosen_step": 280, "chosen_epoch": 1.0, "curve": []}
+    result = {"status": "ok", "best_step": 280, "seconds": 200, "epoch_selection": sel,
+              "command": ["torchrun", "data.train_batch_size=128", "trainer.total_epochs=2"]}  # fmt: skip
+    (node_root / "a1_epochs" / "phase_result.json").write_text(json.dumps(result))
+    scored(node_root, "test", stage1(3), stage1(6))
+    m = json.loads((node_root / "test" / "metrics.json").read_text())
+    m["settings"]["epochs"] = m["settings"].pop("mix")
+    (node_root / "test" / "metrics.json").write_text(json.dumps(m))
+    p = sft_mix.build(node_root)
+    run = p["sft"]["a1_epochs"]
+    assert (run["batch"], run["steps"], run["exported_step"], run["epoch_selection"]) == (128, 560, 280, sel)
+    assert set(p["sft"]) == {"a1_base", "a1_epochs", "a2_base", "a2_epochs"}
+    md = sft_mix.render_md(p, "python -m bench sft-mix report")
+    assert md.startswith("# SFT recipes, epochs against base") and "treatment_args `x=1`" in md
+    assert "| a1_epochs | ok | 128 | 560 | 280 (epoch 1) | 200 |" in md
+    assert "| policy | metric | base | epochs | epochs − base, paired | chosen |" in md
+    assert sft_mix.plot(p, tmp_path / "e.png") == tmp_path / "e.png"
+    with pytest.raises(ValueError, match="different treatments"):
+        sft_mix.combine([p, {**p, "treatment": "mix"}])
