@@ -183,6 +183,8 @@ def _setting_table(m: Mapping[str, Any], metric: str) -> dict[str, Any]:
 
 
 def build(collected: Path) -> dict[str, Any]:
+    from bench.rl_step import sft_summary
+
     # the node script's folder (MIX_OUT, packed by `job.sh collect` under its own name), or the archive itself
     roots = sorted(d for d in collected.iterdir() if (d / "run_info.json").is_file()) if collected.is_dir() else []
     root = roots[0] if len(roots) == 1 else collected
@@ -197,9 +199,13 @@ def build(collected: Path) -> dict[str, Any]:
         r = _read(result) if result.is_file() else {}
         metrics = _jsonl(root / name / "metrics.jsonl") if (root / name / "metrics.jsonl").is_file() else []
         steps = max((int(m["step"]) for m in metrics), default=r.get("best_step"))
+        log = root / name / "train.log"
+        text = log.read_text(errors="replace") if log.is_file() else ""
+        loop = sft_summary(text, root / name / "metrics.jsonl", None)
         sft[name] = {
             "status": r.get("status"),
             "steps": steps,
+            "epoch_s": loop.get("epoch_s"),  # the last epoch's loop time (tqdm), validation and saving included
             "exported_step": r.get("best_step"),
             "batch": train_batch_size(r.get("command", [])),
             "phase_seconds": r.get("seconds"),
@@ -284,14 +290,10 @@ def render_md(p: dict[str, Any], command: str) -> str:
         batch = s.get("batch", DEFAULT_BATCH)
         sel = s.get("epoch_selection") or {}
         exported = f"{s.get('exported_step')} (epoch {sel['chosen_epoch']:g})" if sel else s.get("exported_step", "–")
-        seconds = [s["phase_seconds"], s["job_seconds"]]
+        seconds = [s.get("epoch_s") or "–", s["phase_seconds"], s["job_seconds"]]
         rows.append([name, s["status"], batch, s["steps"], exported, *seconds, curve or "–"])
-    lines += [
-        "## SFT runs (one GPU each), and the validation loss by step\n",
-        md_table(
-            ["run", "status", "batch", "steps", "exported step", "phase s", "job s", "val loss (step: loss)"], rows
-        ),
-    ]
+    head = ["run", "status", "batch", "steps", "exported step", "epoch s", "phase s", "job s", "val loss (step: loss)"]
+    lines += ["## SFT runs (one GPU each), and the validation loss by step\n", md_table(head, rows)]
     for policy, val in p["validation"].items():
         title = "π1: schema F1 of its schemas" if policy == "pi1" else "π2: aligned cell F1 on the gold schemas"
         lines += [

@@ -113,7 +113,7 @@ def test_report_reads_the_archive(node_root: Path, tmp_path: Path) -> None:
     (node_root.parent / "jobs" / "stages.tsv").write_text("a1_base\t100\t420\t320\nmix\t0\t900\t900\n")
     scored(node_root, "test", stage1(3), stage1(6))
     p = sft_mix.build(node_root.parent)
-    assert p["sft"]["a1_base"] == {"status": "ok", "steps": 560, "exported_step": 560, "batch": 32,
+    assert p["sft"]["a1_base"] == {"status": "ok", "steps": 560, "exported_step": 560, "batch": 32, "epoch_s": None,
                                    "phase_seconds": 300, "job_seconds": 320, "epoch_selection": None,
                                    "val_loss": [(280, 0.05), (560, 0.04)]}  # fmt: skip
     assert p["treatment"] == "mix"
@@ -227,6 +227,8 @@ def test_a_named_treatment_is_chosen_reported_and_plotted_by_examples_seen(node_
     result = {"status": "ok", "best_step": 280, "seconds": 200, "epoch_selection": sel,
               "command": ["torchrun", "data.train_batch_size=128", "trainer.total_epochs=2"]}  # fmt: skip
     (node_root / "a1_epochs" / "phase_result.json").write_text(json.dumps(result))
+    tqdm = "Epoch 1/2: 100%|##| 279/279 [01:00<00:00]\rEpoch 2/2:  50%|#| 140/280 [00:30<00:30]\n"
+    (node_root / "a1_epochs" / "train.log").write_text(tqdm)  # the last epoch's loop: 30 s for half of 280 steps
     scored(node_root, "test", stage1(3), stage1(6))
     m = json.loads((node_root / "test" / "metrics.json").read_text())
     m["settings"]["epochs"] = m["settings"].pop("mix")
@@ -237,7 +239,7 @@ def test_a_named_treatment_is_chosen_reported_and_plotted_by_examples_seen(node_
     assert set(p["sft"]) == {"a1_base", "a1_epochs", "a2_base", "a2_epochs"}
     md = sft_mix.render_md(p, "python -m bench sft-mix report")
     assert md.startswith("# SFT recipes, epochs against base") and "treatment_args `x=1`" in md
-    assert "| a1_epochs | ok | 128 | 560 | 280 (epoch 1) | 200 |" in md
+    assert "| a1_epochs | ok | 128 | 560 | 280 (epoch 1) | 60 | 200 |" in md
     assert "| policy | metric | base | epochs | epochs − base, paired | chosen |" in md
     assert sft_mix.plot(p, tmp_path / "e.png") == tmp_path / "e.png"
     with pytest.raises(ValueError, match="different treatments"):
