@@ -32,9 +32,11 @@ SHARED_ROLLOUT_MEMORY = 0.35
 SHARED_EXECUTOR_MEMORY = 0.2
 EXECUTOR_MEMORY = 0.85
 ROLLOUT_MEMORY = 0.6
-# The gpu SFT profile's data.train_batch_size (configs/sft_profile/gpu.yaml; a test checks they agree). VERL
-# gives each of n ranks batch / n rows a step and asserts that they divide by the micro batch.
-SFT_BATCH = 32
+# The gpu SFT profile's data.train_batch_size and micro_batch_size_per_gpu (configs/sft_profile/gpu.yaml; a test
+# checks they agree). VERL gives each of n ranks batch / n rows a step and asserts that they divide by the
+# micro batch.
+SFT_BATCH = 128
+SFT_MICRO = 64
 
 
 class GpuPlanError(ValueError):
@@ -83,11 +85,12 @@ class Placement:
 
     def sft_overrides(self) -> tuple[str, ...]:
         """The SFT's world size; with several ranks also a micro batch that divides a rank's share of the
-        batch (the profile's micro batch of 32 equals its batch: on 2 ranks each gets 16 rows and VERL's
-        ``data size must be divisible by ... micro_batch_size_per_gpu`` assertion would stop the run)."""
+        batch and is not above the profile's (batch 128, micro 64: on 4 ranks each gets 32 rows, and a micro
+        batch of 64 would stop the run at VERL's ``data size must be divisible by ... micro_batch_size_per_gpu``
+        assertion)."""
         if self.nproc == 1:
             return ("trainer.n_gpus_per_node=1",)
-        micro = max(1, SFT_BATCH // self.nproc)
+        micro = max(1, min(SFT_MICRO, SFT_BATCH // self.nproc))
         return (f"trainer.n_gpus_per_node={self.nproc}", f"data.micro_batch_size_per_gpu={micro}")
 
 

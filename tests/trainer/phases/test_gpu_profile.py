@@ -148,10 +148,12 @@ def test_cpu_smoke_keeps_its_toy_sizes(env: None, phase: str) -> None:  # noqa: 
 
 
 @pytest.mark.parametrize("phase", ["a1", "a2"])
-def test_sft_gpu_matches_the_hf_baseline_budget(env: None, phase: str) -> None:  # noqa: F811
+def test_sft_gpu_is_the_recipe_chosen_on_validation(env: None, phase: str) -> None:  # noqa: F811
     c = composed(f"{phase}_sft", "sft_profile=gpu")
-    assert c.optim.lr == pytest.approx(1e-4) and c.optim.lr_scheduler_type == "cosine"
-    assert c.trainer.total_epochs == 1 and c.data.train_batch_size == 32
+    assert c.optim.lr == pytest.approx(2e-4) and c.optim.lr_scheduler_type == "cosine"
+    assert c.trainer.total_epochs == 3 and c.data.train_batch_size == 128 and c.epoch_selection.enabled is True
+    assert c.data.train_batch_size % c.data.micro_batch_size_per_gpu == 0 and c.data.micro_batch_size_per_gpu == 64
+    assert composed(f"{phase}_sft", "sft_profile=cpu-smoke").epoch_selection.enabled is False
     assert c.model.override_config.attn_implementation == "sdpa" and c.model.use_remove_padding is False
     assert c.data.use_dynamic_bsz is False and c.model.enable_gradient_checkpointing is False
     assert "tensorboard" in c.trainer.logger

@@ -74,17 +74,19 @@ def test_overrides_follow_the_placement() -> None:
         f"actor_rollout_ref.rollout.gpu_memory_utilization={g.ROLLOUT_MEMORY}",
     )
     assert p.nproc == 2
-    # two ranks share a batch of 32: each rank's 16 rows must divide by the micro batch (VERL asserts it)
-    assert p.sft_overrides() == ("trainer.n_gpus_per_node=2", "data.micro_batch_size_per_gpu=16")
+    # ranks share a batch of 128: each rank's rows must divide by the micro batch (VERL asserts it), which stays
+    # at most the profile's 64
+    assert p.sft_overrides() == ("trainer.n_gpus_per_node=2", "data.micro_batch_size_per_gpu=64")
     assert Placement(("0",)).sft_overrides() == ("trainer.n_gpus_per_node=1",)
-    assert Placement(tuple("0123")).sft_overrides()[1] == "data.micro_batch_size_per_gpu=8"
+    assert Placement(tuple("0123")).sft_overrides()[1] == "data.micro_batch_size_per_gpu=32"
+    assert Placement(tuple("01234567")).sft_overrides()[1] == "data.micro_batch_size_per_gpu=16"
 
 
 def test_sft_batch_constant_is_the_gpu_profiles_batch() -> None:
     """``SFT_BATCH`` mirrors the gpu SFT profile: if the profile's batch changes, the micro batch rule must too."""
     profile = yaml.safe_load((CONFIGS / "sft_profile" / "gpu.yaml").read_text())
     assert profile["data"]["train_batch_size"] == g.SFT_BATCH
-    assert profile["data"]["micro_batch_size_per_gpu"] <= g.SFT_BATCH
+    assert profile["data"]["micro_batch_size_per_gpu"] == g.SFT_MICRO and g.SFT_BATCH % g.SFT_MICRO == 0
 
 
 def test_eval_runs_settings_side_by_side_up_to_the_gpu_count() -> None:
