@@ -136,11 +136,14 @@ def rl_step(
     ],
     notes: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, help="Markdown appended as notes.")] = None,
     name: Annotated[str, typer.Option(help="Report name: bench/results/NAME.{json,md,png}.")] = "rl_step",
+    sft_setting: Annotated[
+        str, typer.Option(help="The SFT runs (<phase>_<SETTING>) whose epoch is the report's sft_epoch_s.")
+    ] = "after",
 ) -> None:
     """A GRPO step, an SFT epoch and a start-up, before and after, against the floor: bench/results/rl_step.*."""
     from bench import rl_step as rs
 
-    p = rs.run(collected, notes, name)
+    p = rs.run(collected, notes, name, sft_setting)
     for setting in ("before", "after"):
         for phase, r in sorted(p[setting].items()):
             first = r["startup_s"]

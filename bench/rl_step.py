@@ -166,17 +166,23 @@ def _phase_setting(name: str) -> tuple[str, str]:
     return phase, setting or "run"
 
 
-def build(collected: Sequence[Path], notes: str = "", params: int = SMOLLM2_135M_PARAMS) -> dict[str, Any]:
+def build(
+    collected: Sequence[Path], notes: str = "", params: int = SMOLLM2_135M_PARAMS, sft_setting: str = "after"
+) -> dict[str, Any]:
+    """The report's payload; ``sft_epoch_s`` is read from the SFT runs named ``<phase>_<sft_setting>``."""
     from bench.grpo_startup import timed_run
     from bench.learning_gpu import read_stages
 
     runs: dict[str, dict[str, Any]] = {}
-    card, versions, util, layout = None, {}, [], {}
+    card, util, layout = None, [], {}
+    versions: dict[str, Any] = {}
     for root in collected:
         if (root / "card.txt").is_file():
             card = (root / "card.txt").read_text().strip()
         if (root / "versions.json").is_file():
-            versions = json.loads((root / "versions.json").read_text())
+            # several archives: a version one of them could not read (null) does not hide another's
+            found = json.loads((root / "versions.json").read_text())
+            versions |= {k: v for k, v in found.items() if v is not None or k not in versions}
         # the node script writes these beside its run folders, one level down in the archive
         for csv in [root / "gpu_util.csv", *sorted(root.glob("*/gpu_util.csv"))]:
             util += read_gpu_util(csv)
@@ -239,7 +245,10 @@ def build(collected: Sequence[Path], notes: str = "", params: int = SMOLLM2_135M
         extra = (before["c1"]["split_s"]["gen"] or 0) - (before["b1"]["split_s"]["gen"] or 0)
         before["c1"]["reward_share"] = round(max(extra, 0.0) / before["c1"]["step_s"], 3)
     out["floor_s"] = {ph: rec["floor_s"] for ph, rec in after.items()}
-    out["sft_epoch_s"] = {n.split("_")[0]: rec["epoch_s"] for n, rec in out["sft"].items() if n.endswith("_after")}
+    out["sft_setting"] = sft_setting
+    out["sft_epoch_s"] = {
+        n.split("_")[0]: rec["epoch_s"] for n, rec in out["sft"].items() if n.endswith(f"_{sft_setting}")
+    }
     starts = [rec["startup_s"] for rec in after.values() if rec.get("startup_s") is not None]
     out["startup_s"] = max(starts) if starts else None
     out["startup_s_by_phase"] = {ph: rec.get("startup_s") for ph, rec in after.items()}
@@ -334,9 +343,12 @@ def plot(p: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
-def run(collected: Sequence[Path], notes_file: Path | None = None, name: str = NAME) -> dict[str, Any]:
-    payload = build(collected, notes_file.read_text() if notes_file else "")
+def run(
+    collected: Sequence[Path], notes_file: Path | None = None, name: str = NAME, sft_setting: str = "after"
+) -> dict[str, Any]:
+    payload = build(collected, notes_file.read_text() if notes_file else "", sft_setting=sft_setting)
     command = "python -m bench rl-step " + " ".join(f"--collected {c}" for c in collected)
+    command += f" --sft-setting {sft_setting}" if sft_setting != "after" else ""
     payload["command"] = command
     write_result(name, payload, render_md(payload, command), quick=False)
     plot(payload, RESULTS_DIR / f"{name}.png")

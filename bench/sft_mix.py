@@ -267,7 +267,7 @@ def render_md(p: dict[str, Any], command: str) -> str:
     treat = p.get("treatment", DEFAULT_TREATMENT)
     title = "SFT source mix" if treat == DEFAULT_TREATMENT else f"SFT recipes, {treat} against base"
     lines = [
-        f"# {title}: chosen on validation, compared on test; evaluations that repeat\n",
+        f"# {title}: chosen on validation, compared on test{'; evaluations that repeat' if p['repeat'] else ''}\n",
         f"- card: {p['card']}",
         "- versions: " + ", ".join(f"{k} {x}" for k, x in v.items()),
         f"- on the node: `{run.get('command')}` at `{run.get('commit')}`, {treat}'s mix `{run.get('sft_mix') or '–'}`, "

@@ -109,6 +109,10 @@ def test_report_fields_and_values(collected: Path, tmp_path: Path, monkeypatch: 
     assert (tmp_path / "results" / "rl_step.png").stat().st_size > 1000
     saved = json.loads((tmp_path / "results" / "rl_step.json").read_text())
     assert saved["after"]["c1"]["reward_share"] == p["after"]["c1"]["reward_share"]
+    # another SFT setting's epoch (e.g. a recipe compared by sft_mix.sh): a1_after is not read then
+    other = rl_step.run([collected], sft_setting="epochs")
+    assert other["sft_epoch_s"] == {} and other["sft_setting"] == "epochs"
+    assert other["command"].endswith("--sft-setting epochs")
 
 
 def test_nothing_collected_is_an_error(tmp_path: Path) -> None:
