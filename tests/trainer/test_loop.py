@@ -387,14 +387,20 @@ def test_phase_d_serves_without_prefix_caching_and_records_the_mode(
         asked.append(kw)
         yield Endpoint("http://127.0.0.1:9", "policy", mode=mode)
 
-    def run_two_stage(_name: str, pi1: str, pi2: str, examples: Any, serve: Any, *_a: Any) -> list[dict[str, Any]]:
-        for model, stage in ((pi1, "stage1"), (pi2, "stage2")):
-            with serve(model, stage):
-                pass
-        return [{"id": ex.id, "schema_prediction": json.dumps(ex.schema_dict()), "table_prediction": None}
-                for ex in examples]  # fmt: skip
+    def stage1_schemas(_label: str, pi1: str, examples: Any, serve: Any, *_a: Any) -> list[str]:
+        with serve(pi1, "stage1"):
+            return [json.dumps(ex.schema_dict()) for ex in examples]
+
+    def run_two_stage(
+        _name: str, _pi1: str, pi2: str, examples: Any, serve: Any, *_a: Any, schemas: list[str]
+    ) -> list[dict[str, Any]]:
+        with serve(pi2, "stage2"):
+            pass
+        return [{"id": ex.id, "schema_prediction": s, "table_prediction": None}
+                for ex, s in zip(examples, schemas, strict=True)]  # fmt: skip
 
     monkeypatch.setattr(phase_d_step, "serve_model", serve_model)
+    monkeypatch.setattr("trainer.evaluation.two_stage.stage1_schemas", stage1_schemas)
     monkeypatch.setattr("trainer.evaluation.two_stage.run_two_stage", run_two_stage)
     cfg = LoopConfig(golden=SAMPLE, out=tmp_path / "loop", profile="cpu-smoke", pi1_sft="/a", pi2_sft="/b")
     settings = {"sft": ("/a", "/b"), "pipe": ("/c", "/b")}
@@ -407,3 +413,52 @@ def test_phase_d_serves_without_prefix_caching_and_records_the_mode(
     evaluate_phase_d(Workspace.open(cfg), settings, "loop1", ("pipe", "sft"))  # reused, decided again
     assert len(asked) == 4 and json.loads((out / "metrics.json").read_text())["loop2"]["last"] == "sft"
     assert line in (out / "report.md").read_text().splitlines()
+
+
+def test_phase_d_cut_in_stage_2_keeps_stage_1_for_the_resumed_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Phase D cut during a setting's Stage 2 (the allocation ended) keeps that setting's Stage-1 schemas under
+    their key: the resumed loop scores the same schemas without running π1 again; a new π1 runs it again."""
+    from trainer.loop import phase_d_step
+    from trainer.serving.endpoint import ServingMode
+
+    pi1 = tmp_path / "c1_hf"
+    pi1.mkdir()
+    (pi1 / "model.safetensors").write_bytes(b"v1")
+    stage1_runs: list[str] = []
+    cut = {"on": True}
+
+    @contextlib.contextmanager
+    def serve_model(model: str, _log: Path, _slot: object = None, **_kw: object) -> Iterator[Endpoint]:
+        yield Endpoint("http://127.0.0.1:9", "policy", mode=ServingMode("CPU", eager=True, prefix_caching=False))
+
+    def stage1_schemas(label: str, pi1_dir: str, examples: Any, serve: Any, *_a: Any) -> list[str]:
+        stage1_runs.append(label)
+        with serve(pi1_dir, "stage1"):
+            return [json.dumps(ex.schema_dict()) + " " * len(stage1_runs) for ex in examples]  # which run wrote it
+
+    def run_two_stage(_n: str, _p1: str, _p2: str, examples: Any, *_a: Any, schemas: list[str]) -> list[dict[str, Any]]:
+        if cut["on"]:
+            raise RuntimeError("the allocation ended")
+        return [{"id": ex.id, "schema_prediction": s, "table_prediction": None}
+                for ex, s in zip(examples, schemas, strict=True)]  # fmt: skip
+
+    monkeypatch.setattr(phase_d_step, "serve_model", serve_model)
+    monkeypatch.setattr("trainer.evaluation.two_stage.stage1_schemas", stage1_schemas)
+    monkeypatch.setattr("trainer.evaluation.two_stage.run_two_stage", run_two_stage)
+    cfg = LoopConfig(golden=SAMPLE, out=tmp_path / "loop", profile="cpu-smoke", pi1_sft="/a", pi2_sft="/b")
+    settings = {"pipe": (str(pi1), "/b")}
+    with pytest.raises(RuntimeError, match="the allocation ended"):
+        evaluate_phase_d(Workspace.open(cfg), settings, "loop1", ("pipe", "pipe"))
+    kept = tmp_path / "loop" / "stage1_cache" / "pipe.json"
+    assert stage1_runs == ["pipe"] and kept.is_file()
+    cut["on"] = False
+    evaluate_phase_d(Workspace.open(cfg), settings, "loop1", ("pipe", "pipe"))
+    assert stage1_runs == ["pipe"]  # Stage 1 did not run again
+    preds = (tmp_path / "loop" / "eval_loop1" / "predictions_pipe.jsonl").read_text().splitlines()
+    assert preds and all(json.loads(line)["schema_prediction"].endswith(" ") for line in preds)  # the first run's
+    (pi1 / "model.safetensors").write_bytes(b"v2")  # π1 trained again: another key
+    (tmp_path / "loop" / "eval_loop1" / "metrics.json").unlink()
+    evaluate_phase_d(Workspace.open(cfg), settings, "loop1", ("pipe", "pipe"))
+    assert stage1_runs == ["pipe", "pipe"]

@@ -4,7 +4,11 @@ the decision taken again by the current rule.
 
 Its executors run without prefix caching, and eager unless ``--executor-cuda-graphs``: so a rerun at the same
 concurrency gives the same answers (docs/reliability.md#evaluations-that-repeat). The serving mode is
-recorded in metrics.json and report.md."""
+recorded in metrics.json and report.md.
+
+Each setting's Stage 1 is kept under ``<out>/stage1_cache/<setting>.json`` with the key of what it depends on
+(:func:`stage1_key`; :mod:`trainer.evaluation.stage1_cache`): a Phase D cut during Stage 2 (a hung executor, an
+allocation that ended) does not run π1 again when the loop resumes."""
 
 from __future__ import annotations
 
@@ -38,12 +42,35 @@ def eval_generation(ws: Workspace) -> GenerationConfig:
     return GenerationConfig(max_tokens=ws.cfg.eval_max_tokens)
 
 
+def stage1_key(ws: Workspace, pi1: str, gen: GenerationConfig) -> dict[str, Any]:
+    """What a setting's Stage-1 schemas depend on: π1's content, the test file and how many of its documents,
+    the generation settings, the Stage-1 prompt's version and how the executor serves (profile, eager, no
+    prefix caching)."""
+    import dataclasses
+
+    from shared import PROMPT_VERSION
+    from trainer.loop.manifest import sha256
+    from trainer.serving.identity import fingerprint
+
+    cfg = ws.cfg
+    return {
+        "model": fingerprint(pi1),
+        "golden": sha256(cfg.golden / "common_test_schemas.jsonl"),
+        "eval_limit": cfg.eval_limit,
+        "generation": dataclasses.asdict(gen),
+        "prompt_version": PROMPT_VERSION,
+        "serving": {"profile": cfg.profile, "eager": cfg.executor_eager, "prefix_caching": False},
+    }
+
+
 def staged_pipeline(
     ws: Workspace, name: str, pi1: str, pi2: str, examples: Sequence[Any], slot: ExecutorSlot | None = None
 ) -> tuple[list[dict[str, Any]], ServingMode | None]:
-    """Stage 1 with π1 served alone, then Stage 2 with π2 on the predicted schemas (on ``slot``); the records
-    and the executors' serving mode (π1's and π2's are started alike)."""
-    from trainer.evaluation.two_stage import PromptStage, generate_quietly, run_two_stage
+    """Stage 1 with π1 served alone (or its schemas kept from an earlier run of the same key), then Stage 2 with
+    π2 on the predicted schemas (on ``slot``); the records and the executors' serving mode (π1's and π2's are
+    started alike)."""
+    from trainer.evaluation.stage1_cache import cached_stage1
+    from trainer.evaluation.two_stage import PromptStage, generate_quietly, run_two_stage, stage1_schemas
 
     modes: list[ServingMode | None] = []
 
@@ -54,7 +81,14 @@ def staged_pipeline(
             modes.append(ep.mode)
             yield ep
 
-    records = run_two_stage(name, pi1, pi2, examples, serve, eval_generation(ws), generate_quietly)
+    gen = eval_generation(ws)
+    cache = ws.out / "stage1_cache" / f"{name}.json"
+    schemas, kept = cached_stage1(
+        cache, stage1_key(ws, pi1, gen), lambda: stage1_schemas(name, pi1, examples, serve, gen, generate_quietly)
+    )
+    if kept:
+        print(f"[phase D] {name}: π1's schemas from an earlier run of this evaluation ({cache})", flush=True)
+    records = run_two_stage(name, pi1, pi2, examples, serve, gen, generate_quietly, schemas=schemas)
     return records, (modes[0] if modes else None)
 
 
