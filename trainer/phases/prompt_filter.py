@@ -196,16 +196,34 @@ class LengthCache:
             pass  # a read-only cache folder: counted again next time
 
 
-def file_lengths(
-    path: Path, prompt_key_name: str, tokenizer: Any, tokenizer_dir: str, template_kwargs: dict[str, Any],
-    cache: LengthCache, workers: int = 1, counter: Counter = count_lengths,
-) -> tuple[list[int], int]:  # fmt: skip
-    """Lengths of every row of one parquet, and how many of them came from ``cache`` (which learns the rest)."""
-    messages = pq.read_table(path, columns=[prompt_key_name]).column(prompt_key_name).to_pylist()
+PROMPTS = Rule(tag="prompt_filter", unit="prompts", limit_key="data.max_prompt_length", counter=count_lengths)
+
+
+@dataclass(frozen=True)
+class Counting:
+    """How a filter counts a parquet's rows: the column that holds them, the tokenizer (its object and the
+    folder pool workers load it from) with the chat template's arguments, the cache of lengths already
+    counted, the worker processes and the rule."""
+
+    column: str
+    tokenizer: Any
+    tokenizer_dir: str
+    template_kwargs: dict[str, Any]
+    cache: LengthCache
+    workers: int = 1
+    rule: Rule = PROMPTS
+
+
+def file_lengths(path: Path, counting: Counting) -> tuple[list[int], int]:
+    """Lengths of every row of one parquet, and how many of them came from the cache (which learns the rest)."""
+    c, cache = counting, counting.cache
+    messages = pq.read_table(path, columns=[c.column]).column(c.column).to_pylist()
     keys = [prompt_key(m) for m in messages]
     todo = [i for i, k in enumerate(keys) if k not in cache.lengths]
-    counted = count_many([messages[i] for i in todo], tokenizer, tokenizer_dir, template_kwargs, workers,
-                         counter=counter)  # fmt: skip
+    todo_messages = [messages[i] for i in todo]
+    counted = count_many(
+        todo_messages, c.tokenizer, c.tokenizer_dir, c.template_kwargs, c.workers, counter=c.rule.counter
+    )
     for i, n in zip(todo, counted, strict=True):
         cache.lengths[keys[i]] = n
     return [cache.lengths[k] for k in keys], len(keys) - len(todo)
@@ -223,14 +241,10 @@ def _row_ids(path: Path) -> list[str]:
     return fallback
 
 
-PROMPTS = Rule(tag="prompt_filter", unit="prompts", limit_key="data.max_prompt_length", counter=count_lengths)
-
-
-def filter_split(
-    split: str, files: list[str], limit: int, prompt_key_name: str, tokenizer: Any, tokenizer_dir: str,
-    template_kwargs: dict[str, Any], out_dir: Path, cache: LengthCache, workers: int = 1, rule: Rule = PROMPTS,
-) -> SplitFilter:  # fmt: skip
-    """One split's files: counted (or read from the cache), and rewritten without the rows over ``limit``."""
+def filter_split(split: str, files: list[str], limit: int, counting: Counting, out_dir: Path) -> SplitFilter:
+    """One split's files: counted (or read from the cache), and rewritten under ``out_dir`` without the rows
+    over ``limit``."""
+    rule = counting.rule
     result = SplitFilter(split, files, rows=0, dropped=0, limit=limit, longest=0, used_files=list(files),
                          limit_key=rule.limit_key, tag=rule.tag, unit=rule.unit)  # fmt: skip
     from_cache = 0
@@ -239,9 +253,7 @@ def filter_split(
         path = Path(f)
         if not path.is_file():
             raise ValueError(f"data.{split}_files: {f} does not exist")
-        lengths, hits = file_lengths(
-            path, prompt_key_name, tokenizer, tokenizer_dir, template_kwargs, cache, workers, rule.counter
-        )
+        lengths, hits = file_lengths(path, counting)
         from_cache += hits
         result.rows += len(lengths)
         result.longest = max([result.longest, *lengths])
@@ -291,20 +303,9 @@ def apply(config: Any, out_dir: Path) -> list[SplitFilter] | None:
         Path(str(block.get("cache_dir") or cache_dir())) / f"{tokenizer_key(tokenizer_dir, template_kwargs)}.json"
     )
     workers = int(block.get("workers") or min(8, os.cpu_count() or 1))
+    counting = Counting(str(data.prompt_key), tokenizer, tokenizer_dir, template_kwargs, cache, workers)
     results = [
-        filter_split(
-            split,
-            files_of(data[f"{split}_files"]),
-            limit,
-            str(data.prompt_key),
-            tokenizer,
-            tokenizer_dir,
-            template_kwargs,
-            out_dir,
-            cache,
-            workers,
-        )
-        for split in ("train", "val")
+        filter_split(split, files_of(data[f"{split}_files"]), limit, counting, out_dir) for split in ("train", "val")
     ]
     cache.save()
     with open_dict(config):

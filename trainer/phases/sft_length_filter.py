@@ -41,6 +41,7 @@ from typing import Any
 from trainer.phases import sft_epochs
 from trainer.phases.prompt_filter import (
     AllTooLong,
+    Counting,
     LengthCache,
     Rule,
     SplitFilter,
@@ -139,22 +140,9 @@ def apply(config: Any, out_dir: Path) -> list[SplitFilter] | None:
     # pool workers load the tokenizer from its folder, without a custom template
     workers = 1 if custom else int(block.get("workers") or min(8, os.cpu_count() or 1))
     splits = [s for s in ("train", "val") if data.get(f"{s}_files")]
-    results = [
-        filter_split(
-            split,
-            files_of(data[f"{split}_files"]),
-            limit,
-            str(data.get("messages_key") or "messages"),
-            tokenizer,
-            tokenizer_dir,
-            template_kwargs,
-            out_dir,
-            cache,
-            workers,
-            rule=CONVERSATIONS,
-        )
-        for split in splits
-    ]
+    column = str(data.get("messages_key") or "messages")
+    counting = Counting(column, tokenizer, tokenizer_dir, template_kwargs, cache, workers, rule=CONVERSATIONS)
+    results = [filter_split(split, files_of(data[f"{split}_files"]), limit, counting, out_dir) for split in splits]
     cache.save()
     with open_dict(config):
         for r in results:

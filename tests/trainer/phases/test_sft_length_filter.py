@@ -145,9 +145,11 @@ def test_the_launcher_runs_the_filter_first_and_records_it(
 ) -> None:
     launched: list[PhaseRun] = []
     monkeypatch.setattr(launch, "launch", lambda run, **_: launched.append(run) or 0)
-    res = launch.run_phase(_sft_run(data, model_dir, tmp_path / "o"), export=False)
-    assert res.status == "ok" and len(launched) == 1
+    # a batch the 10 rows left can fill on the profile's 8 ranks: its epoch plan counts them (1 step an epoch)
+    res = launch.run_phase(_sft_run(data, model_dir, tmp_path / "o", "data.train_batch_size=8"), export=False)
+    assert res.status == "ok" and len(launched) == 1, res.error
     assert f"data.train_files={tmp_path / 'o' / 'sft_data' / 'train_0_train.parquet'}" in launched[0].overrides
+    assert {"trainer.test_freq=1", "trainer.save_freq=1"} <= set(launched[0].overrides)
     assert res.command == launched[0].command()
     on_disk = read_result(tmp_path / "o")
     assert on_disk is not None and on_disk.length_filter is not None
