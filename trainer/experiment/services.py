@@ -53,7 +53,8 @@ class Services(contextlib.AbstractContextManager["Services"]):
         return ModelSpec(self.models[phase], name, slot, self.wd.logs / f"executor_{name}.log")
 
     def serve(self, phases: Iterable[str]) -> dict[str, Endpoint]:
-        """Endpoints of these phases' outputs; the ones not served yet start (one engine per GPU at a time)."""
+        """Endpoints of these phases' outputs; the ones not served yet start (one engine per GPU at a time,
+        every vLLM-CPU one at once)."""
         wanted = list(dict.fromkeys(phases))
         return dict(zip(wanted, self.pool.ensure([self.spec(p) for p in wanted]), strict=True))
 

@@ -175,13 +175,22 @@ class ModelSpec:
 def start_waves(specs: Sequence[ModelSpec]) -> list[list[ModelSpec]]:
     """The order executors start in: each wave starts together and is waited for side by side, with at
     most one engine initialising per GPU (two vLLM engines that initialise at the same moment on one GPU
-    can lose one: each one's memory profiling sees the other's allocations move). On CPU, one at a time."""
+    can lose one: each one's memory profiling sees the other's allocations move). vLLM-CPU engines all
+    start in the first wave: their KV cache is a fixed size (``VLLM_CPU_KVCACHE_SPACE``), nothing is
+    profiled, and a start is mostly single-threaded imports: on 2 cores, 2 engines started together were up
+    in 58 s against 93 s one after the other, 4 in 129 s against 155 s."""
     per_device: dict[str, list[ModelSpec]] = {}
+    cpu: list[ModelSpec] = []
     for spec in specs:
-        device = spec.slot.gpus[0] if spec.slot and spec.slot.gpus else "cpu"
-        per_device.setdefault(device, []).append(spec)
+        if spec.slot and spec.slot.gpus:
+            per_device.setdefault(spec.slot.gpus[0], []).append(spec)
+        else:
+            cpu.append(spec)
     depth = max((len(v) for v in per_device.values()), default=0)
-    return [[queue[i] for queue in per_device.values() if i < len(queue)] for i in range(depth)]
+    waves = [[queue[i] for queue in per_device.values() if i < len(queue)] for i in range(depth)]
+    if cpu:
+        waves = [[*cpu, *waves[0]], *waves[1:]] if waves else [cpu]
+    return waves
 
 
 class ExecutorPool:

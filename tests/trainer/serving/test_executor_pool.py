@@ -15,11 +15,21 @@ def spec(model: str, gpu: str | None) -> ModelSpec:
     return ModelSpec(model, model, ExecutorSlot((gpu,)) if gpu else None)
 
 
+def names(waves: list[list[ModelSpec]]) -> list[list[str]]:
+    return [[s.model for s in w] for w in waves]
+
+
 def test_start_waves_one_engine_per_gpu_at_a_time() -> None:
     waves = start_waves([spec("a", "0"), spec("b", "1"), spec("c", "0"), spec("d", "1"), spec("e", "0")])
-    assert [[s.model for s in w] for w in waves] == [["a", "b"], ["c", "d"], ["e"]]
-    assert [[s.model for s in w] for w in start_waves([spec("a", None), spec("b", None)])] == [["a"], ["b"]]
+    assert names(waves) == [["a", "b"], ["c", "d"], ["e"]]
     assert start_waves([]) == []
+
+
+def test_start_waves_starts_every_cpu_engine_at_once() -> None:
+    """vLLM-CPU engines profile no memory: all of them start in the first wave, beside the GPUs' first ones."""
+    assert names(start_waves([spec("a", None), spec("b", None), spec("c", None)])) == [["a", "b", "c"]]
+    mixed = start_waves([spec("a", "0"), spec("b", None), spec("c", "0"), spec("d", None)])
+    assert names(mixed) == [["b", "d", "a"], ["c"]]
 
 
 def test_pool_reuses_by_model_and_stops_what_is_released(monkeypatch: pytest.MonkeyPatch) -> None:
