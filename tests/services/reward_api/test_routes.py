@@ -7,6 +7,7 @@ re-implement a reward.
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,16 @@ def _items_per_worker(prom_dir: Path) -> dict[str, float]:
     return out
 
 
+def _items_per_worker_once_counted(prom_dir: Path, sent: int, within_s: float = 10.0) -> dict[str, float]:
+    """:func:`_items_per_worker` once it counts ``sent`` items, or as it stands after ``within_s``: a worker
+    counts a batch after its answer is sent (``routes._observe_after_answer``), so a file read right after the
+    answer can come first on a busy machine."""
+    deadline = time.monotonic() + within_s
+    while sum((per_worker := _items_per_worker(prom_dir)).values()) < sent and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return per_worker
+
+
 def test_two_workers_aggregate_metrics(golden_sample: list[GoldenExample], tmp_path: Path) -> None:
     """``--workers 2``: both processes score requests, and /metrics (multiprocess mode) sums all of them."""
     ex = golden_sample[0]
@@ -203,10 +214,17 @@ def test_two_workers_aggregate_metrics(golden_sample: list[GoldenExample], tmp_p
                 r = c.post("/reward/schema", json={"items": [item] * 3})
             assert r.status_code == 200 and r.json()["results"][0]["reward"] == 1.0
             sent += 3
-            per_worker = _items_per_worker(tmp_path)
+            per_worker = _items_per_worker_once_counted(tmp_path, sent)
             if sent >= 30 and sum(v > 0 for v in per_worker.values()) == 2:
                 break
         assert sum(v > 0 for v in per_worker.values()) == 2, f"items per worker pid: {per_worker}"
+        # a worker counts its items right after its answer is sent (routes.py, _observe_after_answer); this
+        # process reads their files directly, not through a worker's event loop, so on a busy machine the last
+        # answer's count may land a moment after the answer: wait for it, never past the items sent
+        deadline = time.monotonic() + 10
+        while sum(per_worker.values()) < sent and time.monotonic() < deadline:
+            time.sleep(0.05)
+            per_worker = _items_per_worker(tmp_path)
         assert sum(per_worker.values()) == sent
         for _ in range(4):  # whichever worker answers /metrics reports the total
             assert metric(server.url, "reward_api_items_total", {"endpoint": "/reward/schema"}) == sent
