@@ -36,9 +36,12 @@ def test_infer_stage1_and_stage2(cpu_executor: Any, tmp_path: Path) -> None:
 
 
 def test_precompute_and_evaluate_pipeline(cpu_executor: Any, tmp_path: Path) -> None:
+    """precompute-schemas (every row kept with --on-invalid gold, then a --train-sample), and evaluate pipeline
+    of one setting twice. The base model rambles: at 32 tokens every answer is cut, and the cut answers are
+    counted, not failed on."""
     url, model = cpu_executor.url, cpu_executor.served_model_name
     res = CliRunner().invoke(app, ["data", "precompute-schemas", "--golden", str(SAMPLE_DIR), "--out", str(tmp_path),
-                                   "--executor-url", url, "--model", model, "--limit", "2", "--max-tokens", "64",
+                                   "--executor-url", url, "--model", model, "--limit", "2", "--max-tokens", "32",
                                    "--on-invalid", "gold", "--max-truncated-share", "1"])  # the base model rambles
     assert res.exit_code == 0, res.output
     manifest = json.loads((tmp_path / "manifest.json").read_text())["phases"]["c2"]
@@ -52,7 +55,7 @@ def test_precompute_and_evaluate_pipeline(cpu_executor: Any, tmp_path: Path) -> 
     # --train-sample: a seeded random N train documents (the pi2-ab experiment's c2data), the validation split whole
     res = CliRunner().invoke(app, ["data", "precompute-schemas", "--golden", str(SAMPLE_DIR), "--out",
                                    str(tmp_path / "s"), "--executor-url", url, "--model", model, "--limit", "4",
-                                   "--train-sample", "2", "--max-tokens", "64", "--on-invalid", "gold",
+                                   "--train-sample", "2", "--max-tokens", "32", "--on-invalid", "gold",
                                    "--max-truncated-share", "1"])  # fmt: skip
     assert res.exit_code == 0, res.output
     sampled = json.loads((tmp_path / "s" / "manifest.json").read_text())["phases"]["c2"]
@@ -61,11 +64,11 @@ def test_precompute_and_evaluate_pipeline(cpu_executor: Any, tmp_path: Path) -> 
     out = tmp_path / "eval"
     setting = f"{url},{model},{url},{model}"
     res = CliRunner().invoke(app, ["evaluate", "pipeline", "--golden", str(TEST), "--out", str(out), "--limit", "2",
-                                   "--max-tokens", "64", "--setting", f"a={setting}", "--setting", f"b={setting}",
+                                   "--max-tokens", "32", "--setting", f"a={setting}", "--setting", f"b={setting}",
                                    "--max-truncated-share", "1"])
     assert res.exit_code == 0, res.output
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["max_tokens"] == 64 and metrics["settings"]["a"]["truncated"]["schema"]["answers"] == 2
+    assert metrics["max_tokens"] == 32 and metrics["settings"]["a"]["truncated"]["schema"]["answers"] == 2
     a, b = metrics["settings"]["a"]["overall"], metrics["settings"]["b"]["overall"]
     assert a["n"] == 2 and a == b  # greedy and seeded: the same model twice gives the same numbers
     assert metrics["loop2"]["decision"] == "stop" and metrics["loop2"]["gain_points"] == 0.0
