@@ -18,6 +18,7 @@ from shared.golden import (
     validate_folder,
     write_golden,
 )
+from shared.handoff import NoStage2Reason, Stage2Handoff, stage2_handoff
 from shared.names import normalize_name
 from shared.prompts import (
     PROMPT_VERSION,
@@ -47,6 +48,7 @@ from shared.rewards import (
     TableReward,
     TableRewardConfig,
     combine_pipeline_reward,
+    compute_schema_reward_parsed,
     compute_schema_reward_single,
     compute_table_reward_single,
     pipeline_reward_for_executor_failure,
@@ -55,7 +57,7 @@ from shared.rewards import (
     pipeline_reward_for_prompt_too_long,
 )
 from shared.schema_metrics import SchemaPRF, schema_prf_from_text
-from shared.schema_parsing import parse_schema_text, strip_code_fence
+from shared.schema_parsing import ParsedSchema, parse_schema_text, strip_code_fence
 from shared.table_metrics import (
     JsonFloat,
     cell_accuracy,
@@ -82,11 +84,14 @@ __all__ = [
     "GoldenExample",
     "GoldenFormatError",
     "JsonFloat",
+    "NoStage2Reason",
+    "ParsedSchema",
     "PipelineReward",
     "PipelineSchemaRewardConfig",
     "SchemaPRF",
     "SchemaReward",
     "SchemaRewardConfig",
+    "Stage2Handoff",
     "TableMetric",
     "TableReward",
     "TableRewardConfig",
@@ -99,6 +104,7 @@ __all__ = [
     "canonical_schema_json",
     "cell_accuracy",
     "combine_pipeline_reward",
+    "compute_schema_reward_parsed",
     "compute_schema_reward_single",
     "compute_table_reward_single",
     "gold_ndjson",
@@ -120,6 +126,7 @@ __all__ = [
     "read_split",
     "schema_prf_from_text",
     "stage1_template",
+    "stage2_handoff",
     "stage2_schema",
     "stage2_template",
     "strip_code_fence",

@@ -31,15 +31,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.aligned_metrics import DEFAULT_MAX_ALIGN_ROWS, AlignedMetrics, aligned_cell_f1, aligned_table_metrics
-from shared.schema_metrics import schema_prf_from_text
+from shared.schema_metrics import schema_prf
+from shared.schema_parsing import ParsedSchema, parse_schema_text
 from shared.table_metrics import cell_accuracy, gold_table_to_rows, parse_ndjson_detailed, table_column_names
 
-INVALID_JSON = "invalid_json"
+INVALID_JSON: Final = "invalid_json"
 INVALID_NDJSON = "invalid_ndjson"
 EXECUTOR_FAILED = "executor_failed"
 PROMPT_TOO_LONG = "prompt_too_long"
@@ -156,8 +157,16 @@ def compute_schema_reward_single(
     prediction: str, gold_schema: Mapping[str, Any] | list[Any], config: SchemaRewardConfig | None = None
 ) -> SchemaReward:
     """Score one predicted schema text against its gold schema."""
+    return compute_schema_reward_parsed(parse_schema_text(prediction), gold_schema, config)
+
+
+def compute_schema_reward_parsed(
+    parsed: ParsedSchema, gold_schema: Mapping[str, Any] | list[Any], config: SchemaRewardConfig | None = None
+) -> SchemaReward:
+    """:func:`compute_schema_reward_single` on a prediction already parsed (``parse_schema_text``, or the
+    ``schema`` of ``shared.stage2_handoff``): the same reward, without parsing the text again."""
     cfg = config or SchemaRewardConfig()
-    m = schema_prf_from_text(prediction, gold_schema)
+    m = schema_prf(parsed, gold_schema)
     if not m.valid_json:
         return SchemaReward(cfg.clip(cfg.invalid_json_penalty), False, 0.0, 0.0, 0.0, INVALID_JSON)
     raw = cfg.f1_weight * m.f1 + cfg.precision_weight * m.precision + cfg.recall_weight * m.recall

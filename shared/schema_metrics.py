@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from shared.names import normalize_name
-from shared.schema_parsing import parse_schema_text, schema_names_from_obj
+from shared.schema_parsing import ParsedSchema, parse_schema_text, schema_names_from_obj
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +51,11 @@ def schema_prf_from_text(pred_text: str, gold_schema: Mapping[str, Any] | list[A
     precision = |P∩G|/|P|, recall = |P∩G|/|G|, f1 = 2PR/(P+R), where P and G are the sets of
     normalised names. An unparseable prediction gives ``valid_json=False`` and zeros.
     """
-    parsed = parse_schema_text(pred_text)
+    return schema_prf(parse_schema_text(pred_text), gold_schema)
+
+
+def schema_prf(parsed: ParsedSchema, gold_schema: Mapping[str, Any] | list[Any]) -> SchemaPRF:
+    """:func:`schema_prf_from_text` on a prediction already parsed (``parse_schema_text``)."""
     if not parsed.valid:
         return SchemaPRF(0.0, 0.0, 0.0, False, parsed.error)
     p, r, f = prf(name_set(parsed.names), name_set(gold_schema_names(gold_schema)))
