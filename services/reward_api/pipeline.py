@@ -1,14 +1,15 @@
 """The pipeline reward: schema reward, then the frozen π2 executor on the predicted schema, then the table reward.
 
-For each item: score the predicted schema (``shared``); an invalid schema takes
-``shared.pipeline_reward_for_invalid_schema`` and costs no executor call. A valid one becomes the
-Stage-2 prompt (``shared.build_stage2_messages`` from the document and the *predicted* schema, with the
-template's neutral ``schema_id``, as SFT, RL data and evaluation use); identical prompts are sent once; the
-executor's text is scored with ``shared.compute_table_reward_single`` and combined with
-``shared.combine_pipeline_reward``. Failures follow ``failures``' policy; a prompt that does not fit the
-executor's context is the item's own outcome, ``prompt_too_long`` (``failures``, point 6), and so is an
-answer cut at the executor's token limit, ``executor_truncated`` (``failures``, point 7). In ``fail`` mode
-the first failed call ends the executor phase: the calls still running for this request are cancelled.
+For each item: the Stage 1 → Stage 2 hand-off (``shared.stage2_handoff``, the one evaluation uses) parses
+the predicted schema once and gives the Stage-2 prompt (the document and the *predicted* schema, with the
+template's neutral ``schema_id``) or the reason there is none; that parsed schema is scored (``shared``). An
+item without a prompt (invalid schema) takes ``shared.pipeline_reward_for_invalid_schema`` and costs no
+executor call. Identical prompts are sent once; the executor's text is scored with
+``shared.compute_table_reward_single`` and combined with ``shared.combine_pipeline_reward``. Failures
+follow ``failures``' policy; a prompt that does not fit the executor's context is the item's own outcome,
+``prompt_too_long`` (``failures``, point 6), and so is an answer cut at the executor's token limit,
+``executor_truncated`` (``failures``, point 7). In ``fail`` mode the first failed call ends the executor
+phase: the calls still running for this request are cancelled.
 """
 
 from __future__ import annotations
@@ -33,14 +34,14 @@ from services.reward_api.settings import Settings
 from shared import (
     DEFAULT_MAX_ALIGN_ROWS,
     EXECUTOR_TRUNCATED,
-    build_stage2_messages,
     combine_pipeline_reward,
-    compute_schema_reward_single,
+    compute_schema_reward_parsed,
     compute_table_reward_single,
     pipeline_reward_for_executor_failure,
     pipeline_reward_for_executor_truncated,
     pipeline_reward_for_invalid_schema,
     pipeline_reward_for_prompt_too_long,
+    stage2_handoff,
 )
 from shared.prompts import PromptTemplate
 from shared.rewards import PipelineReward, PipelineSchemaRewardConfig, SchemaReward
@@ -81,7 +82,7 @@ class PipelineRequestLike(Protocol):
 @dataclass(frozen=True)
 class _Prepared:
     schema: SchemaReward
-    messages: list[Message] | None  # None: invalid schema, no executor call
+    messages: list[Message] | None  # None: no Stage-2 prompt (invalid schema), no executor call
     key: str | None
 
 
@@ -93,11 +94,12 @@ def _prepare(
 ) -> list[_Prepared]:
     out = []
     for it in items:
-        schema = compute_schema_reward_single(it.prediction, it.gold_schema.names(), cfg.schema_reward)
-        if not schema.valid_json:
+        handoff = stage2_handoff(it.text, it.prediction, template)
+        schema = compute_schema_reward_parsed(handoff.schema, it.gold_schema.names(), cfg.schema_reward)
+        messages = handoff.messages
+        if messages is None:
             out.append(_Prepared(schema, None, None))
             continue
-        messages = build_stage2_messages(it.text, it.prediction, template)
         # Without a client the key only has to group identical prompts; the call then fails as not_configured.
         key = client.key(messages) if client else json.dumps(messages, sort_keys=True)
         out.append(_Prepared(schema, messages, key))

@@ -2,10 +2,12 @@
 (document + the *predicted* schema → table) with π2, as Phase D scores it.
 
 ``trainer evaluate pipeline``, the loop's Phase D and the demo all call :func:`run_two_stage`, and
-:func:`stage2_on_prediction` is the only trainer code that builds a Stage-2 prompt from a predicted
-schema (C2's precompute uses it too). A predicted schema that is no valid schema gets no Stage-2 call:
-its table scores 0. Settings that share a π1 can run its Stage 1 once (:func:`stage1_schemas`) and pass
-those schemas to each setting's :func:`run_two_stage` (``schemas=``): the same schemas, and no repeated work.
+:func:`stage2_on_prediction` is the trainer's way to a Stage-2 prompt on a predicted schema (C2's
+precompute uses it too): the shared hand-off (``shared.stage2_handoff``) that the reward service's
+pipeline reward uses, so both decide validity alike. A predicted schema that is no valid schema gets no
+Stage-2 call: its table scores 0. Settings that share a π1 can run its Stage 1 once
+(:func:`stage1_schemas`) and pass those schemas to each setting's :func:`run_two_stage` (``schemas=``): the
+same schemas, and no repeated work.
 
 Where a model runs is the caller's business. ``serve(model, stage)`` is "give me a URL for this model":
 a context manager that yields an :class:`~trainer.serving.endpoint.Endpoint` while the model is served
@@ -21,7 +23,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Literal, Protocol
 
-from shared import PROMPT_VERSION, GoldenExample, build_stage1_messages, build_stage2_messages
+from shared import PROMPT_VERSION, GoldenExample, build_stage1_messages, stage2_handoff, stage2_template
+from shared.prompts import PromptTemplate
 from trainer.evaluation.generation import (
     GenerationClient,
     GenerationConfig,
@@ -51,12 +54,12 @@ async def generate_quietly(client: GenerationClient, prompts: Sequence[Sequence[
     return await client.generate(prompts)
 
 
-def stage2_on_prediction(text: str, predicted_schema: str) -> list[Message] | None:
-    """The Stage-2 prompt on π1's predicted schema, or None when that is no valid schema."""
-    try:
-        return build_stage2_messages(text, predicted_schema)
-    except ValueError:
-        return None
+def stage2_on_prediction(
+    text: str, predicted_schema: str, template: PromptTemplate | None = None
+) -> list[Message] | None:
+    """The Stage-2 prompt on π1's predicted schema (``shared.stage2_handoff`` with ``template``, by default
+    the configured Stage-2 template), or None when that hand-off has none (no valid schema)."""
+    return stage2_handoff(text, predicted_schema, template or stage2_template()).messages
 
 
 def stage1_schemas(
@@ -99,10 +102,11 @@ def run_two_stage(
     s1 = [build_stage1_messages(ex.text) for ex in examples]
     if schemas is None:
         schemas = stage1_schemas(setting, pi1, examples, serve, gen, generate)
+    template = stage2_template()
     s2 = {
         i: prompt
         for i, (ex, schema) in enumerate(zip(examples, schemas, strict=True))
-        if (prompt := stage2_on_prediction(ex.text, schema)) is not None
+        if (prompt := stage2_on_prediction(ex.text, schema, template)) is not None
     }
     order = sorted(s2)
     tables: dict[int, str] = {}
