@@ -247,11 +247,13 @@ def python_files(*exclude: Path) -> list[Path]:
     return [p for p in files if not any(p == e or e in p.parents for e in exclude)]
 
 
-def calls(tree: ast.AST, names: set[str]) -> list[ast.Call]:
-    def name(func: ast.expr) -> str:
-        return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+def callee(func: ast.expr) -> str:
+    """The called name: ``f`` of ``f(...)`` and of ``module.f(...)``."""
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
 
-    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and name(n.func) in names]
+
+def calls(tree: ast.AST, names: set[str]) -> list[ast.Call]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and callee(n.func) in names]
 
 
 def test_servers_are_built_only_in_the_serving_package() -> None:
@@ -301,14 +303,58 @@ def test_reward_api_variables_are_named_only_in_the_serving_package() -> None:
     assert not named, f"REWARD_API_ spelled outside trainer/serving/ in: {', '.join(named)}"
 
 
-def test_only_the_two_stage_runner_builds_stage2_prompts_on_predicted_schemas() -> None:
-    """Everywhere else a Stage-2 prompt is built on a gold schema (``<example>.schema_dict()``)."""
-    for path in python_files(TRAINER / "evaluation" / "two_stage.py"):
-        for call in calls(ast.parse(path.read_text()), {"build_stage2_messages"}):
-            schema = call.args[1] if len(call.args) > 1 else None
-            gold = (
-                isinstance(schema, ast.Call)
-                and isinstance(schema.func, ast.Attribute)
-                and schema.func.attr == "schema_dict"
-            )
-            assert gold, f"{path.relative_to(REPO)}:{call.lineno}: a Stage-2 prompt on a predicted schema"
+HANDOFF = REPO / "shared" / "handoff.py"  # the Stage 1 → Stage 2 hand-off
+PROMPTS = REPO / "shared" / "prompts.py"  # the prompt builders themselves
+
+
+def handoff_scope() -> list[Path]:
+    """The code that may not build a Stage-2 prompt on a predicted schema: trainer/, bench/, services/ and
+    shared/, but not the hand-off and the builders."""
+    files = [*python_files(), *(REPO / "services").rglob("*.py"), *(REPO / "shared").rglob("*.py")]
+    return [p for p in files if p not in (HANDOFF, PROMPTS)]
+
+
+def prompts_on_predicted_schemas(source: str) -> list[int]:
+    """Lines of ``source`` that build a Stage-2 prompt on anything but a gold schema: a ``build_stage2_messages``
+    whose schema (second positional argument) is not ``<example>.schema_dict()``, or any ``stage2_schema``."""
+    lines = []
+    for call in calls(ast.parse(source), {"build_stage2_messages", "stage2_schema"}):
+        schema = call.args[1] if len(call.args) > 1 else None
+        gold = (
+            callee(call.func) == "build_stage2_messages"
+            and isinstance(schema, ast.Call)
+            and isinstance(schema.func, ast.Attribute)
+            and schema.func.attr == "schema_dict"
+        )
+        if not gold:
+            lines.append(call.lineno)
+    return sorted(lines)
+
+
+def test_only_the_handoff_builds_stage2_prompts_on_predicted_schemas() -> None:
+    """The Stage 1 → Stage 2 hand-off has one home, ``shared/handoff.py`` (``shared.stage2_handoff``): the
+    reward service and the trainer alike go through it; everywhere else a Stage-2 prompt is built on a gold
+    schema (``<example>.schema_dict()``)."""
+    bad = [
+        f"{path.relative_to(REPO)}:{line}: a Stage-2 prompt on a predicted schema; use shared.stage2_handoff"
+        for path in handoff_scope()
+        for line in prompts_on_predicted_schemas(path.read_text())
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_service_and_the_two_stage_runner_hand_off_through_shared() -> None:
+    for path in (REPO / "services" / "reward_api" / "pipeline.py", TRAINER / "evaluation" / "two_stage.py"):
+        assert calls(ast.parse(path.read_text()), {"stage2_handoff"}), f"{path.relative_to(REPO)}: no stage2_handoff"
+
+
+def test_the_handoff_guard_catches_a_prompt_on_a_predicted_schema() -> None:
+    source = (
+        "build_stage2_messages(ex.text, ex.schema_dict())\n"
+        "shared.build_stage2_messages(item.text, item.prediction, template)\n"
+        "build_stage2_messages(text, schema=ex.schema_dict())\n"
+        "stage2_schema(prediction)\n"
+    )
+    assert prompts_on_predicted_schemas(source) == [2, 3, 4]
+    assert REPO / "services" / "reward_api" / "pipeline.py" in handoff_scope()
+    assert HANDOFF not in handoff_scope()
