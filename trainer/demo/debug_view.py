@@ -6,32 +6,36 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from shared import GoldenExample, gold_table_to_rows, parse_ndjson
+from shared import PROMPT_VERSION, GoldenExample, gold_table_to_rows, parse_ndjson
+from shared.wire import PipelineItem, PipelineRequest
+from trainer.reward_client import RewardClient
 
 
-def pipeline_debug_request(ex: GoldenExample, schema_prediction: str) -> dict[str, Any]:
-    item = {
-        "id": ex.id,
-        "prediction": schema_prediction,
-        "text": ex.text,
-        "gold_schema": ex.schema_dict(),
-        "gold_table": ex.table_dict(),
-    }
-    return {"items": [item], "debug": True}
+def pipeline_debug_request(ex: GoldenExample, schema_prediction: str) -> PipelineRequest:
+    item = PipelineItem.model_validate(
+        {
+            "id": ex.id,
+            "prediction": schema_prediction,
+            "text": ex.text,
+            "gold_schema": ex.schema_dict(),
+            "gold_table": ex.table_dict(),
+        }
+    )
+    return PipelineRequest(items=[item], debug=True)
 
 
-def call_pipeline_debug(api_url: str, ex: GoldenExample, schema_prediction: str, timeout_s: float = 300.0) -> Any:
-    """POST one item; returns the response JSON (raises on an HTTP error: never a made-up reward)."""
-    body = pipeline_debug_request(ex, schema_prediction)
-    resp = httpx.post(f"{api_url}/reward/pipeline", json=body, timeout=timeout_s)
-    resp.raise_for_status()
-    return resp.json()
+def call_pipeline_debug(
+    api_url: str, ex: GoldenExample, schema_prediction: str, timeout_s: float = 300.0
+) -> dict[str, Any]:
+    """POST one item; returns the answer as its JSON object (raises on an HTTP error, never a made-up reward, and
+    when the reward API builds its Stage-2 prompt from other templates than the demo's, ``PROMPT_VERSION``)."""
+    with RewardClient(api_url, PROMPT_VERSION, timeout_s=timeout_s) as client:
+        return client.score(pipeline_debug_request(ex, schema_prediction)).model_dump(mode="json")
 
 
 def _rows_table(title: str, rows: list[dict[str, Any]]) -> Table:

@@ -1,8 +1,10 @@
 """Sampled outputs scored through reward_api, synchronously and in batches: the same rewards as RL.
 
 Used outside training, where a whole list of samples is scored at once: the checks before RL
-(``trainer.phases.preflight``) and the RFT baseline (``trainer.rft``). VERL's reward function has its
-own client (``trainer.in_verl.reward_client``: per sample, coalesced, with a deadline).
+(``trainer.phases.preflight``) and the RFT baseline (``trainer.rft``). Requests go through the typed client
+(:class:`trainer.reward_client.RewardClient`), which VERL's reward function batches over too
+(``trainer.in_verl.reward_client``: per sample, coalesced, with a deadline); its answers must carry the
+prompt version the samples' prompts were built with (``shared.PROMPT_VERSION``: :func:`prompt_for`).
 
 A reward kind (:data:`trainer.phases.registry.REWARD_KINDS`) names the endpoint, ``POST /reward/<kind>``;
 its prompt is the registry's (:func:`~trainer.phases.registry.reward_prompt`). Errors raise: a failed call
@@ -14,10 +16,16 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import httpx
-
-from shared import GoldenExample, build_stage1_messages, build_stage2_messages, canonical_schema_json, gold_ndjson
+from shared import (
+    PROMPT_VERSION,
+    GoldenExample,
+    build_stage1_messages,
+    build_stage2_messages,
+    canonical_schema_json,
+    gold_ndjson,
+)
 from trainer.phases.registry import RewardKind, reward_prompt
+from trainer.reward_client import RewardClient, build_request
 
 # Items per POST: well under reward_api's per-request item limit (its max_items setting, 4,096 by default).
 # A preflight of 200 prompts x 3 sources x 17 samples is 10,200 items: sent whole, it was a 413 on a GPU
@@ -63,24 +71,20 @@ def score_results(
     timeout_s: float = 600.0,
     batch: int = SCORE_BATCH,
     parallel: int = SCORE_PARALLEL,
+    expected_prompt_version: str = PROMPT_VERSION,
 ) -> list[dict[str, Any]]:
-    """The results of ``items`` in order (reward, valid_json, ...), from ``POST /reward/<reward>`` in batches
-    of at most ``batch`` items, ``parallel`` of them at once (errors raise)."""
-    url = f"{reward_url.rstrip('/')}/reward/{reward}"
+    """The results of ``items`` in order (the wire result's fields: reward, valid_json, ...), from
+    ``POST /reward/<reward>`` in batches of at most ``batch`` items, ``parallel`` of them at once (errors
+    raise, :mod:`trainer.reward_client`; so does an answer whose prompt_version is not
+    ``expected_prompt_version``)."""
     chunks = [items[start : start + batch] for start in range(0, len(items), batch)]
-    with httpx.Client(timeout=timeout_s, limits=httpx.Limits(max_connections=max(1, parallel))) as client:
-
-        def post(chunk: list[dict[str, Any]]) -> list[dict[str, Any]]:
-            r = client.post(url, json={"items": chunk})
-            if r.status_code != 200:
-                raise RuntimeError(f"reward_api /reward/{reward} answered {r.status_code}: {r.text[:500]}")
-            got: list[dict[str, Any]] = r.json()["results"]
-            if [x["id"] for x in got] != [x["id"] for x in chunk]:
-                raise RuntimeError("reward_api returned results in a different order or count")
-            return got
-
-        with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(chunks)))) as pool:
-            return [r for got in pool.map(post, chunks) for r in got]
+    requests = [build_request(reward, chunk) for chunk in chunks]
+    with (
+        RewardClient(reward_url, expected_prompt_version, timeout_s=timeout_s, max_connections=max(1, parallel)) as c,
+        ThreadPoolExecutor(max_workers=max(1, min(parallel, len(chunks)))) as pool,
+    ):
+        answers = list(pool.map(c.score, requests))
+    return [r.model_dump() for answer in answers for r in answer.results]
 
 
 def score(reward_url: str, reward: RewardKind, items: list[dict[str, Any]], timeout_s: float = 600.0) -> list[float]:

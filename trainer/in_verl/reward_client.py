@@ -8,11 +8,12 @@ Failure policy (applied by :class:`RewardBatcher` and :func:`score_dict`, stated
   after its first item arrived, whichever comes first.
 - Every call has a deadline (``timeout_s``, counted from when the sample was submitted). A call that
   passes it raises :class:`RewardTimeoutError`; nothing waits forever.
-- Retries are safe because scoring is idempotent. Only connection errors, timeouts of one attempt,
-  HTTP 5xx and 429 are retried (exponential backoff, ``max_attempts`` in all). A 4xx other than 429
-  is a bug in our request and raises at once with the service's message. A 503 whose ``error`` is
-  ``executor_*`` is not retried here: the service retried its executor calls already (retries live in one
-  layer; retrying both multiplied the attempts, 3 × 4 = 12 per sample against a failing executor).
+- One batch is one call of the typed client, :class:`trainer.reward_client.AsyncRewardClient`, which owns
+  the retries (safe: scoring is idempotent; connection errors, attempt timeouts, 5xx and 429 only, never a
+  503 ``executor_*``: the service retried its executor already), raises at once on a 4xx with the service's
+  message, and checks the answer's ``prompt_version`` against the sample's data (its
+  ``extra_info.prompt_version``): a mismatch raises :class:`~trainer.reward_client.PromptVersionMismatch`
+  naming both versions, never masked.
 - After the last attempt the error RAISES (:class:`RewardServiceError`). A made-up score would be
   silently trained on, so there is none.
 - An answer that is an infrastructure or configuration failure, never the policy's mistake (the executor
@@ -46,13 +47,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from shared import EXECUTOR_TRUNCATED, PROMPT_TOO_LONG
+from shared import EXECUTOR_TRUNCATED, PROMPT_TOO_LONG, PROMPT_VERSION
+from shared.wire import PipelineResult, SchemaResult, TableResult
 from trainer.data_source import reward_kind
 from trainer.phases.failure_mask import FAILURE_CAUSES, MASK_KEY, FailureMode
+from trainer.reward_client import (
+    REQUESTS,
+    AsyncRewardClient,
+    PromptVersionMismatch,
+    RewardEndpoint,
+    RewardRequestError,
+    RewardServiceError,
+    build_request,
+)
+
+__all__ = ["PromptVersionMismatch", "RewardRequestError", "RewardServiceError"]  # re-exported: VERL's errors
 
 log = logging.getLogger("trainer.in_verl.reward_client")
 
@@ -76,15 +87,6 @@ SCORE_KEYS: dict[str, tuple[str, ...]] = {
 }
 for _kind in SCORE_KEYS:  # every data source reports the mask and its causes (trainer.phases.failure_mask)
     SCORE_KEYS[_kind] += tuple(k for k in (MASK_KEY, *FAILURE_CAUSES) if k not in SCORE_KEYS[_kind])
-
-
-class RewardServiceError(RuntimeError):
-    """The reward API did not answer usefully after all retries (or answered a non-retryable 4xx)."""
-
-
-class RewardRequestError(RewardServiceError):
-    """The service refused our request (a 4xx other than 429: a bad token, a bad config): a bug to fix, never
-    masked as an infrastructure failure."""
 
 
 class RewardTimeoutError(RewardServiceError, TimeoutError):
@@ -179,29 +181,13 @@ def client_config_from_kwargs(kwargs: Mapping[str, Any]) -> RewardClientConfig:
         raise ValueError(f"reward_kwargs.{loc}: {err['msg']}") from None
 
 
-def _retryable(exc: BaseException) -> bool:
-    if isinstance(exc, httpx.HTTPStatusError):
-        code = exc.response.status_code
-        if code == 503 and _service_error(exc.response).startswith("executor_"):
-            return False  # the service already retried its executor calls (one retrying layer, not two)
-        return code == 429 or code >= 500
-    return isinstance(exc, httpx.TransportError)
-
-
-def _service_error(resp: httpx.Response) -> str:
-    """The ``error`` of the service's ``ErrorBody``, or "" if the answer is not one (a proxy's page)."""
-    try:
-        body = resp.json()
-    except ValueError:
-        return ""
-    error = body.get("error") if isinstance(body, dict) else None
-    return error if isinstance(error, str) else ""
+WireResult = SchemaResult | TableResult | PipelineResult
 
 
 @dataclass
 class _Pending:
     item: dict[str, Any]
-    future: asyncio.Future[dict[str, Any]]
+    future: asyncio.Future[WireResult]
 
 
 @dataclass
@@ -215,10 +201,19 @@ class BatcherStats:
 
 
 class RewardBatcher:
-    """Coalesces concurrent single-item reward calls on one event loop into batched POSTs."""
+    """Coalesces concurrent single-item reward calls on one event loop into batched POSTs, sent through
+    :class:`trainer.reward_client.AsyncRewardClient` (its retries, its checks of each answer)."""
 
-    def __init__(self, endpoint: str, cfg: RewardClientConfig, reward_config: Mapping[str, Any]) -> None:
-        self.endpoint = endpoint
+    def __init__(
+        self,
+        endpoint: str,
+        cfg: RewardClientConfig,
+        reward_config: Mapping[str, Any],
+        expected_prompt_version: str = PROMPT_VERSION,
+    ) -> None:
+        if endpoint not in REQUESTS:
+            raise ValueError(f"data_source must be one of {list(REQUESTS)}, got {endpoint!r}")
+        self.endpoint: RewardEndpoint = endpoint
         self.cfg = cfg
         self.url = f"{cfg.url.rstrip('/')}/reward/{endpoint}"
         self.reward_config = dict(reward_config)
@@ -226,15 +221,21 @@ class RewardBatcher:
         self._pending: list[_Pending] = []
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        headers = {"Authorization": f"Bearer {cfg.token.get_secret_value()}"} if cfg.token else {}
-        self._client = httpx.AsyncClient(
-            headers=headers,
-            timeout=httpx.Timeout(cfg.attempt_timeout_s or cfg.timeout_s),
-            limits=httpx.Limits(max_connections=16),
+        self._client = AsyncRewardClient(
+            cfg.url,
+            expected_prompt_version,
+            token=cfg.token.get_secret_value() if cfg.token else None,
+            timeout_s=cfg.attempt_timeout_s or cfg.timeout_s,
+            max_attempts=cfg.max_attempts,
+            backoff_s=cfg.backoff_s,
+            on_attempt=self._count_attempt,
         )
 
-    async def submit(self, item: dict[str, Any]) -> dict[str, Any]:
-        """Queue one item; return its result dict, or raise after the deadline / the retries."""
+    def _count_attempt(self) -> None:
+        self.stats.attempts += 1
+
+    async def submit(self, item: dict[str, Any]) -> WireResult:
+        """Queue one item; return its wire result, or raise after the deadline / the retries."""
         loop = asyncio.get_running_loop()
         pending = _Pending(item, loop.create_future())
         self._pending.append(pending)
@@ -262,20 +263,15 @@ class RewardBatcher:
 
     async def _send(self, batch: list[_Pending]) -> None:
         started = time.monotonic()
-        body = {"items": [p.item for p in batch], "config": self.reward_config, "debug": False}
-        if self.endpoint == "pipeline":
-            body["on_executor_error"] = "penalize"  # per item: the failure_mode decides what the sample becomes
+        # pipeline: per-item answers, so the failure_mode decides what a failed sample becomes
+        options = {"on_executor_error": "penalize"} if self.endpoint == "pipeline" else {}
         self.stats.requests += 1
         self.stats.items += len(batch)
         self.stats.batch_sizes.append(len(batch))
         try:
+            request = build_request(self.endpoint, [p.item for p in batch], self.reward_config, **options)
             async with asyncio.timeout(self.cfg.timeout_s):
-                results = await self._post_with_retries(body)
-            if len(results) != len(batch):
-                raise RewardServiceError(f"{self.url}: {len(results)} results for {len(batch)} items")
-            for p, res in zip(batch, results, strict=True):
-                if res.get("id") != p.item["id"]:
-                    raise RewardServiceError(f"{self.url}: result id {res.get('id')!r} != item id {p.item['id']!r}")
+                results: list[WireResult] = list((await self._client.score(request)).results)
         except BaseException as exc:  # every waiter must learn about any failure
             err: BaseException = exc
             if isinstance(exc, TimeoutError):
@@ -296,36 +292,6 @@ class RewardBatcher:
             if not p.future.done():
                 p.future.set_result(res)
 
-    async def _post_with_retries(self, body: dict[str, Any]) -> list[dict[str, Any]]:
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.cfg.max_attempts),
-            wait=wait_exponential(multiplier=self.cfg.backoff_s, max=10.0),
-            retry=retry_if_exception(_retryable),
-            reraise=True,
-        )
-        tries = 0
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    tries += 1
-                    self.stats.attempts += 1
-                    resp = await self._client.post(self.url, json=body)
-                    if resp.status_code >= 400:
-                        if resp.status_code != 429 and resp.status_code < 500:
-                            raise RewardRequestError(f"{self.url}: HTTP {resp.status_code}: {resp.text[:500]}")
-                        resp.raise_for_status()
-                    results: list[dict[str, Any]] = resp.json()["results"]
-                    return results
-        except httpx.HTTPStatusError as exc:
-            raise RewardServiceError(
-                f"{self.url}: HTTP {exc.response.status_code} after {tries} attempt(s): {exc.response.text[:500]}"
-            ) from exc
-        except httpx.TransportError as exc:
-            raise RewardServiceError(
-                f"{self.url}: {type(exc).__name__} after {self.cfg.max_attempts} attempts: {exc}"
-            ) from exc
-        raise AssertionError("unreachable")  # pragma: no cover
-
     async def aclose(self) -> None:
         await self._client.aclose()
 
@@ -336,18 +302,22 @@ _BATCHERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Reward
 _ids = itertools.count()
 
 
-def get_batcher(data_source: str, cfg: RewardClientConfig) -> RewardBatcher:
-    """The batcher of the running loop for this endpoint and config (created on first use)."""
+def get_batcher(
+    data_source: str, cfg: RewardClientConfig, expected_prompt_version: str = PROMPT_VERSION
+) -> RewardBatcher:
+    """The batcher of the running loop for this endpoint, config and expected prompt version (created on first
+    use)."""
     if data_source not in SCORE_KEYS:
         raise ValueError(f"data_source must be one of {list(SCORE_KEYS)}, got {data_source!r}")
     loop = asyncio.get_running_loop()
     per_loop = _BATCHERS.setdefault(loop, {})
     # the dump shows a SecretStr as '**********': the token's hash keeps two tokens apart
     token = hashlib.sha256(cfg.token.get_secret_value().encode()).hexdigest() if cfg.token else ""
-    key = f"{data_source}|{cfg.model_dump_json()}|{token}"
+    key = f"{data_source}|{cfg.model_dump_json()}|{token}|{expected_prompt_version}"
     batcher = per_loop.get(key)
     if batcher is None:
-        batcher = per_loop[key] = RewardBatcher(data_source, cfg, cfg.reward_config(data_source))
+        reward_config = cfg.reward_config(data_source)
+        batcher = per_loop[key] = RewardBatcher(data_source, cfg, reward_config, expected_prompt_version)
     return batcher
 
 
@@ -387,9 +357,14 @@ def build_item(data_source: str, item_id: str, solution_str: str, ground_truth: 
     raise ValueError(f"data_source must be one of {list(SCORE_KEYS)}, got {data_source!r}")
 
 
-def score_dict(data_source: str, result: Mapping[str, Any], failure_mode: FailureMode = "mask") -> dict[str, float]:
-    """Map a wire result onto VERL's ``{"score", ...parts}``; the same keys for every sample. In ``mask`` mode
-    an executor failure, truncation or prompt_too_long is a masked sample (:func:`masked_score`)."""
+def score_dict(
+    data_source: str, result: WireResult | Mapping[str, Any], failure_mode: FailureMode = "mask"
+) -> dict[str, float]:
+    """Map a wire result (the parsed model, or its JSON object) onto VERL's ``{"score", ...parts}``; the same
+    keys for every sample. In ``mask`` mode an executor failure, truncation or prompt_too_long is a masked
+    sample (:func:`masked_score`)."""
+    if not isinstance(result, Mapping):
+        result = vars(result)  # the model's fields by name: the wire's names, not copied
     error = result.get("error")
     if failure_mode == "mask" and error in FAILURE_CAUSES:
         return masked_score(data_source, str(error))
@@ -465,13 +440,16 @@ async def score_one(
     ground_truth: Any,
     cfg: RewardClientConfig,
     item_id: str | None = None,
+    expected_prompt_version: str | None = None,
 ) -> dict[str, float]:
     """Score one sample through the running loop's batcher. ``data_source`` may carry its golden source
     (``table:wikitabletext``, :mod:`trainer.data_source`): the kind picks the endpoint, and samples of
-    every source share one batcher."""
+    every source share one batcher. ``expected_prompt_version`` is the version the sample's data was built
+    with (its ``extra_info.prompt_version``; default ``shared.PROMPT_VERSION``): an answer with another one
+    raises :class:`~trainer.reward_client.PromptVersionMismatch`."""
     kind = reward_kind(data_source)
     gt = decode_ground_truth(ground_truth)
     uid = f"{item_id or 'sample'}#{next(_ids)}"
     item = build_item(kind, uid, solution_str, gt)
-    result = await get_batcher(kind, cfg).submit(item)
+    result = await get_batcher(kind, cfg, expected_prompt_version or PROMPT_VERSION).submit(item)
     return score_dict(kind, result, cfg.failure_mode)

@@ -18,7 +18,8 @@ When the call fails, the error is appended to ``reward_kwargs.failure_log`` (if 
 (``failure_mode``, the phase's ``failures.mode``) a failed call of the reward service
 (:class:`~trainer.in_verl.reward_client.RewardServiceError`: unreachable, 5xx or 429 after the retries, past
 its deadline) becomes a masked sample with cause ``reward_call_failed``; any other error (a request the
-service refused with a 4xx, a bad config or ground truth: a bug, never the policy's mistake either) and
+service refused with a 4xx, a bad config or ground truth, a reward API serving other prompts than the
+data's ``extra_info.prompt_version``: a bug, never the policy's mistake either) and
 every error in ``penalize`` mode is re-raised.
 VERL then marks the prompt group ``failure`` and keeps the exception in the rollout worker's log only;
 the phase's trainer reads the failure log to name the cause when it stops the phase
@@ -59,7 +60,8 @@ async def compute_score(
     cfg = None
     try:
         cfg = client_config_from_kwargs(kwargs)
-        return await score_one(str(data_source), solution_str, ground_truth, cfg, item_id)
+        version = (extra_info or {}).get("prompt_version")  # the prompts the sample's data was built with
+        return await score_one(str(data_source), solution_str, ground_truth, cfg, item_id, version or None)
     except Exception as exc:
         if failure_log:
             record_reward_failure(str(failure_log), str(data_source), item_id, exc)

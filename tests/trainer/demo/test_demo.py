@@ -78,7 +78,7 @@ def test_debug_view_shows_every_part_a_person_needs() -> None:
         assert needle in text, needle
     assert "1.000" in text  # gold schema and gold rows: full reward
     body = pipeline_debug_request(ex, schema)
-    assert body["debug"] is True and body["items"][0]["gold_table"] == ex.table_dict()
+    assert body.debug is True and body.items[0].gold_table.model_dump(exclude_unset=True) == ex.table_dict()
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from shared import compute_schema_reward_single
+from shared import PROMPT_VERSION, compute_schema_reward_single
 from tests.helpers.servers import ThreadServer
 
 
@@ -47,7 +47,8 @@ class FaultyRewardApi:
                 {"id": it["id"], **compute_schema_reward_single(it["prediction"], it["gold_schema"]).as_dict()}
                 for it in body["items"]
             ]
-            return JSONResponse({"results": results, "count": len(results), "prompt_version": "x", "elapsed_ms": 0})
+            answer = {"results": results, "count": len(results), "prompt_version": PROMPT_VERSION, "elapsed_ms": 0}
+            return JSONResponse(answer)
 
         self._server = ThreadServer(app)
         self.port = self._server.port
