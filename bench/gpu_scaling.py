@@ -45,7 +45,9 @@ from bench.common import (
     run_record,
     write_result,
 )
-from shared import GoldenExample, canonical_schema_json, gold_ndjson, read_split
+from shared import PROMPT_VERSION, GoldenExample, canonical_schema_json, gold_ndjson, read_split
+from shared.wire import PipelineRequest
+from trainer.reward_client import AsyncRewardClient, build_request
 
 NAME = "gpu_scaling"
 GOALS = {2: 1.8, 4: 3.4}
@@ -167,32 +169,32 @@ async def _load(
     api_urls: str | Sequence[str], items: list[dict[str, Any]], clients: int, batch: int
 ) -> tuple[float, list[float], int]:
     """``clients`` concurrent clients take batches off one queue until it is empty; client ``i`` posts to
-    reward_api replica ``i mod k``."""
-    queue: asyncio.Queue[list[dict[str, Any]]] = asyncio.Queue()
+    reward_api replica ``i mod k`` through the typed reward client (answers checked, prompt version too)."""
+    queue: asyncio.Queue[PipelineRequest] = asyncio.Queue()
     for i in range(0, len(items), batch):
-        queue.put_nowait(items[i : i + batch])
+        queue.put_nowait(build_request("pipeline", items[i : i + batch]))
     latencies: list[float] = []
     failed = 0
 
-    async def client(http: httpx.AsyncClient, api_url: str) -> None:
+    async def client(reward: AsyncRewardClient) -> None:
         nonlocal failed
         while not queue.empty():
-            chunk = queue.get_nowait()
+            request = queue.get_nowait()
             t0 = time.perf_counter()
-            r = await http.post(f"{api_url}/reward/pipeline", json={"items": chunk})
+            answer = await reward.score(request)
             latencies.append(time.perf_counter() - t0)
-            if r.status_code != 200:
-                raise RuntimeError(f"/reward/pipeline answered {r.status_code}: {r.text[:300]}")
-            body = r.json()
-            if [x["id"] for x in body["results"]] != [it["id"] for it in chunk]:
-                raise RuntimeError("/reward/pipeline results missing or out of order")
-            failed += int(body.get("failed", 0))
+            failed += answer.failed
 
-    limits = httpx.Limits(max_connections=clients + 4)
-    async with httpx.AsyncClient(timeout=1800.0, limits=limits) as http:
+    urls = client_urls(api_urls, clients)
+    connections = clients + 4
+    rewards = {u: AsyncRewardClient(u, PROMPT_VERSION, timeout_s=1800.0, max_connections=connections) for u in urls}
+    try:
         t0 = time.perf_counter()
-        await asyncio.gather(*(client(http, u) for u in client_urls(api_urls, clients)))
+        await asyncio.gather(*(client(rewards[u]) for u in urls))
         return time.perf_counter() - t0, latencies, failed
+    finally:
+        for reward in rewards.values():
+            await reward.aclose()
 
 
 def measure(

@@ -24,7 +24,9 @@ import httpx
 
 from bench.common import golden_dir, header_md, load_examples, md_table, met, perturb_schema, run_record, write_result
 from bench.pipeline_reward import DEFAULT_MODEL, messages_for
-from shared import PipelineSchemaRewardConfig, canonical_schema_json, compute_schema_reward_single
+from shared import PROMPT_VERSION, PipelineSchemaRewardConfig, canonical_schema_json, compute_schema_reward_single
+from shared.wire import PipelineResponse
+from trainer.reward_client import RewardClient, build_request
 
 _CALLS = re.compile(r"^reward_api_executor_calls_total\{[^}]*\}\s+([0-9.eE+-]+)$", re.M)
 
@@ -102,22 +104,20 @@ def run(
         ("4 requests", 4, 1),
         ("4 requests, 2 workers, 2 clients", 4, 2),
     ):
-        with reward_api_process(None, workers=workers, **settings) as api, httpx.Client(timeout=1800) as client:
+        with (
+            reward_api_process(None, workers=workers, **settings) as api,
+            RewardClient(api.url, PROMPT_VERSION, timeout_s=1800) as client,
+        ):
             before = executor_calls(api.url)
             # Strided, so the k samples of a prompt are spread over all requests: duplicates must meet in
             # the cache or an in-flight call (or, with 2 workers, may land on the other worker's process).
             chunks = [items[i::parts] for i in range(parts)]
 
-            def post(chunk: list[dict[str, Any]], api_url: str = api.url) -> dict[str, Any]:
-                r = client.post(f"{api_url}/reward/pipeline", json={"items": chunk})
-                r.raise_for_status()
-                body: dict[str, Any] = r.json()
-                return body
-
+            requests = [build_request("pipeline", chunk) for chunk in chunks]
             with ThreadPoolExecutor(max_workers=workers) as pool:  # one client per worker
-                bodies = list(pool.map(post, chunks))
-            reported = sum(b["executor_calls"] for b in bodies)
-            rewards: dict[str, float] = {x["id"]: x["reward"] for b in bodies for x in b["results"]}
+                answers: list[PipelineResponse] = list(pool.map(client.score, requests))
+            reported = sum(a.executor_calls for a in answers)
+            rewards: dict[str, float] = {x.id: x.reward for a in answers for x in a.results}
             calls = executor_calls(api.url) - before
         # Duplicates must also score the same: identical (text, prediction) → identical reward.
         by_pair: dict[tuple[str, str], set[float]] = {}

@@ -40,6 +40,7 @@ from bench.common import (
     write_result,
 )
 from shared import (
+    PROMPT_VERSION,
     GoldenExample,
     PipelineSchemaRewardConfig,
     combine_pipeline_reward,
@@ -47,6 +48,7 @@ from shared import (
     compute_table_reward_single,
 )
 from trainer.evaluation.two_stage import stage2_on_prediction
+from trainer.reward_client import RewardClient, build_request
 
 CEILING_RATIO = 0.9
 SEQUENTIAL_FACTOR = 10.0
@@ -140,17 +142,13 @@ def sequential(url: str, items: list[dict[str, Any]], payloads: list[dict[str, A
 
 
 def ours(api_url: str, items: list[dict[str, Any]]) -> tuple[float, dict[str, Any]]:
-    """One batched /reward/pipeline request for all items."""
-    with httpx.Client(timeout=1800.0) as client:
+    """One batched /reward/pipeline request for all items, through the typed reward client."""
+    request = build_request("pipeline", items)
+    with RewardClient(api_url, PROMPT_VERSION, timeout_s=1800.0) as client:
         t0 = time.perf_counter()
-        r = client.post(f"{api_url}/reward/pipeline", json={"items": items})
+        answer = client.score(request)
         elapsed = time.perf_counter() - t0
-    if r.status_code != 200:
-        raise RuntimeError(f"/reward/pipeline answered {r.status_code}: {r.text[:500]}")
-    body: dict[str, Any] = r.json()
-    if [x["id"] for x in body["results"]] != [it["id"] for it in items]:
-        raise RuntimeError("/reward/pipeline results missing or out of order")
-    return elapsed, body
+    return elapsed, answer.model_dump()
 
 
 def run(
