@@ -1,4 +1,8 @@
-"""Wire types of the reward API (DESIGN §4.4), shared by the service and the trainer's client.
+"""Wire types of the reward API (DESIGN §4.4): the service parses requests and answers with them, and every
+caller talks through the typed client ``trainer/reward_client.py``, which builds its requests from these models,
+parses each answer into the matching response model and checks the answer's ``prompt_version`` against the
+prompts the caller built its data with. A result field has one name on the wire, in the client and in VERL's logs
+(except the reward itself, which VERL requires to be called ``score``).
 
 Requests reject unknown keys, so a misspelt field or config override is a 422 that names it, and
 non-finite numbers (``NaN``, ``Infinity``), so no reward can come back ``NaN`` or ``null``. Strings must
@@ -119,7 +123,7 @@ class TableResult(BaseModel):
     id: str
     reward: float
     valid_json: bool
-    score: float = Field(description="The table_metric's number that the reward maps onto [min, max].")
+    table_score: float = Field(description="The table_metric's number that the reward maps onto [min, max].")
     table_metric: str = Field(description="Which metric made the reward: 'aligned' or 'positional'.")
     cell_accuracy: float = Field(description="The seed's positional cell accuracy (reported for every metric).")
     n_pred_rows: int
@@ -131,7 +135,7 @@ class TableResult(BaseModel):
     def row(item_id: str, r: TableReward) -> dict[str, Any]:
         """This result as the JSON object it is sent as (see ``SchemaResult.row``)."""
         return {
-            "id": item_id, "reward": r.reward, "valid_json": r.valid_json, "score": r.score,
+            "id": item_id, "reward": r.reward, "valid_json": r.valid_json, "table_score": r.score,
             "table_metric": r.metric, "cell_accuracy": r.cell_accuracy,
             "n_pred_rows": r.n_pred_rows, "n_gold_rows": r.n_gold_rows, "error": r.error,
             "aligned": r.aligned.as_dict() if r.aligned is not None else None,
@@ -161,7 +165,7 @@ class PipelineResult(BaseModel):
     precision: float
     recall: float
     f1: float
-    table_score: float = Field(description="The table part's table_metric number (see TableResult.score).")
+    table_score: float = Field(description="The table part's table_metric number (see TableResult.table_score).")
     table_metric: str = Field(description="Which metric made the table part: 'aligned' or 'positional'.")
     cell_accuracy: float
     error: str | None = None

@@ -373,7 +373,7 @@ def score_dict(
     if data_source == "schema":
         out.update(precision=float(result["precision"]), recall=float(result["recall"]), f1=float(result["f1"]))
     elif data_source == "table":
-        out.update(table_score=float(result["score"]), cell_accuracy=float(result["cell_accuracy"]))
+        out.update(table_score=float(result["table_score"]), cell_accuracy=float(result["cell_accuracy"]))
     else:
         out.update(
             schema_reward=float(result["schema_reward"]),
