@@ -333,3 +333,34 @@ async def test_the_token_from_the_environment_reaches_a_protected_reward_api(mon
                 await compute_score("schema", PREDS[1], truth, {"id": "y"})
         finally:
             await _close()
+
+
+@pytest.mark.service
+async def test_a_sample_built_with_other_prompts_raises_in_every_mode(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A real reward API: a sample whose ``extra_info.prompt_version`` (the prompts its data was built with) is not
+    the service's raises PromptVersionMismatch naming both, in mask mode too (a configuration bug, never a masked
+    sample), and the failure log keeps it; the data's own version scores as before."""
+    from shared import PROMPT_VERSION
+    from trainer.reward_client import PromptVersionMismatch
+    from trainer.serving.reward_api import reward_api_process
+
+    log = tmp_path / "reward_failures.jsonl"
+    truth = json.dumps(GOLD)
+    with reward_api_process(None) as api:
+        monkeypatch.setenv(URL_ENV, api.url)
+        try:
+            ok = await compute_score("schema", PREDS[1], truth, {"id": "a", "prompt_version": PROMPT_VERSION})
+            assert ok["score"] == 1.0 and ok["masked"] == 0.0
+            for mode in ("mask", "penalize"):
+                old = {"id": f"b-{mode}", "prompt_version": "stage1-v0+stage2-v0"}
+                with pytest.raises(PromptVersionMismatch) as e:
+                    await compute_score("schema", PREDS[1], truth, old, failure_mode=mode, failure_log=str(log))
+                assert "'stage1-v0+stage2-v0'" in str(e.value) and repr(PROMPT_VERSION) in str(e.value)
+                assert f"{api.url}/reward/schema" in str(e.value)
+        finally:
+            await _close()
+    logged = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [x["id"] for x in logged] == ["b-mask", "b-penalize"]
+    assert all("PromptVersionMismatch" in x["error"] for x in logged)
