@@ -159,3 +159,26 @@ def test_retries_5xx_then_answers_and_raises_on_4xx_at_once() -> None:
         ):
             client.score(request)
         assert api.faults.requests == 1
+
+
+# Measures the service itself, not a caller: pre-encoded bodies through an in-process ASGI transport.
+OWN_TRANSPORT = {"bench/profile_local.py"}
+
+
+def test_no_reward_request_is_posted_outside_the_client() -> None:
+    """One client: no ``.post(".../reward/...")`` in trainer/ or bench/ except in trainer/reward_client.py."""
+    import ast
+
+    repo = Path(__file__).resolve().parents[2]
+    found = []
+    for path in sorted([*(repo / "trainer").rglob("*.py"), *(repo / "bench").rglob("*.py")]):
+        rel = str(path.relative_to(repo))
+        if rel == "trainer/reward_client.py" or rel in OWN_TRANSPORT:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "post":
+                first = node.args[0] if node.args else None
+                texts = [c.value for c in ast.walk(first) if isinstance(c, ast.Constant)] if first else []
+                if any(isinstance(t, str) and "/reward" in t for t in texts):
+                    found.append(f"{rel}:{node.lineno}")
+    assert not found, f"reward requests built by hand (use trainer.reward_client): {found}"
