@@ -10,14 +10,11 @@ Beside it (informational): N workers against 1 worker, both driven by N concurre
 from __future__ import annotations
 
 import contextlib
-import json
 import random
 import threading
 import time
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from bench.common import (
     Timing,
@@ -32,12 +29,14 @@ from bench.common import (
     write_result,
 )
 from shared import (
+    PROMPT_VERSION,
     GoldenExample,
     SchemaRewardConfig,
     TableRewardConfig,
     compute_schema_reward_single,
     compute_table_reward_single,
 )
+from trainer.reward_client import RewardClient, RewardRequest, build_request
 
 BATCH_SIZES = (1, 64, 1024)
 GOAL_RATIO = 0.7
@@ -102,28 +101,24 @@ def time_http(
     8 batches' items at batch 1024, which understated the HTTP rate by 1/9.)
     """
     endpoint = f"{url}/reward/{kind}"
+    # Built (and validated) before the clock: the timed part is what every caller pays, encode, POST, parse.
+    requests = [build_request(kind, batch) for batch in batches]  # type: ignore[call-overload]
     lat: list[float] = []
     errors: list[BaseException] = []
     lock = threading.Lock()
     next_i = iter(range(len(batches)))
     warm = threading.Barrier(concurrency + 1)
 
-    def post(client: httpx.Client, batch: list[dict[str, Any]], want: list[float]) -> None:
-        body = json.dumps({"items": batch}).encode()
-        resp = client.post(endpoint, content=body, headers={"content-type": "application/json"})
-        if resp.status_code != 200:
-            raise Mismatch(f"{endpoint}: HTTP {resp.status_code}: {resp.text[:300]}")
-        results = resp.json()["results"]
-        if [r["id"] for r in results] != [it["id"] for it in batch]:
-            raise Mismatch(f"{endpoint}: ids missing or out of order")
-        got = [r["reward"] for r in results]
+    def post(client: RewardClient, request: RewardRequest, want: list[float]) -> None:
+        # the typed client checks the status, the count, the order and the prompt version
+        got = [r.reward for r in client.score(request).results]
         if any(abs(g - w) > 1e-9 for g, w in zip(got, want, strict=True)):
             raise Mismatch(f"{endpoint}: rewards differ from in-process")
 
     def worker() -> None:
-        with httpx.Client(timeout=300.0) as client:
+        with RewardClient(url, PROMPT_VERSION, timeout_s=300.0) as client:
             try:
-                post(client, batches[0], expected[0])  # warm-up, untimed
+                post(client, requests[0], expected[0])  # warm-up, untimed
                 warm.wait()
             except threading.BrokenBarrierError:  # another client's warm-up failed
                 return
@@ -138,7 +133,7 @@ def time_http(
                     return
                 s = time.perf_counter()
                 try:
-                    post(client, batches[i], expected[i])
+                    post(client, requests[i], expected[i])
                 except BaseException as exc:
                     errors.append(exc)
                     return
