@@ -15,8 +15,8 @@ model: setup
 demo: model
 	$(PY) -m trainer demo $(if $(RETRAIN),--retrain,) $(DEMO_ARGS)
 
-# Two pytest processes at once, the light tests beside the heavy ones (scripts/run_tests.py says how);
-# PYTEST_ARGS (a path, -k, -x, -m ...) go to both.
+# Two lanes at once: the heavy tests in one, the light then the medium ones in the other (scripts/run_tests.py
+# says how); PYTEST_ARGS (a path, -k, -x, -m ...) go to every run.
 test: model
 	bash scripts/run_tests.sh $(PYTEST_ARGS)
 

