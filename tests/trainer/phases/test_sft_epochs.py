@@ -1,24 +1,18 @@
 """SFT epochs chosen on validation (trainer/phases/sft_epochs.py): an epoch's steps counted as VERL's SFT
-trainer counts them, the lowest validation loss at an epoch's end chosen, and a real SFT phase that
-validates, saves and exports that epoch."""
+trainer counts them and the lowest validation loss at an epoch's end chosen. A real SFT phase that validates,
+saves and exports that epoch runs in pi1-ab's test (tests/trainer/experiment/test_experiments_cpu.py: A1 and A2
+with epoch selection, two epochs of one step)."""
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
 from tests.trainer.data.test_length_report import model_dir  # noqa: F401 (a fixture)
-from trainer.data.datasets import build_datasets
-from trainer.data.sample_data import SAMPLE_DIR
-from trainer.phases import launch
 from trainer.phases import sft_epochs as se
-from trainer.phases.launch import PhaseRun
-from trainer.phases.registry import get_phase
 
 
 @pytest.mark.parametrize(
@@ -100,48 +94,3 @@ def test_a_tie_keeps_the_earlier_epoch_and_no_finite_loss_chooses_nothing() -> N
     assert se.choose([_val(10, math.nan), {"step": 20, "data": {}}], [10, 20], 10) is None
     assert se.choose([_val(10, 0.2)], [], 10) is None
 
-
-@pytest.mark.verl
-@pytest.mark.slow  # a real VERL SFT on CPU: two epochs of one step, validation and a checkpoint at each end
-def test_a_real_sft_phase_exports_the_epoch_with_the_lowest_validation_loss(
-    model_dir: Path,  # noqa: F811
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("STX_CACHE_DIR", str(tmp_path / "cache"))
-    data = tmp_path / "data"
-    build_datasets(SAMPLE_DIR, data, phases=("a1",))
-    out = tmp_path / "a1"
-    run = PhaseRun(
-        get_phase("a1"),
-        "cpu-smoke",
-        data,
-        out,
-        str(model_dir),
-        overrides=(
-            "epoch_selection.enabled=true",
-            "trainer.test_freq=280",  # a caller's own frequency gives way to the epoch's
-            "trainer.total_epochs=2",
-            "trainer.total_training_steps=null",
-            "data.train_max_samples=2",  # 2 rows at batch 2: one step an epoch
-            "data.val_max_samples=2",
-            "checkpoint.save_contents=[model,extra]",
-        ),
-    )
-    res = launch.run_phase(run)
-    assert res.status == "ok", res.error
-    plan = json.loads((out / "checkpoints" / se.PLAN_FILE).read_text())
-    assert (plan["rows"], plan["batch_size"], plan["steps_per_epoch"]) == (2, 2, 1)
-    assert "trainer.test_freq=1" in res.command and "trainer.save_freq=1" in res.command
-    assert "trainer.test_freq=280" not in res.command
-    sel = res.epoch_selection
-    assert sel is not None and [(p["epoch"], p["step"]) for p in sel["curve"]] == [(1.0, 1), (2.0, 2)]
-    losses = {p["step"]: p["val_loss"] for p in sel["curve"]}
-    assert all(math.isfinite(v) and v > 0 for v in losses.values())
-    best = min(losses, key=lambda s: (losses[s], s))
-    assert res.best_step == sel["chosen_step"] == best and res.best_score == -losses[best]
-    assert res.checkpoint == str(out / "checkpoints" / f"global_step_{best}")
-    assert res.hf_dir is not None and (Path(res.hf_dir) / "config.json").is_file()
-    on_disk = json.loads((out / "phase_result.json").read_text())
-    assert on_disk["epoch_selection"]["chosen_step"] == best
-    assert "[sft_epochs] 2 train rows, batch 2 on 1 ranks: 1 steps an epoch" in (out / "train.log").read_text()
