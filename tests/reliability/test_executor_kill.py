@@ -8,7 +8,9 @@ the penalty; never a wrong reward.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from services.child_process import _live_members
 from services.executor_vllm.cpu_launcher import CpuExecutor, free_port
 from shared import GoldenExample
 from tests.helpers.servers import RewardApiServer
@@ -150,3 +153,42 @@ def test_kill_9_mid_batch(own_executor: CpuExecutor, examples: list[GoldenExampl
     assert failed >= 1 and scored + failed == len(pen_items)
     assert pen["failed"] == failed
     assert late.status_code == 503
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def test_kill_9_of_the_api_server_alone_leaves_no_engine_core(default_model_dir: Path, record_property: Any) -> None:
+    """kill -9 of vLLM's API server process alone (not its group): its engine core outlives it, and stopping
+    the executor ends that orphan within its grace (the launcher must not leave ~700 MB behind)."""
+    ex = CpuExecutor(default_model_dir, max_model_len=2048)
+    ex.start(timeout=1200)
+    try:
+        assert ex.proc is not None
+        leader = ex.proc.pid
+        members = [p for p in _live_members(leader) if p != leader]
+        os.kill(leader, signal.SIGKILL)
+        ex.proc.wait(timeout=10)
+        time.sleep(2)
+        orphans = {p: _comm(p) for p in _live_members(leader)}
+        began = time.perf_counter()
+        ex.stop(grace=30)
+        took = time.perf_counter() - began
+        left = {p: _comm(p) for p in _live_members(leader)}
+    finally:
+        ex.stop()
+    record_property("tried", "kill -9 of the vLLM-CPU API server process alone, then the launcher's stop")
+    record_property("expected", "the engine core it leaves behind is ended by the stop, within its grace (30 s)")
+    record_property(
+        "observed",
+        f"{len(members)} child process(es) before the kill; left after it: {sorted(orphans.values())}; "
+        f"after the stop ({took:.1f} s): {sorted(left.values()) or 'none'}",
+    )
+    assert members, "the executor had no child process: nothing here checks an orphaned engine core"
+    assert orphans, "nothing outlived the API server: this check no longer exercises the orphan path"
+    assert not left, f"still running after the stop: {left}"
+    assert took < 30 + 5
