@@ -85,6 +85,9 @@ class PromptVersionMismatch(RewardRequestError):
         )
         self.url, self.expected, self.served = url, expected, served
 
+    def __reduce__(self) -> tuple[type[PromptVersionMismatch], tuple[str, str, str]]:
+        return type(self), (self.url, self.expected, self.served)  # picklable: Ray carries it between processes
+
 
 @overload
 def build_request(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -109,6 +110,7 @@ def test_a_prompt_version_mismatch_raises_naming_both_versions(
     msg = str(e.value)
     assert "'stage1-old+stage2-old'" in msg and repr(PROMPT_VERSION) in msg and reward_api.url in msg
     assert (e.value.expected, e.value.served) == ("stage1-old+stage2-old", PROMPT_VERSION)
+    assert str(pickle.loads(pickle.dumps(e.value))) == msg  # Ray carries it from VERL's reward workers
 
     # a reward API serving another Stage-2 template: the caller built its data with the bundled one
     served = prompt_version(stage2=other_stage2_template)
