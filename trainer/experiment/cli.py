@@ -35,7 +35,7 @@ def to_config(given: dict[str, Any]) -> ExperimentConfig:
     try:
         return ExperimentConfig.from_cli(**values)
     except ValueError as exc:
-        param = str(exc).split(":", 1)[0].replace("_", "-")
+        param = str(exc).split(":", 1)[0].lstrip("-").replace("_", "-")
         raise bad_param(f"--{param}", exc) from None
 
 

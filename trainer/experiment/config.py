@@ -12,6 +12,7 @@ from typing import Any, Literal
 from trainer.config_cli import cli_meta, csv_values
 from trainer.phases.launch import PROFILES, Profile
 from trainer.phases.registry import GRPO_PHASES, SFT_PHASES
+from trainer.phases.train_mix import check_restricted, check_share, rl_mix_share_field
 
 ControlMode = Literal["serial", "parallel", "off"]
 CONTROL_MODES: tuple[ControlMode, ...] = ("serial", "parallel", "off")
@@ -118,6 +119,7 @@ class ExperimentConfig:
                           "where it fills a batch (restricted to these sources too).", cli_type=str,
                           cli_default=""),
     )  # fmt: skip
+    rl_mix_share: float = rl_mix_share_field()
     control: ControlMode = field(
         default="serial",
         metadata=cli_meta(help="Arm A's positive control on its improvable prompts: serial (before RL; a failed "
@@ -190,6 +192,9 @@ class ExperimentConfig:
             raise ValueError(f"data_phases: {bad} cannot be built from golden data")
         if not self.temps:
             raise ValueError("temps: give at least one temperature")
+        check_share(self.rl_mix_share)
+        restricted = bool(self.rl_sources) or self.rl_improvable
+        check_restricted(self.rl_mix_share, restricted, "--rl-sources or --rl-improvable")
 
     @classmethod
     def from_cli(cls, **values: Any) -> ExperimentConfig:

@@ -16,7 +16,14 @@ from trainer.experiment.config import ExperimentConfig
 from trainer.experiment.design import Design
 from trainer.experiment.placement import ArmPlacement
 from trainer.experiment.plan import phase_ok
-from trainer.experiment.runs import arm_run, control_run, improvable_train_files, sft_run, source_train_files
+from trainer.experiment.runs import (
+    arm_run,
+    control_run,
+    improvable_train_files,
+    mixed_train_files,
+    sft_run,
+    source_train_files,
+)
 from trainer.experiment.services import Services
 from trainer.experiment.workdir import Workdir
 from trainer.loop.manifest import Manifest
@@ -52,12 +59,20 @@ class Context:
     def sft_phase(self, phase: str, placement: Any) -> PhaseRun:
         return sft_run(self.cfg, phase, self.base_model(), self.wd.phase(phase), self.wd.data, placement)
 
-    def arm_phase(self, index: int, reward_url: str, temperature: float | str, say: bool = False) -> PhaseRun:
-        arm = self.design.arms[index]
+    def chosen_set(self, arm: str) -> tuple[str | None, str]:
+        """The arm's train files before any mix: its improvable set, else its ``--rl-sources`` set, else None
+        (its train split); and why."""
         files, why = improvable_train_files(self.cfg, arm, self.wd.improvable(arm))
         if files is None and self.cfg.rl_sources:
             files, why_sources = source_train_files(self.cfg, arm, self.wd.source_set(arm, self.cfg.rl_sources))
             why = why or why_sources
+        return files, why
+
+    def arm_phase(self, index: int, reward_url: str, temperature: float | str, say: bool = False) -> PhaseRun:
+        arm = self.design.arms[index]
+        files, why = self.chosen_set(arm)
+        files, why_mix = mixed_train_files(self.cfg, arm, files, self.wd.train_sets)
+        why = "; ".join(w for w in (why, why_mix) if w)
         if say and why:
             self.say(why)
         start = (

@@ -30,6 +30,7 @@ from trainer.experiment.stages import WORKS
 from trainer.loop.phase_step import PhaseRunner
 from trainer.phases.launch import run_phase
 from trainer.phases.positive_control import run_control
+from trainer.phases.registry import get_phase
 
 __all__ = ["Experiment", "ExperimentStopped"]
 
@@ -73,6 +74,14 @@ class Experiment:
             arms.insert(1, f"(arm B starts {cfg.rl_stagger_s:.0f} s after arm A: one GPU)")
         elif self.placement.on_cpu:
             arms.insert(1, "(then arm B: in turn on CPU)")
+        if cfg.rl_mix_share:
+            mixed = [a for a in d.arms if get_phase(a).built_from_golden]
+            arms.insert(
+                0,
+                f"train mixes of {','.join(mixed) or 'no arm'} (C2: its split has no other source): "
+                f"{cfg.rl_mix_share:g} of the prompts from the sources the chosen set lacks, evenly, seeded -> "
+                f"{wd.train_sets}/<chosen set>+mix.parquet",
+            )
         if cfg.rl_sources:
             arms.insert(0, f"train sets: each arm's train split of {','.join(cfg.rl_sources)} -> {wd.root}/train_sets/")
         evaluated = ", ".join(f"{n}=({d.served_name(p1)}, {d.served_name(p2)})" for n, (p1, p2) in d.settings().items())

@@ -26,6 +26,7 @@ from trainer.phases.launch import CONFIG_DIR, PhaseRun, Profile
 from trainer.phases.positive_control import ControlConfig
 from trainer.phases.positive_control import control_run as phase_control_run
 from trainer.phases.registry import get_phase
+from trainer.phases.train_mix import mixed_set_path, mixes
 from trainer.phases.train_set import count_prompts
 from trainer.serving.gpus import Placement
 
@@ -97,6 +98,24 @@ def source_train_files(cfg: ExperimentConfig, phase: str, source_set: Path) -> t
     n = f"its {count_prompts(str(source_set))}" if source_set.is_file() else "the"
     why = f"{phase}: training on {n} {','.join(cfg.rl_sources)} prompts ({source_set})"
     return f"data.train_files={source_set}", why
+
+
+def chosen_path(files: str | None) -> Path | None:
+    """The file of a ``data.train_files=`` override (None: the phase's train split)."""
+    return Path(files.split("=", 1)[1]) if files else None
+
+
+def mixed_train_files(cfg: ExperimentConfig, phase: str, files: str | None, folder: Path) -> tuple[str | None, str]:
+    """``--rl-mix-share``: the override that trains ``phase`` on its chosen set (``files``) with the other
+    sources' share mixed in (written by the rl stage into ``folder``), and what it says; ``files`` unchanged
+    where the phase is not mixed (no share, no chosen set, C2)."""
+    chosen = chosen_path(files)
+    if chosen is None or not cfg.rl_mix_share:
+        return files, ""
+    if not mixes(get_phase(phase).built_from_golden, cfg.rl_mix_share):
+        return files, f"{phase}: not mixed (its train split holds π1ˢ's schemas of its chosen documents only)"
+    out = mixed_set_path(folder, chosen)
+    return f"data.train_files={out}", f"{phase}: {cfg.rl_mix_share:g} of its prompts from the other sources ({out})"
 
 
 def sft_run(

@@ -125,6 +125,7 @@ def rl(ctx: Context) -> None:
             if not phase_ok(ctx.wd.phase(arm)) and not out.is_file():
                 record = write_source_set(ctx.wd.data / arm / "train.parquet", ctx.cfg.rl_sources, out)
                 ctx.manifest.set(f"train_set:{arm}", record)
+    train_mixes(ctx)
     jobs = []
     for i, arm in enumerate(ctx.design.arms):
         if phase_ok(ctx.wd.phase(arm)):
@@ -132,6 +133,33 @@ def rl(ctx: Context) -> None:
         jobs.append((arm, ctx.arm_phase(i, ctx.sv.reward_api(reward_api_of(arm)), t, say=True)))
     ctx.run_phases(jobs, stagger_s=ctx.cfg.rl_stagger_s if ctx.placement.shared_gpu else 0.0)
     ctx.manifest.set("arms", {a: ctx.output(a) for a in ctx.design.arms})
+
+
+def train_mixes(ctx: Context) -> None:
+    """``--rl-mix-share``: each mixed arm's chosen set with the other sources' share, written before the arms
+    start; a set already written is reused only for the same share, seed and chosen set (else refused, also
+    at share 0 and for a finished arm, so a rerun never reports a mix it did not ask for)."""
+    from trainer.experiment.runs import chosen_path
+    from trainer.phases.registry import get_phase
+    from trainer.phases.train_mix import TrainMixError, check_reuse, mixed_set_path, mixes, write_mixed_set
+
+    share = ctx.cfg.rl_mix_share
+    for arm in ctx.design.arms:
+        chosen = chosen_path(ctx.chosen_set(arm)[0])
+        mixed = mixes(get_phase(arm).built_from_golden, share)
+        if chosen is None:
+            if mixed and not phase_ok(ctx.wd.phase(arm)):
+                raise TrainMixError(
+                    f"--rl-mix-share: {share}: {arm} trains on its whole train split (no improvable set fills a "
+                    "batch and no --rl-sources): no other source to draw from"
+                )
+            continue
+        out = mixed_set_path(ctx.wd.train_sets, chosen)
+        record = check_reuse(out, chosen, share)
+        if mixed and record is None and not phase_ok(ctx.wd.phase(arm)):
+            record = write_mixed_set(chosen, ctx.wd.data / arm / "train.parquet", share, out)
+        if mixed and record is not None:
+            ctx.manifest.set(f"train_mix:{arm}", record)
 
 
 def evaluate(ctx: Context) -> None:

@@ -6,6 +6,7 @@
 | ``preflight/<phase>_t<T>.json``, ``choice.json``, ``<phase>_improvable.parquet`` | preflight, choice, filter |
 | ``data/c2/`` | pi2-ab: π1ˢ's schemas (``data precompute-schemas``) |
 | ``train_sets/<phase>_<sources>.parquet`` | ``--rl-sources``: an arm's train split of those sources, before RL |
+| ``train_sets/<chosen set>+mix.parquet`` | ``--rl-mix-share``: an arm's chosen set with the other sources mixed in |
 | ``<phase>_control/positive_control.json`` | the positive control |
 | ``<arm>/phase_result.json`` (``b1``, ``c1`` / ``b2``, ``c2``) | RL |
 | ``phase_d/``, ``gold_schema/``, ``gold_schema_eval/``, ``stage1_eval/`` | evaluation |
@@ -47,11 +48,15 @@ class Workdir:
     def improvable(self, phase: str) -> Path:
         return self.preflight / f"{phase}_improvable.parquet"
 
+    @property
+    def train_sets(self) -> Path:
+        return self.root / "train_sets"
+
     def source_set(self, phase: str, sources: tuple[str, ...]) -> Path:
         """``--rl-sources``: the arm's train split restricted to ``sources``."""
         from trainer.phases.train_set import source_set_path
 
-        return source_set_path(self.root / "train_sets", phase, sources)
+        return source_set_path(self.train_sets, phase, sources)
 
     def control(self, phase: str) -> Path:
         return self.root / f"{phase}_control"

@@ -66,7 +66,7 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         "--preflight-phases", "b2,c2", "--preflight-prompts", "8", "--preflight-sources", "wikitabletext,e2e",
         "--preflight-n", "4", "--preflight-max-tokens",
         "128", "--min-share", "0.2", "--force-rl", "--min-source-share", "0.3", "--rl-improvable",
-        "--rl-sources", "wikitabletext", "--control", "parallel", "--control-stagger-s", "10",
+        "--rl-sources", "wikitabletext", "--rl-mix-share", "0.25", "--control", "parallel", "--control-stagger-s", "10",
         "--c2-train-sample", "99", "--rl-steps", "3", "--rl-test-freq", "1",
         "--rl-micro", "8", "--rl-extra", "x=1", "--rl-extra", "y=2", "--rl-stagger-s", "5", "--reward-max-tokens", "96",
         "--eval-limit", "4",
@@ -83,8 +83,8 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         temps=(0.8, 1.2),
         preflight_phases=("b2", "c2"), preflight_prompts=8, preflight_sources=("wikitabletext", "e2e"), preflight_n=4,
         preflight_max_tokens=128, min_share=0.2,
-        force_rl=True, min_source_share=0.3, rl_improvable=True, rl_sources=("wikitabletext",), control="parallel",
-        control_stagger_s=10.0,
+        force_rl=True, min_source_share=0.3, rl_improvable=True, rl_sources=("wikitabletext",), rl_mix_share=0.25,
+        control="parallel", control_stagger_s=10.0,
         c2_train_sample=99, rl_steps=3, rl_test_freq=1, rl_micro=8, rl_extra=("x=1", "y=2"), rl_stagger_s=5.0,
         reward_max_tokens=96, eval_limit=4, eval_max_tokens=64, eval_max_truncated_share=0.5, eval_concurrency=2,
         eval_timeout_s=30.0,
@@ -95,6 +95,10 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert changed | {"golden", "workdir", "profile", "dry_run"} == {f.name for f in dataclasses.fields(cfg)}
     bad = CliRunner().invoke(app, [*base, "--profile", "cpu-smoke", "--control", "later"], env={"COLUMNS": "400"})
     assert bad.exit_code == 2 and "--control" in bad.output and "'later'" in bad.output
+    for share, why in (("1", "at least 0 and below 1"), ("0.2", "needs --rl-sources or --rl-improvable")):
+        args = [*base, "--profile", "cpu-smoke", "--rl-mix-share", share]
+        bad = CliRunner().invoke(app, args, env={"COLUMNS": "400"})
+        assert bad.exit_code == 2 and "--rl-mix-share" in bad.output and why in bad.output, bad.output
 
 
 @pytest.mark.parametrize(
@@ -141,3 +145,14 @@ def test_dry_run_does_not_convert_the_default_model(tmp_path: Path, monkeypatch:
     assert res.exit_code == 0, res.output
     assert "model <SmolLM2-135M-Instruct, converted on the first run>" in res.output
     assert "[c2data] (beside preflight)" in res.output and "π2 on gold schemas" in res.output
+
+
+def test_dry_run_names_the_mixed_arms(tmp_path: Path) -> None:
+    from trainer.cli import app
+
+    cmd = ["experiment", "pi2-ab", "--golden", str(SAMPLE), "--workdir", str(tmp_path / "ab"), "--base-model", "/b",
+           "--profile", "cpu-smoke", "--rl-sources", "people", "--rl-mix-share", "0.3", "--dry-run"]  # fmt: skip
+    res = CliRunner().invoke(app, cmd, env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    assert "train mixes of b2 (C2: its split has no other source): 0.3 of the prompts" in res.output
+    assert not (tmp_path / "ab").exists()

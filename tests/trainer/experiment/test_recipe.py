@@ -465,3 +465,42 @@ def test_rl_sources_without_a_document_there_stop_before_training(node: Node, tm
     with pytest.raises(ValueError, match=r"no prompt of source\(s\) \['wikitabletext'\] \(it has \['invoice', "):
         exp.run()
     assert [r.phase.name for r in node.runs] == ["a1", "a2"]
+
+
+def test_rl_mix_share_adds_the_other_sources_to_b2s_set_and_refuses_another_share(node: Node, tmp_path: Path) -> None:
+    """--rl-mix-share: B2 trains on its people prompts with invoice and product added evenly to make the share,
+    recorded in the manifest; C2's split holds only people documents (c2data drew them) and is not mixed; a
+    rerun of the arms with another share refuses the set built with the first, naming both."""
+    from collections import Counter
+
+    from trainer.phases.train_mix import TrainMixError
+
+    kw: dict[str, Any] = {"gpus": ("0", "1"), "control": "off", "rl_sources": ("people",)}
+    exp = experiment(node, tmp_path, "pi2-ab", rl_mix_share=0.5, **kw)
+    manifest = exp.run()
+    b2, c2 = (next(r for r in node.runs if r.phase.name == arm) for arm in ("b2", "c2"))
+    mixed = exp.wd.train_sets / "b2_people+mix.parquet"
+    assert f"data.train_files={mixed}" in b2.overrides
+    ids = [r["id"] for r in pq.read_table(mixed).column("extra_info").to_pylist()]
+    assert Counter(source_of(i) for i in ids) == {"people": 4, "invoice": 2, "product": 2}
+    record = manifest["train_mix:b2"]
+    assert (record["share"], record["seed"], record["drawn"]) == (0.5, 0, {"invoice": 2, "product": 2})
+    assert f"data.train_files={exp.wd.source_set('c2', ('people',))}" in c2.overrides
+    assert "train_mix:c2" not in manifest
+    for arm in ("b2", "c2"):  # the arms cut short: the rerun trains them again
+        (exp.wd.phase(arm) / "phase_result.json").unlink()
+    again = experiment(node, tmp_path, "pi2-ab", rl_mix_share=0.2, **kw)
+    with pytest.raises(TrainMixError, match=r"b2_people\+mix.parquet was built otherwise \(share: built with 0.5, "
+                                            r"asked for 0.2\)"):  # fmt: skip
+        again.run()
+
+
+def test_rl_mix_share_without_a_chosen_set_stops_before_training(node: Node, tmp_path: Path) -> None:
+    """--rl-improvable alone, and the improvable set does not fill a batch: the arm would train on its whole
+    train split, which has no other source to draw from."""
+    from trainer.phases.train_mix import TrainMixError
+
+    exp = experiment(node, tmp_path, "pi2-ab", gpus=("0", "1"), control="off", rl_improvable=True, rl_mix_share=0.2)
+    with pytest.raises(TrainMixError, match=r"--rl-mix-share: 0.2: b2 trains on its whole train split"):
+        exp.run()
+    assert sorted(r.phase.name for r in node.runs) == ["a1", "a2"]

@@ -139,3 +139,28 @@ def test_source_sets_name_their_sources_and_are_the_improvable_fallback(tmp_path
 def test_the_config_refuses_what_cannot_run(tmp_path: Path, bad: dict[str, object]) -> None:
     with pytest.raises(ValueError, match=next(iter(bad))):
         cfg(tmp_path, **bad)
+
+
+def test_a_mixed_arm_trains_on_its_chosen_sets_mix_and_c2_on_its_chosen_set(tmp_path: Path) -> None:
+    from trainer.experiment.runs import mixed_train_files
+
+    chosen = f"data.train_files={tmp_path / 'b2_wikitabletext.parquet'}"
+    off = cfg(tmp_path, rl_sources=("wikitabletext",))
+    assert mixed_train_files(off, "b2", chosen, tmp_path / "sets") == (chosen, "")
+    on = cfg(tmp_path, rl_sources=("wikitabletext",), rl_mix_share=0.25)
+    mixed = tmp_path / "sets" / "b2_wikitabletext+mix.parquet"
+    assert mixed_train_files(on, "b2", chosen, tmp_path / "sets") == (
+        f"data.train_files={mixed}", f"b2: 0.25 of its prompts from the other sources ({mixed})"
+    )
+    files, why = mixed_train_files(on, "c2", chosen, tmp_path / "sets")
+    assert files == chosen and why.startswith("c2: not mixed")
+    assert mixed_train_files(on, "b2", None, tmp_path / "sets") == (None, "")  # the rl stage refuses it
+
+
+@pytest.mark.parametrize(
+    ("share", "why"), [(-0.1, "at least 0 and below 1"), (1.0, "at least 0 and below 1"), (0.2, "needs --rl-sources")]
+)
+def test_the_config_refuses_a_share_out_of_range_or_without_a_set(tmp_path: Path, share: float, why: str) -> None:
+    with pytest.raises(ValueError, match=f"--rl-mix-share: {share}: .*{why}"):
+        cfg(tmp_path, rl_mix_share=share)
+    assert cfg(tmp_path, rl_improvable=True, rl_mix_share=0.2).rl_mix_share == 0.2
