@@ -20,6 +20,7 @@ from trainer.config_cli import command_signature, csv_values, given_values, set_
 from trainer.loop import PARTS, Loop, LoopConfig
 from trainer.phases.cli import bad_param, default_model
 from trainer.phases.launch import check_profile
+from trainer.phases.train_mix import TrainMixError
 from trainer.serving.gpus import GpuPlanError, visible_gpus
 
 console = Console()
@@ -45,7 +46,10 @@ def to_config(ctx: typer.Context, given: dict[str, Any]) -> LoopConfig:
     values["sft_overrides"] = tuple(values["sft_overrides"])
     values["rl_sources"] = csv_values(values["rl_sources"])
     values["executor_eager"] = not values["executor_eager"]  # the option is --executor-cuda-graphs
-    return LoopConfig(**values, overrides=tuple(ctx.args))
+    try:
+        return LoopConfig(**values, overrides=tuple(ctx.args))
+    except TrainMixError as exc:
+        raise bad_param("--rl-mix-share", exc) from None
 
 
 def loop_cmd(ctx: typer.Context, **given: Any) -> None:

@@ -462,3 +462,50 @@ def test_phase_d_cut_in_stage_2_keeps_stage_1_for_the_resumed_loop(
     (tmp_path / "loop" / "eval_loop1" / "metrics.json").unlink()
     evaluate_phase_d(Workspace.open(cfg), settings, "loop1", ("pipe", "pipe"))
     assert stage1_runs == ["pipe", "pipe"]
+
+
+def test_rl_mix_share_mixes_a_phases_source_set_and_keys_its_result(tmp_path: Path) -> None:
+    """--rl-mix-share: B2's people prompts with invoice and product added evenly to make the share (written
+    beside its source set, recorded in the manifest and in the phase's inputs, so a result trained with another
+    share is refused naming it); share 0 trains on the source set, byte for byte the one written without it."""
+    import hashlib
+    from collections import Counter
+
+    import pyarrow.parquet as pq
+
+    from shared.golden import source_of
+    from trainer.data.datasets import build_datasets
+    from trainer.loop import PHASE_INPUTS, StaleResultError
+    from trainer.phases.train_set import source_prompt_set
+
+    out = tmp_path / "loop"
+    cfg = LoopConfig(golden=SAMPLE, out=out, profile="cpu-smoke", pi1_sft="/a", pi2_sft="/b",
+                     rl_sources=("people",), rl_mix_share=0.5)  # fmt: skip
+    loop = Loop(cfg, runner=FaultyPhaseRunner())
+    build_datasets(SAMPLE, loop.data, ["b2"])
+    with pytest.raises(RuntimeError, match="phase b2 failed"):
+        loop.phase("b2", "/b", "http://127.0.0.1:9", out / "b2")
+    mixed = out / "train_sets" / "b2_people+mix.parquet"
+    assert loop.runner.launched[0].overrides == (f"data.train_files={mixed}",)  # type: ignore[attr-defined]
+    ids = [r["id"] for r in pq.read_table(mixed).column("extra_info").to_pylist()]
+    assert Counter(source_of(i) for i in ids) == {"people": 4, "invoice": 2, "product": 2}
+    record = json.loads((out / MANIFEST).read_text())["train_mix:b2"]
+    assert (record["share"], record["seed"], record["prompts"]) == (0.5, 0, {"people": 4, "invoice": 2, "product": 2})
+    recorded(out / "b2", "b2", out / "b2" / "hf")
+    half = phase_inputs("b2", "/b", loop.data, "cpu-smoke") | {"train_sources": ["people"]}
+    (out / "b2" / PHASE_INPUTS).write_text(json.dumps(half | {"train_mix": {"share": 0.5, "seed": 0}}))
+    assert loop.phase("b2", "/b", "http://127.0.0.1:9", out / "b2") == str(out / "b2" / "hf")  # same share: reused
+    fifth = Loop(dataclasses.replace(cfg, rl_mix_share=0.2), runner=FaultyPhaseRunner())
+    with pytest.raises(StaleResultError, match=r"train_mix: recorded \{'share': 0.5, 'seed': 0\}, now \{'share': 0.2"):
+        fifth.phase("b2", "/b", "http://127.0.0.1:9", out / "b2")
+    none = Loop(dataclasses.replace(cfg, rl_mix_share=0.0), runner=FaultyPhaseRunner())
+    with pytest.raises(StaleResultError, match=r"train_mix: recorded \{'share': 0.5, 'seed': 0\}, now None"):
+        none.phase("b2", "/b", "http://127.0.0.1:9", out / "b2")
+    with pytest.raises(RuntimeError, match="phase b2_again failed"):
+        none.phase("b2", "/b", "http://127.0.0.1:9", out / "b2_again")
+    source_set = out / "train_sets" / "b2_again_people.parquet"
+    assert none.runner.launched[0].overrides == (f"data.train_files={source_set}",)  # type: ignore[attr-defined]
+    source_prompt_set(loop.data / "b2" / "train.parquet", ("people",), tmp_path / "today.parquet")
+    digest = [hashlib.sha256(p.read_bytes()).hexdigest() for p in (source_set, tmp_path / "today.parquet")]
+    assert digest[0] == digest[1]
+    assert "train_mix:b2_again" not in json.loads((out / MANIFEST).read_text())

@@ -46,7 +46,7 @@ def test_every_config_field_is_an_option_with_help() -> None:
         "executor_cuda_graphs",
     }  # fmt: skip
     added = {"decision_metric", "executor_max_tokens", "eval_max_tokens", "eval_max_truncated_share", "rl_sources",
-             "eval_base", "sft_mix"}  # fmt: skip
+             "eval_base", "sft_mix", "rl_mix_share"}  # fmt: skip
     assert before | added == set(options)
 
 
@@ -77,7 +77,8 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         "cell_accuracy", "--executor-max-tokens", "384", "--eval-max-tokens", "128", "--eval-max-truncated-share",
         "0.5", "--no-eval-base", "--rft",
         "--rft-k", "2", "--rft-threshold", "0.25", "--until", "c1", "--reward-workers", "2", "--preflight-min", "0.3",
-        "--c2-train-prompts", "7", "--rl-sources", "wikitabletext", "--sft-mix", "e2e=2", "--executor-cuda-graphs",
+        "--c2-train-prompts", "7", "--rl-sources", "wikitabletext", "--rl-mix-share", "0.25", "--sft-mix", "e2e=2",
+        "--executor-cuda-graphs",
         "x=1", "y=2",
     ]  # fmt: skip
     res = CliRunner().invoke(app, [*base, *given])
@@ -89,13 +90,17 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         executor_max_tokens=384, eval_max_tokens=128, eval_max_truncated_share=0.5, eval_base=False, rft=True,
         rft_k=2, rft_threshold=0.25, gpus=(),
         until="c1", reward_workers=2, preflight_min=0.3, executor_eager=False, c2_train_prompts=7,
-        rl_sources=("wikitabletext",), sft_mix="e2e=2",
+        rl_sources=("wikitabletext",), rl_mix_share=0.25, sft_mix="e2e=2",
     )  # fmt: skip
     # every field was given something other than its default above (gpus: the cpu-smoke profile has none)
     changed = {f.name for f in dataclasses.fields(LoopConfig) if getattr(seen[-1], f.name) != getattr(defaults, f.name)}
     assert changed | {"golden", "out", "profile", "pi1_sft", "pi2_sft", "gpus"} == {
         f.name for f in dataclasses.fields(LoopConfig)
     }
+    for share, why in (("1", "at least 0 and below 1"), ("0.2", "needs --rl-sources")):
+        bad = CliRunner().invoke(app, [*base, "--pi1-sft", "/p1", "--pi2-sft", "/p2", "--rl-mix-share", share],
+                                 env={"COLUMNS": "400"})  # fmt: skip
+        assert bad.exit_code == 2 and "--rl-mix-share" in bad.output and why in bad.output, bad.output
 
 
 def test_the_manifest_records_the_config_whole(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from trainer.config_cli import cli_meta
 from trainer.phases.launch import PROFILES, Profile
+from trainer.phases.train_mix import check_restricted, check_share, rl_mix_share_field
 
 # The loop's parts, in order (``--until``): a run stops after the named part; a rerun goes on from there.
 # (The manifest keeps its keys ``done:<part>`` / ``time:<part>``: what a run on a node reports per part.)
@@ -157,6 +158,7 @@ class LoopConfig:
             cli_default="",
         ),
     )
+    rl_mix_share: float = rl_mix_share_field()
     # GPU executors (C1's frozen π2, the C2 precompute, Phase D) without CUDA graphs / torch.compile: each
     # starts in well under a minute, where compilation costs more than it saves for a 135M model.
     executor_eager: bool = field(
@@ -171,3 +173,5 @@ class LoopConfig:
     def __post_init__(self) -> None:
         if self.until is not None and self.until not in PARTS:
             raise ValueError(f"until: must be one of {list(PARTS)}, got {self.until!r}")
+        check_share(self.rl_mix_share)
+        check_restricted(self.rl_mix_share, bool(self.rl_sources), "--rl-sources")

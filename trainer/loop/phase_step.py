@@ -53,6 +53,7 @@ def run_phase_step(
     user_overrides = cfg.sft_overrides if sft else cfg.overrides
     inputs = phase_inputs(name, model, data_dir, cfg.profile, user_overrides)
     inputs |= {"train_sources": list(sources)} if sources else {}
+    inputs |= {"train_mix": mix_inputs(cfg.rl_mix_share)} if sources and mixes_phase(name, cfg.rl_mix_share) else {}
     done = phase_done(out_dir)
     recorded_inputs = read_json(out_dir / PHASE_INPUTS)
     if done is not None and recorded_inputs is not None and recorded_inputs != inputs:
@@ -68,7 +69,8 @@ def run_phase_step(
         if placement is not None:
             placed = placement.sft_overrides() if sft else placement.grpo_overrides()
         if sources:  # before the user's overrides, which win
-            placed = (*placed, f"data.train_files={source_set(ws, name, key, data_dir, sources)}")
+            chosen = source_set(ws, name, key, data_dir, sources)
+            placed = (*placed, f"data.train_files={mixed_set(ws, name, key, data_dir, chosen)}")
         run = PhaseRun(
             phase=get_phase(name),
             profile=cfg.profile,
@@ -98,6 +100,32 @@ def source_set(ws: Workspace, name: str, key: str, data_dir: Path, sources: tupl
 
     out = source_set_path(ws.out / "train_sets", key.replace("/", "_"), sources)
     ws.manifest.set(f"train_set:{key}", write_source_set(data_dir / name / "train.parquet", sources, out))
+    return out
+
+
+def mixes_phase(name: str, share: float) -> bool:
+    from trainer.phases.train_mix import mixes
+
+    return mixes(get_phase(name).built_from_golden, share)
+
+
+def mix_inputs(share: float) -> dict[str, float | int]:
+    from trainer.phases.train_mix import MIX_SEED
+
+    return {"share": share, "seed": MIX_SEED}
+
+
+def mixed_set(ws: Workspace, name: str, key: str, data_dir: Path, chosen: Path) -> Path:
+    """``--rl-mix-share``: the phase's chosen set with the other sources' share mixed in, beside it under
+    ``train_sets/`` and written again each time, as the source set is (a finished phase trained with another
+    share is refused by its recorded inputs); ``chosen`` itself where the phase is not mixed."""
+    from trainer.phases.train_mix import mixed_set_path, write_mixed_set
+
+    share = ws.cfg.rl_mix_share
+    if not mixes_phase(name, share):
+        return chosen
+    out = mixed_set_path(chosen.parent, chosen)
+    ws.manifest.set(f"train_mix:{key}", write_mixed_set(chosen, data_dir / name / "train.parquet", share, out))
     return out
 
 
