@@ -5,19 +5,29 @@ Its options are :class:`~trainer.loop.config.LoopConfig`'s fields, built from th
 its name, type and default): a field added to the config is an option without a line here. Hydra overrides after the
 options go to every RL phase (``overrides``, the one field that is not an option). Mounted on the main
 app by :func:`register` (``trainer/cli.py``).
+
+``loop pack`` and ``loop unpack`` (:mod:`trainer.loop.artifacts`: resume on another node) are the commands of
+:data:`artifacts_app`; ``loop`` hands the command line to them when its first argument names one
+(:class:`LoopCommand`), so ``loop``'s own options and trailing overrides stay as they are.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+from typer.core import TyperCommand, TyperGroup
 
 from trainer.config_cli import command_signature, csv_values, given_values, set_signature
 from trainer.loop import PARTS, Loop, LoopConfig
+from trainer.loop import artifacts as loop_artifacts
 from trainer.phases.cli import bad_param, default_model
 from trainer.phases.launch import check_profile
 from trainer.phases.train_mix import TrainMixError
@@ -53,7 +63,10 @@ def to_config(ctx: typer.Context, given: dict[str, Any]) -> LoopConfig:
 
 
 def loop_cmd(ctx: typer.Context, **given: Any) -> None:
-    """(A1, A2 →) B1 → B2 → C1 → C2 → Phase-D evaluation; Hydra overrides after the options apply to every RL phase."""
+    """(A1, A2 →) B1 → B2 → C1 → C2 → Phase-D evaluation; Hydra overrides after the options apply to every RL phase.
+
+    To go on on another node: `loop pack` the folder's finished work into pieces, `loop unpack` them there
+    (see `loop pack --help`, `loop unpack --help`)."""
     cfg = to_config(ctx, given)
     manifest = Loop(cfg).run()
     if manifest.get("stopped_after"):
@@ -62,11 +75,85 @@ def loop_cmd(ctx: typer.Context, **given: Any) -> None:
     console.print_json(json.dumps(manifest.get("final_decision", {})))
 
 
+artifacts_app = typer.Typer(help="Resume the loop on another node from its folder's finished work.")
+
+
+@contextlib.contextmanager
+def byte_progress(what: str) -> Iterator[loop_artifacts.Progress]:
+    """A progress bar over bytes: the callback :func:`~trainer.loop.artifacts.pack` and ``unpack`` call."""
+    columns = (TextColumn(what), BarColumn(), DownloadColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(what, total=None)
+        yield lambda n, total: bar.update(task, advance=n, total=total)
+
+
+def artifact_failure(exc: loop_artifacts.ArtifactError) -> typer.Exit:
+    typer.echo(f"error: {exc}", err=True)
+    return typer.Exit(1)
+
+
+@artifacts_app.command("pack")
+def pack_cmd(
+    workdir: Path = typer.Option(..., help="The loop folder (`trainer loop --out`).", exists=True, file_okay=False),
+    out: Path = typer.Option(..., help="Folder for the pieces and artifacts.json (new or empty)."),
+    piece_mib: float = typer.Option(15.0, min=0.001, help="A piece's size at most, in MiB."),
+    batch_pieces: int = typer.Option(
+        loop_artifacts.DEFAULT_BATCH_PIECES, min=1, help="Pieces per batch folder (what one transfer carries)."
+    ),
+) -> None:
+    """Pack the finished phases' exports and results, the data, Phase D's scores and the manifest into checked
+    pieces (no checkpoints, no logs)."""
+    try:
+        with byte_progress("pack") as progress:
+            rec = loop_artifacts.pack(workdir, out, int(piece_mib * 2**20), batch_pieces, progress)
+    except loop_artifacts.ArtifactError as exc:
+        raise artifact_failure(exc) from None
+    size = sum(f["size"] for f in rec["files"])
+    batches = len({p["batch"] for p in rec["pieces"]})
+    console.print(
+        f"{len(rec['files'])} files ({size / 2**20:.1f} MiB) of {len(rec['models'])} finished phases in "
+        f"{len(rec['pieces'])} pieces of at most {rec['piece_bytes']} bytes, {batches} batch folders: {out}"
+    )
+    console.print(f"carry {out / loop_artifacts.ARTIFACTS} with them; `trainer loop unpack` rebuilds the folder")
+
+
+@artifacts_app.command("unpack")
+def unpack_cmd(
+    pieces: Path = typer.Option(
+        ..., help="Folder with artifacts.json and the pieces (anywhere under it).", exists=True, file_okay=False
+    ),
+    workdir: Path = typer.Option(..., help="The new loop folder (new or empty)."),
+) -> None:
+    """Check every piece and file by sha256, rebuild the loop folder as WORKDIR with its recorded paths moved
+    there; `trainer loop --out WORKDIR` with the first run's options then goes on from it."""
+    try:
+        with byte_progress("unpack") as progress:
+            entry = loop_artifacts.unpack(pieces, workdir, progress)
+    except loop_artifacts.ArtifactError as exc:
+        raise artifact_failure(exc) from None
+    console.print(f"{workdir}: unpacked from {entry['from']} ({entry['pieces']} pieces, every file checked)")
+    console.print(f"paths rewritten in {len(entry['rewritten'])} files; go on with `trainer loop --out {workdir} ...`")
+
+
+class LoopCommand(TyperCommand):
+    """``loop``, which hands its command line to :data:`artifacts_app` when the first argument names one of its
+    commands (``loop pack ...``): the loop's required options and trailing overrides stay as they are."""
+
+    # the contexts are those of typer's own click, whose types typer does not export: Any
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        group = typer.main.get_command(artifacts_app)
+        if args and isinstance(group, TyperGroup) and args[0] in group.commands:
+            return group.make_context(info_name, list(args), parent=parent, **extra)
+        return super().make_context(info_name, args, parent=parent, **extra)
+
+
 ctx_param = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
 set_signature(loop_cmd, command_signature(LoopConfig, ctx_param))
-app.command("loop", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(loop_cmd)
+app.command("loop", cls=LoopCommand, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
+    loop_cmd
+)
 
 
 def register(main_app: typer.Typer) -> None:
-    """Add ``loop`` to the main ``python -m trainer`` app."""
+    """Add ``loop`` (with ``loop pack`` and ``loop unpack``) to the main ``python -m trainer`` app."""
     main_app.registered_commands.extend(app.registered_commands)

@@ -44,7 +44,9 @@ The package: the recipe (``recipe.py``: :class:`Loop`), its config declared once
 options of ``trainer/loop_cli.py`` and the manifest's ``config`` come from it), the manifest and its
 content keys (``manifest.py``), the folder, manifest, GPU plan and reward APIs every step uses
 (``workspace.py``), and the steps: one phase (``phase_step.py``), the C2 precompute
-(``c2_precompute.py``), Phase D (``phase_d_step.py``), the RFT baseline (``rft_step.py``).
+(``c2_precompute.py``), Phase D (``phase_d_step.py``), the RFT baseline (``rft_step.py``); and resuming on
+another node from the folder's finished work, packed into checked pieces and unpacked there (``artifacts.py``:
+``trainer loop pack`` / ``trainer loop unpack``).
 """
 
 from trainer.loop.config import PARTS, LoopConfig
