@@ -17,7 +17,8 @@ def test_data_source_tags_the_golden_source() -> None:
 def test_the_reward_kind_picks_the_endpoint_and_keys() -> None:
     item = build_item(reward_kind("table:e2e"), "i", "{}", {"table": {"columns": ["a"], "data": [["1"]]}})
     assert set(item) == {"id", "prediction", "gold_table"}
-    result = {"reward": 0.5, "valid_json": True, "score": 0.75, "cell_accuracy": 0.5}
+    # the wire's table result names its mapped number table_score; VERL's score is the reward
+    result = {"reward": 0.5, "valid_json": True, "table_score": 0.75, "cell_accuracy": 0.5}
     parts = {"score": 0.5, "valid_json": 1.0, "table_score": 0.75, "cell_accuracy": 0.5}
     assert {k: v for k, v in score_dict("table", result).items() if k in parts} == parts
     assert tuple(score_dict("table", result)) == SCORE_KEYS["table"]
