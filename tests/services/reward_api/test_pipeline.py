@@ -39,6 +39,9 @@ def pipeline_server(cpu_executor: Any) -> Iterator[RewardApiServer]:
         "REWARD_API_MAX_TOKENS": "48",
         "REWARD_API_EXECUTOR_TIMEOUT_S": "180",
         "REWARD_API_REQUEST_DEADLINE_S": "400",
+        # readiness asks the executor for a token; beside a GRPO step on the same 2 cores (make test's other
+        # lane) that can take longer than the 2-s default, which is for an executor with a machine of its own
+        "REWARD_API_READY_TIMEOUT_S": "60",
         "REWARD_API_TOKEN": "",
     }
     with RewardApiServer(env=env) as server:
@@ -73,7 +76,7 @@ def _expected(
 
 
 def test_ready_and_info(pipeline_server: RewardApiServer, cpu_executor: Any) -> None:
-    r = httpx.get(f"{pipeline_server.url}/readyz/pipeline", timeout=30)
+    r = httpx.get(f"{pipeline_server.url}/readyz/pipeline", timeout=90)
     assert r.status_code == 200, r.text
     assert r.json()["replicas"] == [{"replica": 0, "ready": True, "reason": None}]
     info = httpx.get(f"{pipeline_server.url}/info").json()
