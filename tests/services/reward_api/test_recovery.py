@@ -35,6 +35,9 @@ def test_executor_down_is_503_then_recovers(cpu_executor: Any, golden_sample: li
         "REWARD_API_REQUEST_DEADLINE_S": str(DEADLINE_S),
         "REWARD_API_REPLICA_COOLDOWN_S": "2",
         "REWARD_API_CACHE_SIZE": "0",  # every request must reach the executor
+        # readiness asks the executor for a token; beside a GRPO step on the same 2 cores (make test's other
+        # lane) that can take longer than the 2-s default, which is for an executor with a machine of its own
+        "REWARD_API_READY_TIMEOUT_S": "60",
         "REWARD_API_TOKEN": "",
     }
     ex = golden_sample[8]
@@ -57,7 +60,7 @@ def test_executor_down_is_503_then_recovers(cpu_executor: Any, golden_sample: li
             assert penalized["failed"] == 1 and penalized["results"][0]["error"] == "executor_failed"
         finally:
             cpu_executor.start(timeout=900)
-        assert httpx.get(f"{api.url}/readyz/pipeline", timeout=15).status_code == 200
+        assert httpx.get(f"{api.url}/readyz/pipeline", timeout=90).status_code == 200
         after = post(api.url, "/reward/pipeline", {"items": [item]}, timeout=DEADLINE_S + 60)
         assert after.status_code == 200, after.text
         assert after.json()["executor_calls"] == 1
