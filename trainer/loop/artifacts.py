@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from shared.golden import sha256_file
 from trainer.loop.manifest import MANIFEST, Manifest, read_json
 from trainer.loop.phase_step import phase_done
 from trainer.phases.launch import REPO_ROOT, RESULT_FILE
@@ -324,20 +325,12 @@ def check_piece(path: Path, piece: dict[str, Any]) -> Path:
     size = path.stat().st_size
     if size != piece["size"]:
         raise ArtifactError(f"piece {piece['name']} ({path}): {size} bytes, {ARTIFACTS} records {piece['size']}")
-    digest = file_sha256(path)
+    digest = sha256_file(path)
     if digest != piece["sha256"]:
         raise ArtifactError(
             f"piece {piece['name']} ({path}): sha256 {digest} is not the recorded {piece['sha256']} (corrupt)"
         )
     return path
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class PieceReader(io.RawIOBase):

@@ -27,7 +27,6 @@ the phase trains on its chosen set as before):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from collections import Counter
@@ -36,7 +35,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shared.golden import source_of
+from shared.golden import sha256_file, source_of
 from trainer.config_cli import cli_meta
 
 if TYPE_CHECKING:
@@ -96,10 +95,6 @@ def even_quota(wanted: int, available: Mapping[str, int]) -> dict[str, int]:
     return dict(sorted(quota.items()))
 
 
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def build_mix(chosen: Path, train: Path, share: float, seed: int = MIX_SEED) -> tuple[pa.Table, dict[str, Any]]:
     """The mixed table of ``chosen`` (its rows, then the drawn rows of ``train``) and its record."""
     import pyarrow as pa
@@ -134,7 +129,7 @@ def build_mix(chosen: Path, train: Path, share: float, seed: int = MIX_SEED) -> 
     record = {
         "share": share,
         "seed": seed,
-        "chosen": {"path": str(chosen), "sha256": file_sha256(chosen), "prompts": dict(chosen_sources)},
+        "chosen": {"path": str(chosen), "sha256": sha256_file(chosen), "prompts": dict(chosen_sources)},
         "drawn": {s: q for s, q in quota.items() if q},
         "prompts": dict(chosen_sources + Counter({s: q for s, q in quota.items() if q})),
         "total": n + len(drawn),
@@ -171,7 +166,7 @@ def check_reuse(out: Path, chosen: Path | None, share: float, seed: int = MIX_SE
         return None
     now = {"share": share, "seed": seed, "chosen": str(chosen) if chosen else None}
     before = {"share": was["share"], "seed": was["seed"], "chosen": was["chosen"]["path"]}
-    same_file = chosen is not None and chosen.is_file() and file_sha256(chosen) == was["chosen"]["sha256"]
+    same_file = chosen is not None and chosen.is_file() and sha256_file(chosen) == was["chosen"]["sha256"]
     if before != now or not same_file:
         differ = "; ".join(f"{k}: built with {before[k]!r}, asked for {now[k]!r}" for k in now if before[k] != now[k])
         differ = differ or f"chosen set {chosen} changed since (SHA-256)"
