@@ -20,13 +20,13 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from types import FrameType
 
 from services.child_process import terminate_all
 
 _forking = threading.Event()  # set while the at-fork callbacks registered before ours run
 _pending = threading.Event()  # a SIGTERM arrived during them: deliver it again after
-_poll = threading.Event()  # never set: a sleep the redelivery thread polls with
 
 
 def _during_cleanup(_signum: int, _frame: FrameType | None) -> None:
@@ -36,7 +36,7 @@ def _during_cleanup(_signum: int, _frame: FrameType | None) -> None:
 def _redeliver() -> None:
     """Send the noted SIGTERM to the main thread again once the fork's callbacks are done."""
     while _forking.is_set():
-        _poll.wait(0.001)
+        time.sleep(0.001)
     _pending.clear()  # a redelivery that lands in the next fork's callbacks is noted and delivered again
     main = threading.main_thread().ident
     if main is not None:
