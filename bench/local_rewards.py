@@ -3,7 +3,7 @@
 Same items, same configs, same run. The HTTP side includes everything a caller pays: JSON encoding of
 the request, the round trip, decoding the answer. Every HTTP answer is checked against the in-process
 rewards (same ids, same order, same values), so a fast wrong answer cannot pass.
-Goal (DESIGN §6): at batch 1024, HTTP ≥ 0.7× in-process for schema and table (1 worker vs 1 process).
+Goal (docs/benchmarks.md): at batch 1024, HTTP ≥ 0.7× in-process for schema and table (1 worker vs 1 process).
 Beside it (informational): N workers against 1 worker, both driven by N concurrent clients.
 """
 

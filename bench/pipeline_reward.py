@@ -11,7 +11,7 @@ service builds them) and the same sampling parameters:
 
 All prompts go through the executor once before timing, so vLLM's prefix cache is equally warm for the
 three modes (none gets an advantage from running later). Ceiling and ours alternate for ``repeats``
-rounds and the median is reported. Goals (DESIGN §6): ours ≥ 0.9× ceiling; ours ≥ 10× seed
+rounds and the median is reported. Goals (docs/benchmarks.md): ours ≥ 0.9× ceiling; ours ≥ 10× seed
 (informational on a CPU executor, whose own ceiling bounds it; binding on GPU: ``sequential_binding``).
 """
 

@@ -1,4 +1,4 @@
-"""Order-invariant table metrics: the default table reward and Phase D's headline (DESIGN §4.3).
+"""Order-invariant table metrics: the default table reward and Phase D's headline (docs/rewards.md).
 
 Rows are aligned one-to-one with the Hungarian algorithm (``scipy.optimize.linear_sum_assignment``)
 so that a correct table in another row order scores as correct. The metrics follow the spirit of

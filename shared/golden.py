@@ -1,4 +1,4 @@
-"""Golden data IO (DESIGN §4.1): read, write and validate ``common_{split}_schemas.jsonl``.
+"""Golden data IO (docs/golden_data.md): read, write and validate ``common_{split}_schemas.jsonl``.
 
 A bad line is an error that names the file, the line and the field; nothing is skipped silently.
 """
@@ -98,7 +98,7 @@ class GoldenExample(BaseModel):
 
 
 class GoldenFormatError(ValueError):
-    """A golden line that does not follow DESIGN §4.1; the message is ``file:line: field: reason``."""
+    """A golden line that breaks docs/golden_data.md; the message is ``file:line: field: reason``."""
 
     def __init__(self, path: Path | str, line: int, field: str, reason: str) -> None:
         self.path, self.line, self.field, self.reason = str(path), line, field, reason

@@ -1,4 +1,4 @@
-"""Column-name normalisation shared by every schema comparison (DESIGN §4.3).
+"""Column-name normalisation shared by every schema comparison (docs/rewards.md).
 
 camelCase → snake_case, lower case, runs of non-alphanumerics → ``_``, outer ``_`` stripped.
 Letters and digits of any script count as alphanumeric, so ``"Prénom"`` stays ``"prénom"``.

@@ -1,4 +1,4 @@
-"""Stage-1 and Stage-2 prompt builders: the only place prompts are made (DESIGN §4.2).
+"""Stage-1 and Stage-2 prompt builders: the only place prompts are made (docs/prompts.md).
 
 Templates are JSON files with a ``version`` string and ``string.Template`` fields (``$document``
 and friends, so JSON braces in the text need no escaping). The bundled ones live in

@@ -1,4 +1,4 @@
-"""Reward definitions (DESIGN §4.3). Every number is a field of a config with the seed's default.
+"""Reward definitions (docs/rewards.md). Every number is a field of a config with the seed's default.
 
 - Schema: ``f1_weight·F1 + precision_weight·P + recall_weight·R``; unparseable → ``invalid_json_penalty``;
   clipped to ``[min_reward, max_reward]``.

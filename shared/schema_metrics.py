@@ -1,4 +1,4 @@
-"""Schema precision / recall / F1 over sets of normalised column names (DESIGN §4.3)."""
+"""Schema precision / recall / F1 over sets of normalised column names (docs/rewards.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Parse a predicted schema from model text (DESIGN §4.3).
+"""Parse a predicted schema from model text (docs/rewards.md).
 
 Accepted: surrounding whitespace and at most one surrounding Markdown code fence (```` ``` ```` or
 ```` ```json ````), then JSON in one of three shapes: ``{"columns": [...]}``, ``{"fields": [...]}``

@@ -1,4 +1,4 @@
-"""Table parsing and the seed's positional cell accuracy (DESIGN §4.3).
+"""Table parsing and the seed's positional cell accuracy (docs/rewards.md).
 
 The cell comparison form (``normalize_cell``) is shared by every table metric: ``str(v).strip()``,
 with ``None`` (and a missing key) as ``""``, JSON booleans as ``true``/``false`` and JSON numbers as

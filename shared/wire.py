@@ -1,8 +1,8 @@
-"""Wire types of the reward API (DESIGN §4.4): the service parses requests and answers with them, and every
-caller talks through the typed client ``trainer/reward_client.py``, which builds its requests from these models,
-parses each answer into the matching response model and checks the answer's ``prompt_version`` against the
-prompts the caller built its data with. A result field has one name on the wire, in the client and in VERL's logs
-(except the reward itself, which VERL requires to be called ``score``).
+"""Wire types of the reward API (docs/reward_api.md#contract): the service parses requests and answers with
+them, and every caller talks through the typed client ``trainer/reward_client.py``, which builds its requests
+from these models, parses each answer into the matching response model and checks the answer's
+``prompt_version`` against the prompts the caller built its data with. A result field has one name on the
+wire, in the client and in VERL's logs (except the reward itself, which VERL requires to be called ``score``).
 
 Requests reject unknown keys, so a misspelt field or config override is a 422 that names it, and
 non-finite numbers (``NaN``, ``Infinity``), so no reward can come back ``NaN`` or ``null``. Strings must

@@ -1,6 +1,6 @@
-"""The typed client of the reward API (DESIGN §4.4): every caller that asks reward_api for rewards asks here.
+"""The typed client of the reward API: every caller that asks reward_api for rewards asks here.
 
-Contract, stated once:
+Contract, stated once (the HTTP side: docs/reward_api.md#contract):
 
 - A request is a ``shared.wire`` request model (:class:`~shared.wire.SchemaRequest`,
   :class:`~shared.wire.TableRequest`, :class:`~shared.wire.PipelineRequest`); :func:`build_request` makes

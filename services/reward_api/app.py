@@ -58,7 +58,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(
         title="reward_api",
         version=__version__,
-        summary="Batched schema / table / pipeline rewards (DESIGN §4.4).",
+        summary="Batched schema / table / pipeline rewards (docs/reward_api.md#contract).",
         lifespan=lifespan,
     )
     app.state.settings = settings

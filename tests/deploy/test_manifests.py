@@ -38,7 +38,7 @@ JOB_OVERLAYS = ["gpu-cluster/trainer", "single-node/trainer"]
 RAYJOB_OVERLAYS = ["gpu-cluster/trainer-rayjob"]
 SECRET_NAME = "stx-secrets"
 NAMESPACE = "stx"
-# The env vars services/executor_vllm/entrypoint.py maps to `vllm serve` flags (DESIGN).
+# The env vars services/executor_vllm/entrypoint.py maps to `vllm serve` flags (its docstring's table).
 EXECUTOR_ENV = {
     "EXECUTOR_MODEL_PATH",
     "EXECUTOR_SERVED_MODEL_NAME",

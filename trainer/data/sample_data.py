@@ -1,4 +1,4 @@
-"""A small, deterministic golden set that the project generates itself (DESIGN §4.1 format).
+"""A small, deterministic golden set that the project generates itself (docs/golden_data.md).
 
 Three kinds of short documents: invoices (multi-row line items), products (one row) and staff
 lists (multi-row). Ids are ``<kind>-<split>-<nnn>``, so the data source of an example is its kind.

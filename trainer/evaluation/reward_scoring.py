@@ -45,7 +45,7 @@ def prompt_for(reward: RewardKind, ex: GoldenExample) -> list[dict[str, str]]:
 
 
 def reward_item(reward: RewardKind, ex: GoldenExample, item_id: str, prediction: str) -> dict[str, Any]:
-    """One reward_api item (DESIGN §4.4) for a sampled output."""
+    """One reward_api item (docs/reward_api.md#contract) for a sampled output."""
     if reward == "schema":
         return {"id": item_id, "prediction": prediction, "gold_schema": ex.schema_dict()}
     if reward == "table":

@@ -1,4 +1,4 @@
-"""Batched HTTP client of the reward API, used by the VERL reward function (DESIGN §4.4, §4.5).
+"""Batched HTTP client of the reward API, used by the VERL reward function (docs/trainer.md).
 
 Failure policy (applied by :class:`RewardBatcher` and :func:`score_dict`, stated here once):
 
@@ -68,7 +68,7 @@ __all__ = ["PromptVersionMismatch", "RewardRequestError", "RewardServiceError"] 
 log = logging.getLogger("trainer.in_verl.reward_client")
 
 # The part keys returned for every sample of a data source: VERL takes the key list from the first
-# sample, so they must never vary (DESIGN "known user pain").
+# sample, so they must never vary (docs/notes/verl-0.9.md, "Known user pain").
 SCORE_KEYS: dict[str, tuple[str, ...]] = {
     "schema": ("score", "valid_json", "precision", "recall", "f1"),
     "table": ("score", "valid_json", "table_score", "cell_accuracy"),
@@ -335,7 +335,7 @@ def decode_ground_truth(ground_truth: Any) -> dict[str, Any]:
 
 
 def build_item(data_source: str, item_id: str, solution_str: str, ground_truth: Mapping[str, Any]) -> dict[str, Any]:
-    """The wire item of one sample (DESIGN §4.4); a missing ground-truth field is named."""
+    """The wire item of one sample (docs/reward_api.md#contract); a missing ground-truth field is named."""
 
     def need(key: str) -> Any:
         if key not in ground_truth:

@@ -1,4 +1,4 @@
-"""VERL custom reward function: a thin batched client of the reward API (DESIGN §4.5).
+"""VERL custom reward function: a thin batched client of the reward API (docs/trainer.md).
 
 Point VERL 0.9 at this file with the ``reward.*`` keys (the old top-level
 ``custom_reward_function.*`` keys are silently ignored by ``main_ppo``)::

@@ -1,4 +1,4 @@
-"""The training loop (A1, A2 →) B1 → B2 → C1 → C2 → Phase-D evaluation (DESIGN §1), resumable, with a manifest.
+"""The training loop (A1, A2 →) B1 → B2 → C1 → C2 → Phase-D evaluation (docs/training.md), resumable, with a manifest.
 
 ``python -m trainer loop --golden G --out O [--profile cpu-smoke] [--pi1-sft M --pi2-sft M | --base-model M]``
 

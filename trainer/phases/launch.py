@@ -1,4 +1,4 @@
-"""How a training phase is launched (DESIGN §1); what each phase trains is :mod:`trainer.phases.registry`'s.
+"""How a training phase is launched (docs/training.md); what each phase trains is :mod:`trainer.phases.registry`'s.
 
 ``python -m trainer run <phase> --profile cpu-smoke|gpu --data D --out O --model M [overrides]``
 composes ``trainer/phases/configs/<phase>_{sft,grpo}.yaml`` with the profile and runs it:

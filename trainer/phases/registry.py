@@ -1,4 +1,4 @@
-"""The phase registry: one entry per training phase owns every fact about it (DESIGN §1).
+"""The phase registry: one entry per training phase owns every fact about it (docs/training.md#phases).
 
 Each entry says which trainer runs the phase (SFT or GRPO), which policy it trains (π1 writes the
 schema, π2 fills the table), how its data is built (the prompt and what the reward is checked

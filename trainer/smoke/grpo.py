@@ -335,7 +335,7 @@ def smoke(
     calls = counter_total(metrics_text, "reward_api_executor_calls_total", "")
     summary.update(reward_api_pipeline_items=items, executor_calls=calls)
     checks.add("reward_api scored the pipeline items VERL sent", items > 0, f"items {items}")
-    # An invalid schema costs no executor call (DESIGN 4.3), so this needs >= 1 valid rollout schema.
+    # An invalid schema costs no executor call (docs/rewards.md), so this needs >= 1 valid rollout schema.
     checks.add("the pipeline reward called the executor", calls > 0, f"executor calls {calls}")
     checks.add(
         "early-stopping state recorded", res.best_step is not None, f"best step {res.best_step}, score {res.best_score}"
