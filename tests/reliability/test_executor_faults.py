@@ -5,14 +5,15 @@ reward_api. Expected outcome for every fault: a 503 within the deadline (default
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
 import pytest
 
-from services.executor_vllm.cpu_launcher import free_port
 from shared import (
     GoldenExample,
     PipelineSchemaRewardConfig,
@@ -69,6 +70,15 @@ def reward_for_output(item: dict[str, Any], output: str) -> float:
     schema = compute_schema_reward_single(item["prediction"], item["gold_schema"], cfg.schema_reward)
     table = compute_table_reward_single(output, item["gold_table"], cfg.table_reward)
     return combine_pipeline_reward(schema, table, cfg).reward
+
+
+@contextmanager
+def closed_port() -> Iterator[int]:
+    """A port that refuses connections for as long as it is held: bound, never listening, so no other
+    process (a Ray worker beside this test, say) can take it and answer or hang in its place."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        yield int(s.getsockname()[1])
 
 
 def post(api: RewardApiServer, items: list[dict[str, Any]], mode: str = "fail") -> tuple[httpx.Response, float]:
@@ -163,12 +173,19 @@ def test_one_of_two_replicas_failing(other: str, examples: list[GoldenExample], 
     # One gold table as the healthy replica's output: every item's expected reward follows from it.
     content = gold_ndjson(items[0]["gold_table"])
     bad = FaultyExecutor(mode="http_500") if other == "http_500" else None
-    with FaultyExecutor(mode="ok", content=content) as good:
+    # Timeouts far above a healthy answer's time: on a loaded machine a 1 s timeout can eject the healthy
+    # replica too, and this test is about routing around the failing one, not about timeouts.
+    env_extra = {
+        "REWARD_API_RETRIES": "2",
+        "REWARD_API_EXECUTOR_TIMEOUT_S": "20",
+        "REWARD_API_REQUEST_DEADLINE_S": "40",
+    }
+    with FaultyExecutor(mode="ok", content=content) as good, closed_port() as down_port:
         if bad:
             bad.start()
         try:
-            bad_url = bad.url if bad else f"http://127.0.0.1:{free_port()}"
-            with RewardApiServer(_env(bad_url, good.url, REWARD_API_RETRIES="2")) as api:
+            bad_url = bad.url if bad else f"http://127.0.0.1:{down_port}"
+            with RewardApiServer(_env(bad_url, good.url, **env_extra)) as api:
                 responses = [post(api, items)[0] for _ in range(3)]
         finally:
             if bad:
@@ -179,7 +196,7 @@ def test_one_of_two_replicas_failing(other: str, examples: list[GoldenExample], 
     )
     record_property("expected", "every request 200 with the healthy replica's rewards")
     record_property("observed", f"status {codes}; healthy replica served {good.calls} calls")
-    assert codes == [200, 200, 200]
+    assert codes == [200, 200, 200], [r.text[:300] for r in responses if r.status_code != 200]
     for r in responses:
         for x, it in zip(r.json()["results"], items, strict=True):
             assert x["error"] is None
