@@ -194,16 +194,21 @@ def test_phase_d_writes_the_sft_pairs(tmp_path: Path) -> None:
     assert "| aligned_cell_f1 | sft → pipe | pooled | 6 |" in out.report.read_text()
 
 
+# typer's error box wraps at the terminal's width; a message holding a long tmp_path would wrap mid-phrase
+WIDE = {"COLUMNS": "1000"}
+
+
 def test_an_empty_test_split_is_an_error_not_a_report_over_nothing(tmp_path: Path) -> None:
     empty = tmp_path / "common_test_schemas.jsonl"
     empty.write_text("")
     write_jsonl(tmp_path / "none.jsonl", [])
     res = CliRunner().invoke(app, ["evaluate", "score", "--golden", str(empty), "--out", str(tmp_path / "eval"),
-                                   "--predictions", f"sft={tmp_path / 'none.jsonl'}"])  # fmt: skip
+                                   "--predictions", f"sft={tmp_path / 'none.jsonl'}"], env=WIDE)  # fmt: skip
     assert res.exit_code == 2 and "no golden examples to evaluate" in res.output
     assert not (tmp_path / "eval" / "metrics.json").exists()
+    url = "http://127.0.0.1:9/v1"
     res = CliRunner().invoke(app, ["evaluate", "pipeline", "--golden", str(empty), "--out", str(tmp_path / "e2"),
-                                   "--setting", "sft=http://127.0.0.1:9/v1,m,http://127.0.0.1:9/v1,m"])  # fmt: skip
+                                   "--setting", f"sft={url},m,{url},m"], env=WIDE)  # fmt: skip
     assert res.exit_code == 2 and "no examples to evaluate" in res.output
     with pytest.raises(ValueError, match="no golden examples"):
         write_outputs(tmp_path / "e3", [], {"sft": []}, "Phase D")
