@@ -24,7 +24,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 SAMPLE = REPO / "trainer" / "data" / "sample"
 
-pytestmark = [pytest.mark.verl, pytest.mark.vllm, pytest.mark.service, pytest.mark.slow]
+pytestmark = [pytest.mark.long, pytest.mark.verl, pytest.mark.vllm, pytest.mark.service, pytest.mark.slow]
 EVAL_DOCS = 2  # Phase D's test documents: each setting scored end to end on them, paired tests included
 
 ARGS = [
