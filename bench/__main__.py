@@ -28,6 +28,8 @@ from typing import Annotated
 
 import typer
 
+from shared.wire import EXECUTOR_SERVED_NAME
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
 Quick = Annotated[bool, typer.Option("--quick", help="Small smoke version (numbers labelled quick/noisy).")]
@@ -90,7 +92,7 @@ def gpu_pipeline(
     executor_url: Annotated[str | None, typer.Option("--executor-url", help="A running GPU vLLM's base URL.")] = None,
     serve_model: ServeModel = None,
     gpus: Annotated[str, typer.Option("--gpus", help="With --serve-model: the GPU it runs on.")] = "0",
-    model: Annotated[str, typer.Option(help="Served model name on that vLLM.")] = "smollm2-135m-instruct",
+    model: Annotated[str, typer.Option(help="Served model name on that vLLM.")] = EXECUTOR_SERVED_NAME,
     quick: Quick = False,
     golden: Golden = None,
     items: Annotated[int | None, typer.Option(help="Number of distinct prompts (default 512).")] = None,
@@ -192,7 +194,7 @@ def gpu_scaling(
     serve_model: ServeModel = None,
     gpus: Gpus = None,
     mem: Annotated[float, typer.Option(help="With --serve-model: --gpu-memory-utilization of each.")] = 0.3,
-    model: Annotated[str, typer.Option(help="Served model name on those executors.")] = "smollm2-135m-instruct",
+    model: Annotated[str, typer.Option(help="Served model name on those executors.")] = EXECUTOR_SERVED_NAME,
     replicas: Annotated[
         str | None, typer.Option(help="Executor counts to measure (first N URLs; default 1, 2, 4 … up to all).")
     ] = None,
@@ -264,7 +266,7 @@ def generation_client_cpu(
     concurrency: Annotated[int, typer.Option(min=1, help="GenerationConfig.concurrency.")] = 256,
     max_tokens: Annotated[int, typer.Option(min=1, help="Executor max_tokens (small: the client is measured).")] = 4,
     rounds: Annotated[int, typer.Option(min=1, help="Measured rounds per variant (median reported).")] = 3,
-    model: Annotated[str, typer.Option(help="Served model name on the executor.")] = "smollm2-135m-instruct",
+    model: Annotated[str, typer.Option(help="Served model name on the executor.")] = EXECUTOR_SERVED_NAME,
     quick: Quick = False,
     golden: Golden = None,
     executor_url: ExecutorUrl = None,

@@ -47,12 +47,13 @@ from shared import (
     compute_schema_reward_single,
     compute_table_reward_single,
 )
+from shared.wire import EXECUTOR_SERVED_NAME
 from trainer.evaluation.two_stage import stage2_on_prediction
 from trainer.reward_client import RewardClient, build_request
 
 CEILING_RATIO = 0.9
 SEQUENTIAL_FACTOR = 10.0
-DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_MODEL = EXECUTOR_SERVED_NAME
 
 
 @contextlib.contextmanager

@@ -28,6 +28,11 @@ from shared.rewards import (
     TableRewardConfig,
 )
 
+# The name an executor serves its model under unless configured otherwise, and the name the reward API asks
+# it for by default: the executor images (services/executor_vllm/entrypoint.py, which runs without this
+# package, states it again; a test keeps the two equal), the CPU launcher, compose and the benches.
+EXECUTOR_SERVED_NAME = "executor"
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)

@@ -24,8 +24,9 @@ import httpx
 import typer
 
 from services.child_process import spawn, stop_group
+from shared.wire import EXECUTOR_SERVED_NAME
 
-DEFAULT_SERVED_NAME = "smollm2-135m-instruct"
+DEFAULT_SERVED_NAME = EXECUTOR_SERVED_NAME
 
 
 class ExecutorStartError(RuntimeError):

@@ -12,6 +12,8 @@ from typing import Annotated, Any
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from shared.wire import EXECUTOR_SERVED_NAME
+
 
 def _split_list(value: Any) -> Any:
     """Accept a JSON list or a comma-separated string (the usual way to write a list in an env var)."""
@@ -33,7 +35,7 @@ class Settings(BaseSettings):
     executor_urls: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="OpenAI-compatible executor base URLs (comma-separated); empty: no pipeline."
     )
-    executor_model: str = Field("smollm2-135m-instruct", description="Served model name sent to the executor.")
+    executor_model: str = Field(EXECUTOR_SERVED_NAME, description="Served model name sent to the executor.")
     executor_api_key: SecretStr | None = Field(None, description="Bearer key for the executor, if it wants one.")
     temperature: float = Field(0.0, ge=0.0, description="Executor sampling temperature.")
     max_tokens: int = Field(512, ge=1, description="Executor max_tokens per Stage-2 generation.")

@@ -253,7 +253,7 @@ def test_load_spreads_over_two_real_reward_api_replicas() -> None:
 
     items = gs.build_items(read_split(GOLDEN, "test"), 12)
     with FaultyExecutor("ok", content=gold_ndjson(items[0]["gold_table"])) as fx:
-        settings = gs.reward_api_settings([fx.url], "smollm2-135m-instruct", 16, 8)
+        settings = gs.reward_api_settings([fx.url], fx.model, 16, 8)
         with reward_api_process(None, **settings) as a, reward_api_process(None, **settings) as b:
             seconds, latencies, failed = asyncio.run(gs._load([a.url, b.url], items, clients=4, batch=3))
             served = [gs.metric_sum(api.metrics_text(), "reward_api_items_total") for api in (a, b)]

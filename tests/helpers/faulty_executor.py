@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from services.executor_vllm.cpu_launcher import free_port
+from shared.wire import EXECUTOR_SERVED_NAME
 
 Mode = Literal["ok", "hang", "http_500", "http_429", "http_400", "garbage", "not_json", "redirect"]
 
@@ -60,7 +61,7 @@ class FaultyExecutor:
         self,
         mode: Mode = "ok",
         content: str = "",
-        model: str = "smollm2-135m-instruct",
+        model: str = EXECUTOR_SERVED_NAME,
         fail_first: int = 0,
         hang_s: float = 3600.0,
         delay_s: float = 0.0,

@@ -156,3 +156,24 @@ def test_gpu_script_runs_standalone(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr
     assert "vllm serve /w" in run.stdout
+
+
+def test_the_served_name_is_the_one_the_reward_api_asks_for_everywhere() -> None:
+    """One default served name (shared.wire): the entrypoint runs in the GPU image without ``shared`` and
+    states it again; the Dockerfiles and compose state it too. A reward API left at its default finds the
+    model of an executor left at its default, whichever way that executor was started."""
+    import re
+
+    from services.executor_vllm import cpu_launcher, entrypoint
+    from services.reward_api.settings import Settings
+    from shared.wire import EXECUTOR_SERVED_NAME
+
+    assert entrypoint.DEFAULT_SERVED_NAME == cpu_launcher.DEFAULT_SERVED_NAME == EXECUTOR_SERVED_NAME
+    assert Settings.model_fields["executor_model"].default == EXECUTOR_SERVED_NAME
+    assert flag(serve_command({}), "--served-model-name") == EXECUTOR_SERVED_NAME
+    for dockerfile in ("Dockerfile", "Dockerfile.cpu"):
+        text = (REPO / "services" / "executor_vllm" / dockerfile).read_text()
+        assert re.findall(r"EXECUTOR_SERVED_MODEL_NAME=(\S+)", text) == [EXECUTOR_SERVED_NAME], dockerfile
+    compose = (REPO / "docker-compose.yml").read_text() + (REPO / "docker-compose.cpu.yml").read_text()
+    defaults = re.findall(r"\$\{EXECUTOR_SERVED_MODEL_NAME:-([^}]*)\}", compose)
+    assert defaults and set(defaults) == {EXECUTOR_SERVED_NAME}, defaults
