@@ -15,6 +15,7 @@ from trainer.phases.export import ExportError, check_hf_dir, fsdp_dir, merge_com
 from trainer.phases.launch import (
     CONFIG_DIR,
     CPU_ENV,
+    RAY_WORKER_NICENESS,
     REPO_ROOT,
     PhaseResult,
     PhaseRun,
@@ -143,6 +144,35 @@ def test_phase_run_command_and_env(tmp_path: Path) -> None:
     sft = PhaseRun(get_phase("a2"), "gpu", tmp_path, tmp_path, "/m", nproc=8).command()
     assert "verl.trainer.sft_trainer" in sft and "--nproc_per_node=8" in sft and "sft_profile=gpu" in sft
     assert sft[sft.index("--config-path") + 1] == str(CONFIG_DIR)
+
+
+def test_ray_workers_of_a_phase_run_at_niceness_0_unless_the_caller_says_otherwise(tmp_path: Path) -> None:
+    for profile in ("cpu-smoke", "gpu"):
+        run = PhaseRun(get_phase("b1"), profile, tmp_path, tmp_path, "/m", "http://r")  # type: ignore[arg-type]
+        assert run.env({"PATH": "/bin"})["RAY_worker_niceness"] == "0"
+        assert run.env({"PATH": "/bin", "RAY_worker_niceness": "5"})["RAY_worker_niceness"] == "5"
+
+
+@pytest.mark.slow  # two local Ray instances
+def test_ray_honours_the_worker_niceness_a_phase_sets() -> None:
+    """Ray's own default niceness for workers is 15; with the phase's variable its workers run at 0."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, ray; ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)\n"
+        "print(ray.get(ray.remote(lambda: os.nice(0)).remote())); ray.shutdown()"
+    )
+    seen = {}
+    for value in (None, RAY_WORKER_NICENESS[1]):
+        env = {k: v for k, v in os.environ.items() if k != RAY_WORKER_NICENESS[0]}
+        if value is not None:
+            env[RAY_WORKER_NICENESS[0]] = value
+        env["RAY_USAGE_STATS_ENABLED"] = "0"
+        res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-2000:]
+        seen[value] = int(res.stdout.strip().splitlines()[-1]) - os.nice(0)
+    assert seen == {None: 15, "0": 0}, seen
 
 
 def test_grpo_run_needs_a_reward_url(tmp_path: Path) -> None:
