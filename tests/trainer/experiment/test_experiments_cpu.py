@@ -24,7 +24,16 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 SAMPLE = REPO / "trainer" / "data" / "sample"
 
-pytestmark = [pytest.mark.long, pytest.mark.verl, pytest.mark.vllm, pytest.mark.service, pytest.mark.slow]
+# the module fixture (pi1-ab) counts in its first test's time: pytest-timeout's 1800 s default is too little beside
+# the other lane; each experiment call has its own 2,400 s limit (experiment())
+pytestmark = [
+    pytest.mark.long,
+    pytest.mark.verl,
+    pytest.mark.vllm,
+    pytest.mark.service,
+    pytest.mark.slow,
+    pytest.mark.timeout(3600),
+]
 EVAL_DOCS = 2  # Phase D's test documents: each setting scored end to end on them, paired tests included
 
 ARGS = [
