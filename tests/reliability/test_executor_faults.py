@@ -5,10 +5,8 @@ reward_api. Expected outcome for every fault: a 503 within the deadline (default
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -24,7 +22,7 @@ from shared import (
     gold_ndjson,
     pipeline_reward_for_executor_failure,
 )
-from tests.helpers.faulty_executor import FaultyExecutor, Mode
+from tests.helpers.faulty_executor import FaultyExecutor, Mode, closed_port
 from tests.helpers.servers import RewardApiServer
 
 pytestmark = [pytest.mark.service]
@@ -70,15 +68,6 @@ def reward_for_output(item: dict[str, Any], output: str) -> float:
     schema = compute_schema_reward_single(item["prediction"], item["gold_schema"], cfg.schema_reward)
     table = compute_table_reward_single(output, item["gold_table"], cfg.table_reward)
     return combine_pipeline_reward(schema, table, cfg).reward
-
-
-@contextmanager
-def closed_port() -> Iterator[int]:
-    """A port that refuses connections for as long as it is held: bound, never listening, so no other
-    process (a Ray worker beside this test, say) can take it and answer or hang in its place."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        yield int(s.getsockname()[1])
 
 
 def post(api: RewardApiServer, items: list[dict[str, Any]], mode: str = "fail") -> tuple[httpx.Response, float]:

@@ -12,7 +12,6 @@ from typing import Any
 import httpx
 import pytest
 
-from services.executor_vllm.cpu_launcher import free_port
 from shared import (
     GoldenExample,
     canonical_schema_json,
@@ -21,7 +20,7 @@ from shared import (
     gold_ndjson,
     pipeline_reward_for_executor_failure,
 )
-from tests.helpers.faulty_executor import FaultyExecutor
+from tests.helpers.faulty_executor import FaultyExecutor, closed_port
 from tests.helpers.servers import RewardApiServer
 from tests.services.reward_api.conftest import metric, post
 
@@ -133,8 +132,7 @@ def test_request_deadline_bounds_the_executor_phase(golden_sample: list[GoldenEx
 
 
 def test_unreachable_executor_is_503_quickly(golden_sample: list[GoldenExample]) -> None:
-    dead = f"http://127.0.0.1:{free_port()}"
-    with service(dead) as api:
+    with closed_port() as port, service(f"http://127.0.0.1:{port}") as api:
         t0 = time.monotonic()
         detail = _assert_503(
             post(api.url, "/reward/pipeline", {"items": _items(golden_sample[5])}), "executor_unavailable", "connect"
@@ -155,19 +153,20 @@ def test_unreachable_executor_is_503_quickly(golden_sample: list[GoldenExample])
 
 
 def test_two_replicas_one_down_still_succeeds(golden_sample: list[GoldenExample]) -> None:
-    dead = f"http://127.0.0.1:{free_port()}"
     examples = golden_sample[6:12]
-    with FaultyExecutor("ok", content="") as fx, service(dead, fx.url) as api:
-        assert httpx.get(f"{api.url}/readyz/pipeline", timeout=10).status_code == 200
-        for ex in examples:  # sequential: each distinct prompt is one call, routed away from the dead one
-            fx.content = gold_ndjson(ex.table_dict())
-            r = post(api.url, "/reward/pipeline", {"items": _items(ex, n=1, invalid=False)})
-            assert r.status_code == 200, r.text
-            assert r.json()["results"][0]["reward"] == 1.0
-        assert fx.calls == len(examples) + 1  # and the readiness check's one-token probe
-        # The dead replica was tried once, then ejected for the cool-down.
-        assert metric(api.url, "reward_api_executor_replica_ejections_total") == 1
-        assert metric(api.url, "reward_api_executor_attempts_total", {"outcome": "connect"}) == 1
+    with closed_port() as port, FaultyExecutor("ok", content="") as fx:
+        dead = f"http://127.0.0.1:{port}"
+        with service(dead, fx.url) as api:
+            assert httpx.get(f"{api.url}/readyz/pipeline", timeout=10).status_code == 200
+            for ex in examples:  # sequential: each distinct prompt is one call, routed away from the dead one
+                fx.content = gold_ndjson(ex.table_dict())
+                r = post(api.url, "/reward/pipeline", {"items": _items(ex, n=1, invalid=False)})
+                assert r.status_code == 200, r.text
+                assert r.json()["results"][0]["reward"] == 1.0
+            assert fx.calls == len(examples) + 1  # and the readiness check's one-token probe
+            # The dead replica was tried once, then ejected for the cool-down.
+            assert metric(api.url, "reward_api_executor_replica_ejections_total") == 1
+            assert metric(api.url, "reward_api_executor_attempts_total", {"outcome": "connect"}) == 1
 
 
 def test_sampling_parameters_come_from_settings(golden_sample: list[GoldenExample]) -> None:
