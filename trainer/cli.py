@@ -362,19 +362,37 @@ def rft_cmd(
     temperature: float = typer.Option(1.0, help="Sampling temperature."),
     max_tokens: int = typer.Option(256, help="max_tokens per sample."),
     limit: int | None = typer.Option(None, min=1, help="First N training examples."),
+    per_source: str | None = typer.Option(
+        None,
+        help="Prompts per source, SOURCE=N,... (e.g. wikitabletext=2000,e2e=500), drawn with --seed; "
+        "sources left out are not sampled (default: every training example).",
+    ),
+    concurrency: int = typer.Option(8, min=1, help="Concurrent requests (each asks for k samples)."),
+    timeout: float = typer.Option(300.0, min=1.0, help="Timeout of one request, seconds."),
+    seed: int = typer.Option(0, help="Seed of the sampling (prompt i gets seed + i) and of --per-source."),
     profile: str = ProfileOpt,
 ) -> None:
     """Sample k, score via reward_api, keep the best ≥ threshold, write SFT parquet, train with the SFT launcher."""
-    from trainer.rft import RftConfig, build_rft_data
+    from trainer.rft import RftConfig, build_rft_data, parse_per_source
 
     if reward not in REWARD_KINDS:
         raise typer.BadParameter(f"must be one of {list(REWARD_KINDS)}, got {reward!r}", param_hint="--reward")
     try:
-        cfg = RftConfig(k=k, threshold=threshold, temperature=temperature, max_tokens=max_tokens)
+        counts = parse_per_source(per_source) if per_source else None
+    except ValueError as exc:
+        raise bad_param("--per-source", exc) from None
+    try:
+        cfg = RftConfig(k=k, threshold=threshold, temperature=temperature, max_tokens=max_tokens,
+                        concurrency=concurrency, timeout_s=timeout, seed=seed)  # fmt: skip
         prof = check_profile(profile)
     except ValueError as exc:
         raise bad_param("--k/--threshold/--profile", exc) from None
-    rep = build_rft_data(golden, out, reward, policy_url, policy_model, reward_url, cfg, limit)
+    try:
+        rep = build_rft_data(golden, out, reward, policy_url, policy_model, reward_url, cfg, limit, counts)
+    except ValueError as exc:
+        if "per-source" not in str(exc):
+            raise
+        raise bad_param("--per-source", exc) from None
     table = Table("reward", "prompts", "samples", "kept", "mean best reward")
     table.add_row(rep.reward, str(rep.prompts), str(rep.samples), str(rep.kept), f"{rep.mean_best_reward:.3f}")
     console.print(table)

@@ -9,18 +9,25 @@ RL policies by ``trainer evaluate pipeline --setting rft=...``.
 
 Rewards (the reward kinds of :mod:`trainer.phases.registry`): ``schema`` (π1, schema reward), ``pipeline``
 (π1, pipeline reward via the executor), ``table`` (π2 on gold schemas, table reward).
+
+``per_source`` draws the prompts: ``{"wikitabletext": 2000, "e2e": 500}`` takes that many training examples of
+each named source (all of a smaller one), by ``seed``, in file order; sources left out are not sampled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+import random
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from shared import read_golden
+from tqdm import tqdm
+
+from shared import GoldenExample, read_golden
+from shared.golden import source_of
 from trainer.data.datasets import SFT_SCHEMA, sft_row, write_parquet
 from trainer.evaluation.generation import GenerationClient, GenerationConfig, truncated
 from trainer.evaluation.reward_scoring import prompt_for, reward_item, score
@@ -55,6 +62,9 @@ class RftReport:
     train_file: str
     truncated: int = 0  # samples cut at max_tokens: never kept (a cut answer is no demonstration)
     prompts_all_cut: int = 0  # prompts none of whose samples ended before max_tokens
+    prompts_per_source: dict[str, int] | None = None
+    kept_per_source: dict[str, int] | None = None
+    mean_best_reward_per_source: dict[str, float] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,6 +78,52 @@ def select_best(rewards: Sequence[float], threshold: float) -> int | None:
     return best if rewards[best] >= threshold else None
 
 
+def parse_per_source(text: str) -> dict[str, int]:
+    """``"wikitabletext=2000,e2e=500"`` → ``{"wikitabletext": 2000, "e2e": 500}``; a bad part is named."""
+    out: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",")):
+        name, sep, count = part.partition("=")
+        if not sep or not name.strip() or not count.strip().isdigit() or int(count) < 1:
+            raise ValueError(f"per-source: {part!r} is not SOURCE=N with N >= 1 (e.g. wikitabletext=2000,e2e=500)")
+        if name.strip() in out:
+            raise ValueError(f"per-source: {name.strip()!r} is named twice")
+        out[name.strip()] = int(count)
+    return out
+
+
+def sample_per_source(
+    examples: Sequence[GoldenExample], per_source: Mapping[str, int], seed: int
+) -> list[GoldenExample]:
+    """``per_source[src]`` examples of each named source (all where it has fewer), drawn with ``seed``, kept in
+    file order; a named source with no example is an error naming the sources there are."""
+    by_source: dict[str, list[int]] = {}
+    for i, ex in enumerate(examples):
+        by_source.setdefault(source_of(ex.id), []).append(i)
+    missing = sorted(set(per_source) - set(by_source))
+    if missing:
+        raise ValueError(f"per-source: no training example of {missing}; the sources are {sorted(by_source)}")
+    rng = random.Random(seed)
+    chosen: list[int] = []
+    for src in sorted(per_source):
+        idx = by_source[src]
+        chosen += idx if per_source[src] >= len(idx) else rng.sample(idx, per_source[src])
+    return [examples[i] for i in sorted(chosen)]
+
+
+def _per_source_mean(ids: Sequence[str], values: Sequence[float]) -> dict[str, float]:
+    sums: dict[str, list[float]] = {}
+    for i, v in zip(ids, values, strict=True):
+        sums.setdefault(source_of(i), []).append(v)
+    return {src: round(sum(v) / len(v), 4) for src, v in sorted(sums.items())}
+
+
+def _counts(ids: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for i in ids:
+        out[source_of(i)] = out.get(source_of(i), 0) + 1
+    return dict(sorted(out.items()))
+
+
 def build_rft_data(
     golden: Path,
     out: Path,
@@ -77,9 +133,12 @@ def build_rft_data(
     reward_url: str,
     cfg: RftConfig,
     limit: int | None = None,
+    per_source: Mapping[str, int] | None = None,
 ) -> RftReport:
     """Sample, score, keep the best ≥ threshold; write ``out/data/<a1|a2>/{train,validation}.parquet``."""
     examples = read_golden(golden / "common_train_schemas.jsonl", limit)
+    if per_source:
+        examples = sample_per_source(examples, per_source, cfg.seed)
     prompts = [prompt_for(reward, ex) for ex in examples]
 
     gen = GenerationConfig(
@@ -89,7 +148,9 @@ def build_rft_data(
         concurrency=cfg.concurrency,
         timeout_s=cfg.timeout_s,
     )
-    samples = asyncio.run(GenerationClient(policy_url, model, gen).sample(prompts, cfg.k))
+    with tqdm(total=len(prompts), desc=f"RFT samples ({reward}, k {cfg.k})", unit="prompt") as bar:
+        client = GenerationClient(policy_url, model, gen)
+        samples = asyncio.run(client.sample(prompts, cfg.k, on_done=lambda: bar.update(1)))
     items = [
         reward_item(reward, ex, f"{ex.id}#{j}", s)
         for ex, outs in zip(examples, samples, strict=True)
@@ -98,8 +159,10 @@ def build_rft_data(
     rewards = score(reward_url, reward, items)
     rows: list[dict[str, Any]] = []
     best_rewards: list[float] = []
+    best_ids: list[str] = []
+    kept_ids: list[str] = []
     pos = cut = all_cut = 0
-    for prompt, outs in zip(prompts, samples, strict=True):
+    for ex, prompt, outs in zip(examples, prompts, samples, strict=True):
         rs = rewards[pos : pos + len(outs)]
         pos += len(outs)
         whole = [j for j, o in enumerate(outs) if not truncated(o)]  # a cut answer is no demonstration
@@ -109,8 +172,10 @@ def build_rft_data(
         idx = whole[best] if best is not None else None
         if rs:
             best_rewards.append(max(rs))
+            best_ids.append(ex.id)
         if idx is not None:
             rows.append({"messages": [*prompt, {"role": "assistant", "content": outs[idx]}]})
+            kept_ids.append(ex.id)
     phase = sft_phase_for(reward)
     train = out / "data" / phase / "train.parquet"
     if not rows:
@@ -131,6 +196,9 @@ def build_rft_data(
         train_file=str(train),
         truncated=cut,
         prompts_all_cut=all_cut,
+        prompts_per_source=_counts(ex.id for ex in examples),
+        kept_per_source=_counts(kept_ids),
+        mean_best_reward_per_source=_per_source_mean(best_ids, best_rewards),
     )
     (out / "rft_report.json").write_text(json.dumps({**report.as_dict(), "config": asdict(cfg)}, indent=2) + "\n")
     return report

@@ -119,3 +119,81 @@ def test_rft_with_the_pipeline_reward_keeps_the_schemas_pi2_fills_well(tmp_path:
     assert len(rows) == 1 and rows[0]["messages"][-1]["content"] == schema
     assert first.text in rows[0]["messages"][1]["content"]
     assert json.loads((tmp_path / "rft_report.json").read_text())["reward"] == "pipeline"
+
+
+def test_per_source_is_parsed_and_a_bad_part_is_named() -> None:
+    from trainer.rft import parse_per_source
+
+    assert parse_per_source("wikitabletext=2000, e2e=500") == {"wikitabletext": 2000, "e2e": 500}
+    for bad, why in [
+        ("e2e", "'e2e' is not SOURCE=N"),
+        ("e2e=0", "'e2e=0'"),
+        ("=3", "'=3'"),
+        ("a=1,a=2", "named twice"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            parse_per_source(bad)
+
+
+def test_sample_per_source_draws_each_named_source_by_seed_in_file_order() -> None:
+    from shared import read_golden
+    from trainer.rft import sample_per_source
+
+    examples = read_golden(SAMPLE / "common_train_schemas.jsonl")  # 4 invoice, 4 product, 4 people
+    got = sample_per_source(examples, {"invoice": 2, "people": 9}, seed=3)
+    ids = [ex.id for ex in got]
+    assert sum(i.startswith("invoice-") for i in ids) == 2 and sum(i.startswith("people-") for i in ids) == 4
+    assert not any(i.startswith("product-") for i in ids)  # a source left out is not sampled
+    assert ids == sorted(ids, key=[ex.id for ex in examples].index)  # file order
+    assert [ex.id for ex in sample_per_source(examples, {"invoice": 2, "people": 9}, seed=3)] == ids
+    draws = {tuple(ex.id for ex in sample_per_source(examples, {"invoice": 2}, seed=s)) for s in range(8)}
+    assert len(draws) > 1  # the seed picks which
+    with pytest.raises(ValueError, match=r"no training example of \['rotowire'\]; the sources are"):
+        sample_per_source(examples, {"rotowire": 1}, seed=0)
+
+
+def test_the_rft_command_names_a_bad_per_source() -> None:
+    from typer.testing import CliRunner
+
+    from trainer.cli import app
+
+    args = [
+        "rft",
+        "--golden",
+        str(SAMPLE),
+        "--policy-url",
+        "http://p",
+        "--policy-model",
+        "m",
+        "--reward-url",
+        "http://r",
+    ]
+    res = CliRunner().invoke(app, [*args, "--per-source", "invoice=two"], env={"COLUMNS": "1000"})
+    text = " ".join(res.output.replace("│", " ").split())
+    assert res.exit_code == 2 and "--per-source" in text and "'invoice=two' is not SOURCE=N" in text
+    res = CliRunner().invoke(app, [*args, "--per-source", "rotowire=3"], env={"COLUMNS": "1000"})
+    text = " ".join(res.output.replace("│", " ").split())
+    assert res.exit_code == 2 and "no training example of ['rotowire']" in text
+
+
+@pytest.mark.service
+def test_rft_reports_prompts_and_kept_per_source(reward_api: Any, tmp_path: Path) -> None:
+    """--per-source through the real sample → score → keep path: the report counts per source what was drawn
+    and what was kept."""
+    import json
+
+    from shared import read_golden
+    from tests.helpers.faulty_executor import FaultyExecutor
+
+    invoice = next(ex for ex in read_golden(SAMPLE / "common_train_schemas.jsonl") if ex.id.startswith("invoice-"))
+    with FaultyExecutor(content=json.dumps(invoice.schema_dict())) as fx:
+        cfg = RftConfig(k=2, threshold=0.99, concurrency=3, seed=1)
+        rep = build_rft_data(SAMPLE, tmp_path, "schema", fx.url, fx.model, reward_api.url, cfg,
+                             per_source={"invoice": 3, "people": 2})  # fmt: skip
+    assert rep.prompts == 5 and rep.samples == 10
+    assert rep.prompts_per_source == {"invoice": 3, "people": 2}
+    # one invoice's own schema scores 1.0; every other document's gold differs from it
+    assert rep.kept_per_source is not None and rep.kept_per_source.get("people", 0) == 0
+    assert 1 <= rep.kept_per_source["invoice"] <= 3 and rep.kept == sum(rep.kept_per_source.values())
+    saved = json.loads((tmp_path / "rft_report.json").read_text())
+    assert saved["config"]["seed"] == 1 and saved["prompts_per_source"] == {"invoice": 3, "people": 2}

@@ -175,13 +175,21 @@ class GenerationClient:
             return f"no answer within {self.gen.timeout_s} s ({tries})"
         return f"{type(exc).__name__}: {exc} ({tries} at most)"
 
-    async def sample(self, prompts: Sequence[Sequence[Message]], n: int) -> list[list[str]]:
+    async def sample(
+        self, prompts: Sequence[Sequence[Message]], n: int, on_done: Callable[[], None] | None = None
+    ) -> list[list[str]]:
         """``n`` completions per prompt (one request with ``n`` each; seed ``gen.seed + i`` for prompt ``i``),
-        each a :class:`Completion`."""
+        each a :class:`Completion`; ``on_done`` is called after each prompt (progress bars)."""
         sem = asyncio.Semaphore(self.gen.concurrency)
         async with self._http() as client:
-            calls = (self._choices(client, sem, p, n, self.gen.seed + i) for i, p in enumerate(prompts))
-            return [list(c) for c in await asyncio.gather(*calls)]
+
+            async def run(i: int, msgs: Sequence[Message]) -> list[str]:
+                out: list[str] = list(await self._choices(client, sem, msgs, n, self.gen.seed + i))
+                if on_done:
+                    on_done()
+                return out
+
+            return list(await asyncio.gather(*(run(i, p) for i, p in enumerate(prompts))))
 
 
 def messages_hash(messages: Sequence[Message]) -> str:
