@@ -388,7 +388,8 @@ def plot(p: Mapping[str, Any], path: Path) -> Path | None:
     scopes = [*sources, "macro"]
     for k, name in enumerate(treats):
         got = {t["scope"]: t for t in vs if t["treatment"] == name}
-        xs = [i + 0.8 / max(len(treats), 1) * k for i, sc in enumerate(scopes) if sc in got]
+        step = 0.6 / max(len(treats), 1)
+        xs = [i - 0.3 + step * (k + 0.5) for i, sc in enumerate(scopes) if sc in got]
         ts = [got[sc] for sc in scopes if sc in got]
         b.errorbar(
             xs,
@@ -397,6 +398,7 @@ def plot(p: Mapping[str, Any], path: Path) -> Path | None:
             fmt="o",
             capsize=3,
             label=name,
+            color=f"C{list(table).index(name) % 10}" if name in table else None,
         )
     b.axhline(0, color="grey", lw=0.8)
     b.axhline(100 * TARGET_GAIN, color="green", lw=0.8, ls="--", label=f"target on {FOCUS}")

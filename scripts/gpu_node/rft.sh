@@ -72,10 +72,11 @@ on_gpu() {  # I CMD...: CMD on GPU I % NGPU (the gpu profile), as it is on CPU
 placement() {  # the trainer's overrides of one process on one GPU
   [[ $PROFILE == gpu ]] && echo "trainer.n_gpus_per_node=1"
 }
-serve() {  # I NAME MODEL_DIR: an executor on GPU I % NGPU at PORT + I
+serve() {  # I NAME MODEL_DIR: an executor on GPU I % NGPU at PORT + I, up before the next one starts (two vLLM
+  # engines profiling one GPU's memory at once fail their start)
   local i=$1 name=$2 model=$3 where=()
   [[ $PROFILE == gpu ]] && where=(--gpus "$(gpu_of "$i")" --mem "$MEM" --eager)
-  python3 -m trainer serve start --model "$model" --name "$name" --port $((PORT + i)) "${where[@]}"
+  python3 -m trainer serve start --model "$model" --name "$name" --port $((PORT + i)) "${where[@]}" --wait
 }
 url() { echo "http://127.0.0.1:$((PORT + $1))"; }
 run_info() {
