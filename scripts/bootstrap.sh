@@ -20,7 +20,9 @@ fi
 echo "bootstrap: creating $VENV (a few minutes from nothing)"
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
 # --no-compile: pip would byte-compile all 31k modules (95 s of one core); Python compiles the ones a program
-# imports on first use instead, and most (torch's, vLLM's and transformers' unused submodules) never are.
+# imports on first use instead, and most (torch's, vLLM's and transformers' unused submodules) never are. That
+# needs bytecode to be written: without it (PYTHONDONTWRITEBYTECODE) every process compiles its imports again,
+# so `make test` and CI unset it.
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q --no-compile -c constraints.txt)
 
 # 1. The CPU torch first, so nothing pulls the multi-GB CUDA build from PyPI.

@@ -174,3 +174,13 @@ def test_the_medium_sets_memory_gate_waits_for_memory(tmp_path: Path) -> None:
     for which, need in (("medium", "0.001"), ("heavy", "100000"), ("light", "100000")):
         said, _ = run(which, need)
         assert "[memory gate]" not in said, (which, said)
+
+
+def test_the_runs_write_bytecode_whatever_the_callers_environment_says() -> None:
+    """.venv is installed without bytecode (pip --no-compile): the pytest runs must be free to write it on first
+    import, or every vLLM/VERL process compiles torch and vLLM from source again (where the environment sets
+    PYTHONDONTWRITEBYTECODE, as this machine's does). .ci/run drops it before anything runs, the bootstrap included."""
+    env = run_tests.lane_env({"PYTHONDONTWRITEBYTECODE": "1", "HOME": "/h", "PYTHONUNBUFFERED": "0"})
+    assert env == {"HOME": "/h", "PYTHONUNBUFFERED": "1"}
+    ci = (REPO / ".ci" / "run").read_text()
+    assert ci.index("unset PYTHONDONTWRITEBYTECODE") < ci.index("bash scripts/bootstrap.sh")
