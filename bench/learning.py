@@ -275,6 +275,7 @@ def render_md(p: Mapping[str, Any], command: str) -> str:
                 "rft_k",
                 "rft_threshold",
                 "rft_per_source",
+                "rft_flags",
                 "rft_seed",
                 "max_tokens",
                 "gpus",

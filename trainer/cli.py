@@ -370,6 +370,10 @@ def rft_cmd(
     concurrency: int = typer.Option(8, min=1, help="Concurrent requests (each asks for k samples)."),
     timeout: float = typer.Option(300.0, min=1.0, help="Timeout of one request, seconds."),
     seed: int = typer.Option(0, help="Seed of the sampling (prompt i gets seed + i) and of --per-source."),
+    beat_greedy: bool = typer.Option(
+        False, help="Keep a prompt's best sample only if its reward beats the policy's greedy answer's."
+    ),
+    with_gold: bool = typer.Option(False, help="Add the gold SFT row of every drawn prompt to the kept samples."),
     profile: str = ProfileOpt,
 ) -> None:
     """Sample k, score via reward_api, keep the best ≥ threshold, write SFT parquet, train with the SFT launcher."""
@@ -383,7 +387,8 @@ def rft_cmd(
         raise bad_param("--per-source", exc) from None
     try:
         cfg = RftConfig(k=k, threshold=threshold, temperature=temperature, max_tokens=max_tokens,
-                        concurrency=concurrency, timeout_s=timeout, seed=seed)  # fmt: skip
+                        concurrency=concurrency, timeout_s=timeout, seed=seed, beat_greedy=beat_greedy,
+                        with_gold=with_gold)  # fmt: skip
         prof = check_profile(profile)
     except ValueError as exc:
         raise bad_param("--k/--threshold/--profile", exc) from None

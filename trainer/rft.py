@@ -43,6 +43,11 @@ class RftConfig:
     concurrency: int = 8
     timeout_s: float = 300.0
     seed: int = 0
+    # keep a prompt's best sample only where its reward beats the policy's greedy answer's (the greedy baseline's
+    # rule: only what evaluation would not already write is learnt)
+    beat_greedy: bool = False
+    # the gold SFT row of every drawn prompt joins the kept samples (RFT continues SFT instead of replacing it)
+    with_gold: bool = False
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -65,6 +70,9 @@ class RftReport:
     prompts_per_source: dict[str, int] | None = None
     kept_per_source: dict[str, int] | None = None
     mean_best_reward_per_source: dict[str, float] | None = None
+    mean_greedy_reward_per_source: dict[str, float] | None = None  # with beat_greedy
+    not_above_greedy: int = 0  # prompts whose best sample reached the threshold but not above greedy
+    gold_rows: int = 0  # with with_gold
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -124,6 +132,24 @@ def _counts(ids: Any) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+def _greedy_rewards(
+    examples: Sequence[GoldenExample],
+    prompts: Sequence[Any],
+    reward: RewardKind,
+    policy_url: str,
+    model: str,
+    reward_url: str,
+    cfg: RftConfig,
+) -> list[float]:
+    """The reward of the policy's greedy answer to every prompt (what evaluation would get), scored the same way."""
+    gen = GenerationConfig(max_tokens=cfg.max_tokens, temperature=0.0, seed=cfg.seed, concurrency=cfg.concurrency,
+                           timeout_s=cfg.timeout_s)  # fmt: skip
+    with tqdm(total=len(prompts), desc=f"RFT greedy answers ({reward})", unit="prompt") as bar:
+        answers = asyncio.run(GenerationClient(policy_url, model, gen).generate(prompts, on_done=lambda: bar.update(1)))
+    items = [reward_item(reward, ex, f"{ex.id}#greedy", a) for ex, a in zip(examples, answers, strict=True)]
+    return score(reward_url, reward, items)
+
+
 def build_rft_data(
     golden: Path,
     out: Path,
@@ -157,12 +183,15 @@ def build_rft_data(
         for j, s in enumerate(outs)
     ]
     rewards = score(reward_url, reward, items)
+    greedy_rewards = (
+        _greedy_rewards(examples, prompts, reward, policy_url, model, reward_url, cfg) if cfg.beat_greedy else None
+    )
     rows: list[dict[str, Any]] = []
     best_rewards: list[float] = []
     best_ids: list[str] = []
     kept_ids: list[str] = []
-    pos = cut = all_cut = 0
-    for ex, prompt, outs in zip(examples, prompts, samples, strict=True):
+    pos = cut = all_cut = not_above = 0
+    for i, (ex, prompt, outs) in enumerate(zip(examples, prompts, samples, strict=True)):
         rs = rewards[pos : pos + len(outs)]
         pos += len(outs)
         whole = [j for j, o in enumerate(outs) if not truncated(o)]  # a cut answer is no demonstration
@@ -170,20 +199,26 @@ def build_rft_data(
         all_cut += not whole
         best = select_best([rs[j] for j in whole], cfg.threshold)
         idx = whole[best] if best is not None else None
+        if idx is not None and greedy_rewards is not None and rs[idx] <= greedy_rewards[i]:
+            idx = None
+            not_above += 1
         if rs:
             best_rewards.append(max(rs))
             best_ids.append(ex.id)
         if idx is not None:
-            rows.append({"messages": [*prompt, {"role": "assistant", "content": outs[idx]}]})
+            rows.append({"messages": [*prompt, {"role": "assistant", "content": outs[idx]}], "id": f"{ex.id}#rft"})
             kept_ids.append(ex.id)
     phase = sft_phase_for(reward)
     train = out / "data" / phase / "train.parquet"
     if not rows:
         why = f" ({cut} of {len(items)} samples were cut at max_tokens {cfg.max_tokens})" if cut else ""
+        above = f"; {not_above} reached it without beating the greedy answer" if not_above else ""
         raise ValueError(
-            f"RFT kept no sample above threshold {cfg.threshold}{why}: lower --threshold, raise --k or --max-tokens"
+            f"RFT kept no sample above threshold {cfg.threshold}{why}{above}: lower --threshold, raise --k or "
+            "--max-tokens"
         )
-    write_parquet(rows, train, SFT_SCHEMA)
+    gold = [sft_row(phase, ex) for ex in examples] if cfg.with_gold else []
+    write_parquet([*rows, *gold], train, SFT_SCHEMA)
     val_examples = read_golden(golden / "common_validation_schemas.jsonl", limit)
     write_parquet([sft_row(phase, ex) for ex in val_examples], out / "data" / phase / "validation.parquet", SFT_SCHEMA)
     report = RftReport(
@@ -199,6 +234,11 @@ def build_rft_data(
         prompts_per_source=_counts(ex.id for ex in examples),
         kept_per_source=_counts(kept_ids),
         mean_best_reward_per_source=_per_source_mean(best_ids, best_rewards),
+        mean_greedy_reward_per_source=_per_source_mean([ex.id for ex in examples], greedy_rewards)
+        if greedy_rewards is not None
+        else None,
+        not_above_greedy=not_above,
+        gold_rows=len(gold),
     )
     (out / "rft_report.json").write_text(json.dumps({**report.as_dict(), "config": asdict(cfg)}, indent=2) + "\n")
     return report

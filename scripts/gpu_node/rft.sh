@@ -30,6 +30,7 @@ RFT_K=${RFT_K:-8}
 RFT_THRESHOLD=${RFT_THRESHOLD:-0.5}
 RFT_PER_SOURCE=${RFT_PER_SOURCE:-wikitabletext=2000,e2e=500,rotowire_sent=500}
 RFT_SEED=${RFT_SEED:-0}
+RFT_FLAGS=${RFT_FLAGS:-}  # more `trainer rft` options, e.g. "--beat-greedy --with-gold"
 MAX_TOKENS=${MAX_TOKENS:-384}
 CONCURRENCY=${CONCURRENCY:-256}
 MEM=${SERVE_MEM:-0.08}
@@ -90,7 +91,7 @@ if not head:
         head = None
 json.dump({"command": "bash scripts/gpu_node/rft.sh", "commit": head, "profile": "$PROFILE", "waves": "$WAVES",
            "sft_args": "$SFT_ARGS", "rft_args": "$RFT_ARGS", "rft_rewards": "$RFT_REWARDS", "rft_k": $RFT_K,
-           "rft_threshold": $RFT_THRESHOLD, "rft_per_source": "$RFT_PER_SOURCE", "rft_seed": $RFT_SEED,
+           "rft_threshold": $RFT_THRESHOLD, "rft_per_source": "$RFT_PER_SOURCE", "rft_seed": $RFT_SEED, "rft_flags": "$RFT_FLAGS",
            "max_tokens": $MAX_TOKENS, "concurrency": $CONCURRENCY, "serve_mem": $MEM, "gpus": ${NGPU:-0},
            "test_golden": "$TEST"}, open(sys.argv[1], "w"), indent=1)
 PY
@@ -143,7 +144,7 @@ if on rft; then
     on_gpu "$i" $J start "$name" -- python3 -m trainer rft --golden "$GOLDEN_DIR" --reward "$reward" "${policy[@]}" \
       --reward-url "$(url 2)" --out "$R/$name" --k "$RFT_K" --threshold "$RFT_THRESHOLD" --max-tokens "$MAX_TOKENS" \
       --per-source "$RFT_PER_SOURCE" --concurrency $((CONCURRENCY / 8 > 0 ? CONCURRENCY / 8 : 1)) --seed "$RFT_SEED" \
-      --profile "$PROFILE" $(placement) $RFT_ARGS
+      $RFT_FLAGS --profile "$PROFILE" $(placement) $RFT_ARGS
     names+=("$name")
   done
   failed=0

@@ -53,6 +53,9 @@ class FaultyExecutor:
     set, ``/v1/models`` answers exactly this JSON (a malformed answer). ``models_calls``: its GETs;
     ``models_delay_s``: how long each of them takes (a slow executor start, a busy server).
 
+    ``greedy_content``: where set, the content of ``ok`` answers to greedy requests (temperature 0), so a test can
+    make a policy's samples better or worse than its greedy answer.
+
     ``in_flight`` / ``max_in_flight``: chat requests being answered now / the most at once so far (how many
     calls the service has outstanding at this replica).
 
@@ -75,7 +78,9 @@ class FaultyExecutor:
         models_body: Any = None,
         redirect_to: str = "",
         models_delay_s: float = 0.0,
+        greedy_content: str | None = None,
     ) -> None:
+        self.greedy_content = greedy_content
         self.models_delay_s = models_delay_s
         self.in_flight = 0
         self.max_in_flight = 0
@@ -162,6 +167,9 @@ class FaultyExecutor:
             finish = "length"
             with self._lock:
                 self.length_answers += 1
+        content = self.content
+        if self.greedy_content is not None and not float(payload.get("temperature") or 0.0):
+            content = self.greedy_content
         return JSONResponse(
             {
                 "id": f"chatcmpl-{n}",
@@ -170,7 +178,7 @@ class FaultyExecutor:
                 "choices": [
                     {
                         "index": i,
-                        "message": {"role": "assistant", "content": self.content},
+                        "message": {"role": "assistant", "content": content},
                         "finish_reason": finish,
                     }
                     for i in range(int(payload.get("n") or 1))

@@ -197,3 +197,44 @@ def test_rft_reports_prompts_and_kept_per_source(reward_api: Any, tmp_path: Path
     assert 1 <= rep.kept_per_source["invoice"] <= 3 and rep.kept == sum(rep.kept_per_source.values())
     saved = json.loads((tmp_path / "rft_report.json").read_text())
     assert saved["config"]["seed"] == 1 and saved["prompts_per_source"] == {"invoice": 3, "people": 2}
+
+
+@pytest.mark.service
+def test_beat_greedy_keeps_only_samples_above_the_greedy_answer_and_with_gold_adds_the_gold_rows(
+    reward_api: Any, tmp_path: Path
+) -> None:
+    """The samples are the first invoice's own gold schema; the greedy answer is a people schema. Under
+    --beat-greedy an invoice's sample (schema reward 1.0 where the invoices share the gold) beats greedy and is
+    kept, a people document's sample is kept only where it beats its greedy people schema; when greedy writes
+    the same as the samples, nothing beats it and the error says so. --with-gold adds one gold row per prompt."""
+    import json
+
+    from shared import read_golden
+    from tests.helpers.faulty_executor import FaultyExecutor
+
+    examples = read_golden(SAMPLE / "common_train_schemas.jsonl")
+    invoice = next(ex for ex in examples if ex.id.startswith("invoice-"))
+    people = next(ex for ex in examples if ex.id.startswith("people-"))
+    sample, greedy = json.dumps(invoice.schema_dict()), json.dumps(people.schema_dict())
+    picks = {"invoice": 2, "people": 2}
+    cfg = RftConfig(k=2, threshold=0.0, beat_greedy=True, with_gold=True)
+    with FaultyExecutor(content=sample, greedy_content=greedy) as fx:
+        rep = build_rft_data(SAMPLE, tmp_path, "schema", fx.url, fx.model, reward_api.url, cfg, per_source=picks)
+        greedy_calls = sum(1 for r in fx.requests if not float(r.get("temperature") or 0.0))
+    assert greedy_calls == 4  # one greedy answer per prompt
+    assert rep.kept_per_source is not None and rep.kept_per_source.get("invoice") == 2
+    assert rep.kept_per_source.get("people", 0) == 0 and rep.not_above_greedy == 2
+    greedy_means = rep.mean_greedy_reward_per_source or {}
+    assert greedy_means["people"] > greedy_means["invoice"]
+    rows = pq.read_table(tmp_path / "data" / "a1" / "train.parquet").to_pylist()
+    assert rep.gold_rows == 4 and len(rows) == rep.kept + 4
+    rft_ids = [r["id"] for r in rows if r["id"].endswith("#rft")]
+    gold_ids = [r["id"] for r in rows if not r["id"].endswith("#rft")]
+    assert len(rft_ids) == 2 and all(i.startswith("invoice-") for i in rft_ids)
+    assert sorted(i.split("-")[0] for i in gold_ids) == ["invoice", "invoice", "people", "people"]
+    same = RftConfig(k=2, threshold=0.0, beat_greedy=True)
+    with (
+        FaultyExecutor(content=sample, greedy_content=sample) as fx,
+        pytest.raises(ValueError, match="without beating"),
+    ):
+        build_rft_data(SAMPLE, tmp_path / "same", "schema", fx.url, fx.model, reward_api.url, same, per_source=picks)
