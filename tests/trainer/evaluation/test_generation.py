@@ -59,11 +59,11 @@ def test_a_redirect_is_not_followed_and_raises() -> None:
 
 
 def test_a_refused_connection_is_retried_then_raises() -> None:
-    from services.executor_vllm.cpu_launcher import free_port
+    from tests.helpers.faulty_executor import closed_port
 
     gen = GenerationConfig(concurrency=1, max_attempts=2, timeout_s=5.0)
-    with pytest.raises(GenerationFailed) as err:
-        asyncio.run(GenerationClient(f"http://127.0.0.1:{free_port()}", "m", gen).generate([PROMPT]))
+    with closed_port() as port, pytest.raises(GenerationFailed) as err:
+        asyncio.run(GenerationClient(f"http://127.0.0.1:{port}", "m", gen).generate([PROMPT]))
     assert isinstance(err.value.__cause__, aiohttp.ClientConnectionError)
 
 

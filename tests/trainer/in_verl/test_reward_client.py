@@ -138,14 +138,15 @@ async def test_deadline_raises_timeout_for_every_waiter() -> None:
 
 
 async def test_connection_refused_raises_after_retries() -> None:
-    from services.executor_vllm.cpu_launcher import free_port
+    from tests.helpers.faulty_executor import closed_port
 
-    cfg = _cfg(f"http://127.0.0.1:{free_port()}", max_attempts=2, timeout_s=10)
-    try:
-        with pytest.raises(RewardServiceError, match="ConnectError after 2 attempts"):
-            await score_one("schema", PREDS[0], GOLD, cfg)
-    finally:
-        await _close()
+    with closed_port() as port:
+        cfg = _cfg(f"http://127.0.0.1:{port}", max_attempts=2, timeout_s=10)
+        try:
+            with pytest.raises(RewardServiceError, match="ConnectError after 2 attempts"):
+                await score_one("schema", PREDS[0], GOLD, cfg)
+        finally:
+            await _close()
 
 
 async def test_compute_score_reads_kwargs_and_env(monkeypatch: pytest.MonkeyPatch) -> None:

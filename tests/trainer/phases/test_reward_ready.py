@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from services.executor_vllm.cpu_launcher import free_port
 from services.reward_api.process import RewardApiProcess
+from tests.helpers.faulty_executor import closed_port
 from trainer.in_verl.phase_trainer import wait_for_reward_api_of
 from trainer.phases.reward_ready import READY_FILE, RewardApiNotReadyError, check_once, wait_for_reward_api
 from trainer.serving.endpoint import Endpoint
@@ -62,18 +63,21 @@ def test_pipeline_phase_needs_an_executor(tmp_path: Path) -> None:
 
 def test_abort_file_stops_the_wait_with_its_cause(tmp_path: Path) -> None:
     abort = tmp_path / "reward_api_failed.txt"
-    url = f"http://127.0.0.1:{free_port()}"  # nothing will ever listen here
     threading.Timer(1.0, abort.write_text, args=("executor pi2: exit 1 before it listed its model",)).start()
     start = time.monotonic()
-    with pytest.raises(RewardApiNotReadyError, match="services failed to start: executor pi2: exit 1"):
-        wait_for_reward_api(url, pipeline=True, timeout_s=120, abort_file=abort, poll_s=0.2)
+    why = "services failed to start: executor pi2: exit 1"
+    with closed_port() as port, pytest.raises(RewardApiNotReadyError, match=why):  # nothing will ever listen
+        wait_for_reward_api(f"http://127.0.0.1:{port}", pipeline=True, timeout_s=120, abort_file=abort, poll_s=0.2)
     assert time.monotonic() - start < 10
 
 
 def test_timeout_names_the_url_and_what_did_not_answer() -> None:
-    url = f"http://127.0.0.1:{free_port()}"
-    with pytest.raises(RewardApiNotReadyError, match=rf"{url} not ready after 1 s \(last: /healthz: ConnectError\)"):
-        wait_for_reward_api(url, pipeline=False, timeout_s=1, poll_s=0.2)
+    with closed_port() as port:
+        url = f"http://127.0.0.1:{port}"
+        with pytest.raises(
+            RewardApiNotReadyError, match=rf"{url} not ready after 1 s \(last: /healthz: ConnectError\)"
+        ):
+            wait_for_reward_api(url, pipeline=False, timeout_s=1, poll_s=0.2)
 
 
 @pytest.mark.service
