@@ -47,7 +47,7 @@ def test_every_config_field_is_an_option_with_help() -> None:
         "executor_cuda_graphs",
     }  # fmt: skip
     added = {"decision_metric", "executor_max_tokens", "eval_max_tokens", "eval_max_truncated_share", "rl_sources",
-             "eval_base", "sft_mix", "rl_mix_share"}  # fmt: skip
+             "eval_base", "sft_mix", "rl_mix_share", "rl_seed"}  # fmt: skip
     assert before | added == set(options)
 
 
@@ -79,7 +79,7 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         "0.5", "--no-eval-base", "--rft",
         "--rft-k", "2", "--rft-threshold", "0.25", "--until", "c1", "--reward-workers", "2", "--preflight-min", "0.3",
         "--c2-train-prompts", "7", "--rl-sources", "wikitabletext", "--rl-mix-share", "0.25", "--sft-mix", "e2e=2",
-        "--executor-cuda-graphs",
+        "--executor-cuda-graphs", "--rl-seed", "3",
         "x=1", "y=2",
     ]  # fmt: skip
     res = CliRunner().invoke(app, [*base, *given])
@@ -91,7 +91,7 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         executor_max_tokens=384, eval_max_tokens=128, eval_max_truncated_share=0.5, eval_base=False, rft=True,
         rft_k=2, rft_threshold=0.25, gpus=(),
         until="c1", reward_workers=2, preflight_min=0.3, executor_eager=False, c2_train_prompts=7,
-        rl_sources=("wikitabletext",), rl_mix_share=0.25, sft_mix="e2e=2",
+        rl_sources=("wikitabletext",), rl_mix_share=0.25, sft_mix="e2e=2", rl_seed=3,
     )  # fmt: skip
     # every field was given something other than its default above (gpus: the cpu-smoke profile has none)
     changed = {f.name for f in dataclasses.fields(LoopConfig) if getattr(seen[-1], f.name) != getattr(defaults, f.name)}

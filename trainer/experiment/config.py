@@ -145,6 +145,10 @@ class ExperimentConfig:
                           "(the profile's 16 is sized for 8 GPUs; one GPU per arm needs fewer, larger passes).",
                           min=1),
     )  # fmt: skip
+    rl_seed: int | None = field(
+        default=None,
+        metadata=cli_meta(help="Seed of both arms' RL: prompt order, sampling, mini-batches (default: VERL's).", min=0),
+    )
     rl_extra: tuple[str, ...] = field(
         default=(),
         metadata=cli_meta(help="Hydra override for both arms (repeatable; after the experiment's own).",

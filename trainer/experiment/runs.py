@@ -26,6 +26,7 @@ from trainer.phases.launch import CONFIG_DIR, PhaseRun, Profile
 from trainer.phases.positive_control import ControlConfig
 from trainer.phases.positive_control import control_run as phase_control_run
 from trainer.phases.registry import get_phase
+from trainer.phases.seeds import rl_seed_overrides
 from trainer.phases.train_mix import mixed_set_path, mixes
 from trainer.phases.train_set import count_prompts
 from trainer.serving.gpus import Placement
@@ -63,6 +64,7 @@ def rl_overrides(cfg: ExperimentConfig, temperature: float | str, placement: Pla
         f"data.train_max_samples={TRAIN_MAX_SAMPLES}",
         f"trainer.total_epochs={EPOCHS}",
         f"actor_rollout_ref.rollout.temperature={temperature}",
+        *rl_seed_overrides(cfg.rl_seed),
     )
 
 

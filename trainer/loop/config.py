@@ -79,6 +79,12 @@ class LoopConfig:
     overrides: tuple[str, ...] = field(
         default=(), metadata=cli_meta(help="Hydra overrides of every RL phase (after the options).", cli=False)
     )
+    rl_seed: int | None = field(
+        default=None,
+        metadata=cli_meta(
+            help="Seed of every RL phase: prompt order, sampling, mini-batches (default: VERL's).", min=0
+        ),
+    )
     executor_max_tokens: int = field(
         default=256,
         metadata=cli_meta(help="Max new tokens of the reward API's executor (C1's Stage 2 with the frozen π2).", min=1),

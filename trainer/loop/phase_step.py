@@ -12,6 +12,7 @@ from trainer.loop.manifest import PHASE_INPUTS, inputs_difference, phase_inputs,
 from trainer.loop.workspace import Workspace
 from trainer.phases.launch import PhaseResult, PhaseRun, read_result
 from trainer.phases.registry import get_phase, reward_of
+from trainer.phases.seeds import rl_seed_overrides
 from trainer.serving.executors import serve_model
 from trainer.serving.gpus import ExecutorSlot, Placement
 
@@ -50,7 +51,7 @@ def run_phase_step(
     key = str(out_dir.relative_to(ws.out))
     sft = get_phase(name).kind == "sft"
     sources = () if sft else cfg.rl_sources
-    user_overrides = cfg.sft_overrides if sft else cfg.overrides
+    user_overrides = cfg.sft_overrides if sft else (*rl_seed_overrides(cfg.rl_seed), *cfg.overrides)
     inputs = phase_inputs(name, model, data_dir, cfg.profile, user_overrides)
     inputs |= {"train_sources": list(sources)} if sources else {}
     inputs |= {"train_mix": mix_inputs(cfg.rl_mix_share)} if sources and mixes_phase(name, cfg.rl_mix_share) else {}

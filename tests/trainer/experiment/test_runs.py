@@ -58,6 +58,20 @@ def test_rl_overrides_on_cpu_keep_the_profile_and_validate_within_the_steps(tmp_
     )
 
 
+def test_an_rl_seed_seeds_both_arms_before_the_users_overrides(tmp_path: Path) -> None:
+    c = cfg(tmp_path, profile="cpu-smoke", rl_seed=7, rl_extra=("data.seed=9",))
+    got = rl_overrides(c, 1.0, None)
+    assert got[-4:] == (
+        "data.seed=7",
+        "actor_rollout_ref.rollout.seed=7",
+        "actor_rollout_ref.actor.data_loader_seed=7",
+        "actor_rollout_ref.actor.fsdp_config.seed=7",
+    )
+    run = arm_run(c, "b1", "/a1/hf", "http://r", tmp_path / "b1", tmp_path / "data", None, 1.0)
+    assert run.overrides.index("data.seed=7") < run.overrides.index("data.seed=9")  # the user's wins
+    assert not any("seed" in o for o in rl_overrides(cfg(tmp_path, profile="cpu-smoke"), 1.0, None))
+
+
 def test_arm_run_places_the_arm_and_puts_the_users_overrides_last(tmp_path: Path) -> None:
     c = cfg(tmp_path, rl_extra=("trainer.test_freq=2",), rl_micro=16)
     p = ArmPlacement.of(("0", "1", "2", "3"))
