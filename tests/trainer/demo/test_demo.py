@@ -81,7 +81,6 @@ def test_debug_view_shows_every_part_a_person_needs() -> None:
     assert body.debug is True and body.items[0].gold_table.model_dump(exclude_unset=True) == ex.table_dict()
 
 
-@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.verl

@@ -27,7 +27,6 @@ SAMPLE = REPO / "trainer" / "data" / "sample"
 # the module fixture (pi1-ab) counts in its first test's time: pytest-timeout's 1800 s default is too little beside
 # the other lane; each experiment call has its own 2,400 s limit (experiment())
 pytestmark = [
-    pytest.mark.long,
     pytest.mark.verl,
     pytest.mark.vllm,
     pytest.mark.service,
