@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS_DIR, md_table, write_result
+from bench.sft_mix import stage_seconds, val_loss_curve
 
 NAME = "learning"
 METRIC = "aligned_cell_f1"
@@ -49,20 +50,15 @@ def run_root(collected: Path) -> Path:
     return roots[0] if len(roots) == 1 else collected
 
 
-def _tsv_seconds(path: Path, cols: int) -> dict[str, int]:
+def _wave_seconds(path: Path) -> dict[str, int]:
+    """rft.sh's waves.tsv: NAME<TAB>seconds per wave (a rerun of a wave: its last time)."""
     out: dict[str, int] = {}
     if path.is_file():
         for line in path.read_text().splitlines():
             parts = line.split("\t")
-            if len(parts) == cols:
-                out[parts[0]] = int(parts[-1])
+            if len(parts) == 2:
+                out[parts[0]] = int(parts[1])
     return out
-
-
-def _val_loss(metrics: Path) -> list[tuple[int, float]]:
-    if not metrics.is_file():
-        return []
-    return [(int(r["step"]), float(r["data"]["val/loss"])) for r in _jsonl(metrics) if "val/loss" in r.get("data", {})]
 
 
 def _trained(folder: Path) -> dict[str, Any]:
@@ -75,7 +71,7 @@ def _trained(folder: Path) -> dict[str, Any]:
         "epoch_selection": r.get("epoch_selection"),
         "seconds": r.get("seconds"),
         "command": " ".join(r.get("command", [])) or None,
-        "val_loss": _val_loss(folder / "metrics.jsonl"),
+        "val_loss": val_loss_curve(folder / "metrics.jsonl"),
     }
 
 
@@ -106,8 +102,8 @@ def build_run(collected: Path) -> dict[str, Any]:
         else None,
         "versions": _read(collected / "versions.json") if (collected / "versions.json").is_file() else {},
         "stages": {
-            "jobs": _tsv_seconds(collected / "jobs" / "stages.tsv", 4),
-            "waves": _tsv_seconds(root / "waves.tsv", 2),
+            "jobs": stage_seconds(collected),
+            "waves": _wave_seconds(root / "waves.tsv"),
         },
         "sft": {phase: _trained(root / phase) for phase in ("a1", "a2") if (root / phase).is_dir()},
         "rft": {},

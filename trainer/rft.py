@@ -19,8 +19,9 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -125,11 +126,8 @@ def _per_source_mean(ids: Sequence[str], values: Sequence[float]) -> dict[str, f
     return {src: round(sum(v) / len(v), 4) for src, v in sorted(sums.items())}
 
 
-def _counts(ids: Any) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for i in ids:
-        out[source_of(i)] = out.get(source_of(i), 0) + 1
-    return dict(sorted(out.items()))
+def _counts(ids: Iterable[str]) -> dict[str, int]:
+    return dict(sorted(Counter(source_of(i) for i in ids).items()))
 
 
 def _greedy_rewards(
@@ -139,11 +137,10 @@ def _greedy_rewards(
     policy_url: str,
     model: str,
     reward_url: str,
-    cfg: RftConfig,
+    sampling: GenerationConfig,
 ) -> list[float]:
     """The reward of the policy's greedy answer to every prompt (what evaluation would get), scored the same way."""
-    gen = GenerationConfig(max_tokens=cfg.max_tokens, temperature=0.0, seed=cfg.seed, concurrency=cfg.concurrency,
-                           timeout_s=cfg.timeout_s)  # fmt: skip
+    gen = replace(sampling, temperature=0.0)
     with tqdm(total=len(prompts), desc=f"RFT greedy answers ({reward})", unit="prompt") as bar:
         answers = asyncio.run(GenerationClient(policy_url, model, gen).generate(prompts, on_done=lambda: bar.update(1)))
     items = [reward_item(reward, ex, f"{ex.id}#greedy", a) for ex, a in zip(examples, answers, strict=True)]
@@ -184,7 +181,7 @@ def build_rft_data(
     ]
     rewards = score(reward_url, reward, items)
     greedy_rewards = (
-        _greedy_rewards(examples, prompts, reward, policy_url, model, reward_url, cfg) if cfg.beat_greedy else None
+        _greedy_rewards(examples, prompts, reward, policy_url, model, reward_url, gen) if cfg.beat_greedy else None
     )
     rows: list[dict[str, Any]] = []
     best_rewards: list[float] = []

@@ -80,6 +80,15 @@ serve() {  # I NAME MODEL_DIR: an executor on GPU I % NGPU at PORT + I, up befor
   python3 -m trainer serve start --model "$model" --name "$name" --port $((PORT + i)) "${where[@]}" --wait
 }
 url() { echo "http://127.0.0.1:$((PORT + $1))"; }
+wait_jobs() {  # NAME...: until each job ends; its status line, and its log's tail where it failed (exit 1 then)
+  local n rc failed=0
+  for n in "$@"; do
+    until $J wait "$n" 60 > /dev/null; rc=$?; [[ $rc != 3 ]]; do :; done
+    echo "$n: $($J status | grep "^$n ")"
+    (( rc == 0 )) || { echo "$n failed"; tail -30 "${JOBS:-/tmp/jobs}/$n.log"; failed=1; }
+  done
+  return "$failed"
+}
 run_info() {
   python3 - "$R/run_info.json" <<PY
 import json, os, subprocess, sys
@@ -109,11 +118,7 @@ if on sft; then
       --out "$R/$phase" --model "$MODEL_DIR" $(placement) $SFT_ARGS
     i=$((i + 1))
   done
-  for n in sft_a1 sft_a2; do
-    until $J wait "$n" 60 > /dev/null; rc=$?; [[ $rc != 3 ]]; do :; done
-    echo "$n: $($J status | grep "^$n ")"
-    (( rc == 0 )) || { echo "$n failed"; tail -30 "${JOBS:-/tmp/jobs}/$n.log"; exit 1; }
-  done
+  wait_jobs sft_a1 sft_a2 || exit 1
 fi
 
 RFT_DIRS=()  # reward:served name:port offset:π of each RFT model
@@ -124,7 +129,6 @@ has table && RFT_DIRS+=("table:rft_table:5:2")
 if on rft || on test; then
   wave "serve"
   serve 0 a1 "$R/a1/hf" && serve 1 a2 "$R/a2/hf" || exit 1
-  python3 -m trainer serve wait --ports "$PORT,$((PORT + 1))" || exit 1
 fi
 
 if on rft; then
@@ -147,30 +151,22 @@ if on rft; then
       $RFT_FLAGS --profile "$PROFILE" $(placement) $RFT_ARGS
     names+=("$name")
   done
-  failed=0
-  for n in "${names[@]}"; do
-    until $J wait "$n" 60 > /dev/null; rc=$?; [[ $rc != 3 ]]; do :; done
-    echo "$n: $($J status | grep "^$n ")"
-    (( rc == 0 )) || { echo "$n failed"; tail -30 "${JOBS:-/tmp/jobs}/$n.log"; failed=1; }
-  done
+  wait_jobs "${names[@]}" || echo "an RFT run failed: the test wave evaluates the others"
   kill "$API" 2>/dev/null; API=
-  (( failed == 0 )) || echo "an RFT run failed: the test wave evaluates the others"
 fi
 
 if on test; then
   wave "test"
   settings=("sft=$(url 0),a1,$(url 1),a2")
-  ports=()
   declare -A MADE=()
   for d in "${RFT_DIRS[@]}"; do
     IFS=: read -r reward name i pi <<< "$d"
     if [[ -d $R/$name/sft/hf ]]; then
-      serve "$i" "$name" "$R/$name/sft/hf" && ports+=($((PORT + i))) && MADE[$reward]=$i
+      if serve "$i" "$name" "$R/$name/sft/hf"; then MADE[$reward]=$i; else echo "$name did not start: left out"; fi
     else
       echo "no RFT model for $reward: its settings are left out"
     fi
   done
-  (( ${#ports[@]} == 0 )) || python3 -m trainer serve wait --ports "$(IFS=,; echo "${ports[*]}")" || exit 1
   [[ -n ${MADE[schema]:-} ]] && settings+=("rft_schema=$(url "${MADE[schema]}"),rft_schema,$(url 1),a2")
   [[ -n ${MADE[pipeline]:-} ]] && settings+=("rft_pipeline=$(url "${MADE[pipeline]}"),rft_pipeline,$(url 1),a2")
   [[ -n ${MADE[table]:-} ]] && settings+=("rft_table=$(url 0),a1,$(url "${MADE[table]}"),rft_table")
