@@ -98,7 +98,8 @@ take_dir() {  # SRC DEST: a run folder's small files (results, metrics, log tail
 node_info() {  # DIR: the card (nvidia-smi) and the versions that matter, beside the numbers
   nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader > "$1/card.txt" 2>/dev/null \
     || echo "no nvidia-smi" > "$1/card.txt"
-  python3 - "$1/versions.json" <<'PY'
+  # node_setup.sh's install ($SITE) is on the path even where the collecting call did not source it
+  PYTHONPATH="${SITE:-/tmp/site}${PYTHONPATH:+:$PYTHONPATH}" python3 - "$1/versions.json" <<'PY'
 import importlib.metadata as md, json, platform, sys
 v = {"python": platform.python_version()}
 for d in ("torch", "transformers", "vllm", "verl", "ray"):
