@@ -2,6 +2,9 @@
 # Both create .venv/ first if needed (scripts/bootstrap.sh is idempotent).
 PY := .venv/bin/python
 PYTEST_ARGS ?=
+# .venv is installed without bytecode (pip --no-compile): every target lets Python write it on first import, as
+# make test's runner and .ci/run do (scripts/run_tests.py lane_env has the measurement)
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup model demo test test-quick lint ci grpo-smoke smoke-loop
 

@@ -184,3 +184,8 @@ def test_the_runs_write_bytecode_whatever_the_callers_environment_says() -> None
     assert env == {"HOME": "/h", "PYTHONUNBUFFERED": "1"}
     ci = (REPO / ".ci" / "run").read_text()
     assert ci.index("unset PYTHONDONTWRITEBYTECODE") < ci.index("bash scripts/bootstrap.sh")
+    # make demo too: every make target runs without it
+    made = subprocess.run(["make", "-s", "-f", "-", "-f", "Makefile", "show-env"], cwd=REPO, capture_output=True,
+                          text=True, input="show-env:\n\t@echo \"[$$PYTHONDONTWRITEBYTECODE]\"\n",
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, check=False)  # fmt: skip
+    assert made.stdout.strip().splitlines()[-1] == "[]", made.stdout + made.stderr
