@@ -266,6 +266,7 @@ def render_md(p: Mapping[str, Any], command: str) -> str:
             f"{k} `{run[k]}`"
             for k in (
                 "sft_args",
+                "sft_mix",
                 "rft_args",
                 "rft_rewards",
                 "rft_k",

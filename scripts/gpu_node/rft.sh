@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The RFT baseline against SFT, chosen on validation and read once on test (`python -m bench learning`), on one
 # GPU node of any size (every job on GPU i % NGPU):
-#   wave sft:   data build; A1 ‖ A2 from the base model with the gpu profile and SFT_ARGS (epochs chosen on
-#               the validation loss)
+#   wave sft:   data build (the train split reweighted by SFT_MIX when set, e.g.
+#               wikitabletext=2,e2e=2,rotowire_sent=0.45: `trainer data build --sft-mix`); A1 ‖ A2 from the base
+#               model with the gpu profile and SFT_ARGS (epochs chosen on the validation loss)
 #   wave rft:   π1ˢ and π2ˢ served, a reward_api whose executor is π2ˢ; for each reward of RFT_REWARDS,
 #               side by side, `trainer rft` samples RFT_K answers per prompt for RFT_PER_SOURCE's training
 #               prompts, keeps the best whose reward ≥ RFT_THRESHOLD (an answer cut at the token limit never)
@@ -24,6 +25,7 @@ R=${RFT_RUN:-/tmp/rft}
 WAVES=${WAVES:-sft,rft,test}
 PROFILE=${PROFILE:-gpu}
 SFT_ARGS=${SFT_ARGS-trainer.total_epochs=2}
+SFT_MIX=${SFT_MIX:-}  # empty: the train split as it is
 RFT_ARGS=${RFT_ARGS-trainer.total_epochs=2 data.micro_batch_size_per_gpu=32}
 RFT_REWARDS=${RFT_REWARDS:-pipeline,schema,table}
 RFT_K=${RFT_K:-8}
@@ -99,7 +101,7 @@ if not head:
     except OSError:
         head = None
 json.dump({"command": "bash scripts/gpu_node/rft.sh", "commit": head, "profile": "$PROFILE", "waves": "$WAVES",
-           "sft_args": "$SFT_ARGS", "rft_args": "$RFT_ARGS", "rft_rewards": "$RFT_REWARDS", "rft_k": $RFT_K,
+           "sft_args": "$SFT_ARGS", "sft_mix": "$SFT_MIX", "rft_args": "$RFT_ARGS", "rft_rewards": "$RFT_REWARDS", "rft_k": $RFT_K,
            "rft_threshold": $RFT_THRESHOLD, "rft_per_source": "$RFT_PER_SOURCE", "rft_seed": $RFT_SEED, "rft_flags": "$RFT_FLAGS",
            "max_tokens": $MAX_TOKENS, "concurrency": $CONCURRENCY, "serve_mem": $MEM, "gpus": ${NGPU:-0},
            "test_golden": "$TEST"}, open(sys.argv[1], "w"), indent=1)
@@ -109,7 +111,8 @@ run_info
 
 if on sft; then
   wave "sft"
-  python3 -m trainer data build --golden "$GOLDEN_DIR" --out "$R/data" --phases a1,a2 > "$R/data_build.log" 2>&1 \
+  python3 -m trainer data build --golden "$GOLDEN_DIR" --out "$R/data" --phases a1,a2 ${SFT_MIX:+--sft-mix "$SFT_MIX"} \
+    > "$R/data_build.log" 2>&1 \
     || { echo "data build failed"; tail -20 "$R/data_build.log"; exit 1; }
   i=0
   for phase in a1 a2; do
