@@ -142,19 +142,16 @@ def _paired_row(t: Mapping[str, Any], seeds: int) -> dict[str, Any]:
 
 
 def pooled_paired(runs: Sequence[Mapping[str, Any]], metric: str = METRIC) -> list[dict[str, Any]]:
-    """Paired tests over the documents of every run, a document of run k paired with itself in run k (each
-    run one seed): the settings every run has, in the first run's order, against sft and the one before."""
+    """Paired tests over the runs (each run one seed), each document once: its metric averaged over the runs
+    first (:func:`trainer.evaluation.significance.mean_over_seeds`), for the settings every run has, in the
+    first run's order, against sft and the one before."""
     from trainer.evaluation.phase_d import comparison_pairs
-    from trainer.evaluation.significance import paired_tests
+    from trainer.evaluation.significance import mean_over_seeds, paired_tests
 
     names = [n for n in runs[0]["rows"] if all(n in r["rows"] for r in runs)]
     order = list(runs[0].get("phase_d", {}))
     names.sort(key=lambda n: order.index(n) if n in order else len(order))
-    scored: dict[str, list[dict[str, Any]]] = {}
-    for name in names:
-        scored[name] = [
-            {**row, "id": f"{k}:{row['id']}"} for k, r in enumerate(runs) for row in _jsonl(Path(r["rows"][name]))
-        ]
+    scored = {name: mean_over_seeds([_jsonl(Path(r["rows"][name])) for r in runs], metric) for name in names}
     return [_paired_row(t, len(runs)) for t in paired_tests(scored, comparison_pairs(names), metric)]
 
 

@@ -472,25 +472,18 @@ def pooled_over_seeds(seeds: Sequence[Mapping[str, Any]], golden: Path | None = 
     from bench.common import golden_dir
     from shared import read_golden
     from trainer.evaluation.phase_d import DEFAULT_PAIRED_METRIC, normalize_prediction_record, score_predictions
-    from trainer.evaluation.significance import paired_tests
+    from trainer.evaluation.significance import mean_over_seeds, paired_tests
 
     examples = read_golden(golden_dir(golden) / "common_test_schemas.jsonl")
     treat = seeds[0].get("treatment", DEFAULT_TREATMENT)
-    mean: dict[str, dict[str, dict[str, Any]]] = {}
+    rows: dict[str, list[dict[str, Any]]] = {}
     for setting in ("sft", treat):
-        per_doc: dict[str, list[float]] = {}
-        source: dict[str, str] = {}
+        per_seed = []
         for p in seeds:
             with gzip.open(p["test_rows"][setting], "rt") as f:
                 recs = [normalize_prediction_record(json.loads(line)) for line in f if line.strip()]
-            for r in score_predictions(examples, recs):
-                per_doc.setdefault(str(r["id"]), []).append(float(r[DEFAULT_PAIRED_METRIC]))
-                source[str(r["id"])] = str(r["source"])
-        complete = {i: v for i, v in per_doc.items() if len(v) == len(seeds)}
-        mean[setting] = {
-            i: {"id": i, "source": source[i], DEFAULT_PAIRED_METRIC: sum(v) / len(v)} for i, v in complete.items()
-        }
-    rows = {k: list(v.values()) for k, v in mean.items()}
+            per_seed.append(score_predictions(examples, recs))
+        rows[setting] = mean_over_seeds(per_seed, DEFAULT_PAIRED_METRIC)
     return paired_tests(rows, [("sft", treat)], DEFAULT_PAIRED_METRIC)
 
 

@@ -75,17 +75,20 @@ def test_one_run_gives_phase_d_per_source_paired_tests_and_targets(tmp_path: Pat
     assert all(t["met"] for t in p["targets"])
 
 
-def test_two_runs_pool_their_documents_in_the_paired_tests(tmp_path: Path) -> None:
+def test_two_runs_are_paired_document_by_document_on_their_mean_over_seeds(tmp_path: Path) -> None:
     ids = [ex.id for ex in read_golden(SAMPLE / "common_test_schemas.jsonl")]
     a = _archive(tmp_path / "a", sft_wrong={ids[0]}, rft_wrong=set(), seed=0)
     b = _archive(tmp_path / "b", sft_wrong={ids[1], ids[2]}, rft_wrong={ids[1]}, seed=1)
-    one = learning.build([a])
+    one, other = learning.build([a]), learning.build([b])
     p = learning.build([a, b])
     pooled = next(t for t in p["paired"] if t["scope"] == "pooled")
     one_pooled = next(t for t in one["paired"] if t["scope"] == "pooled")
-    assert pooled["seeds"] == 2 and pooled["n"] == 2 * one_pooled["n"]
+    other_pooled = next(t for t in other["paired"] if t["scope"] == "pooled")
+    # the same documents in both seeds: each counted once, not once per seed
+    assert pooled["seeds"] == 2 and pooled["n"] == one_pooled["n"] == len(ids)
     assert p["seeds"]["rft_seed"] == [0, 1] and len(p["phase_d"]["sft"]["per_seed"]) == 2
-    # three wrong sft documents, one wrong rft document, over both runs' documents
+    # the mean over seeds of each document's difference: the mean of the two seeds' differences
+    assert pooled["diff"] == pytest.approx((one_pooled["diff"] + other_pooled["diff"]) / 2)
     assert pooled["diff"] > 0
 
 

@@ -194,3 +194,18 @@ def paired_tests(
             test = paired_bootstrap([a[i][1] for i in g], [b[i] for i in g], names=names, metric=metric)
             out.append({"scope": src, **test.as_dict()})
     return out
+
+
+def mean_over_seeds(seeds: Sequence[Sequence[Mapping[str, Any]]], metric: str) -> list[dict[str, Any]]:
+    """One row per document that every seed scored (``id``, ``source``, ``metric``): its metric averaged over
+    the seeds. Paired tests on these rows count each document once, whatever the number of seeds; pooling
+    the seeds' rows as if each were its own document would count it once per seed and narrow the interval
+    although the documents are the same."""
+    values: dict[str, list[float]] = {}
+    source: dict[str, str] = {}
+    for rows in seeds:
+        for r in rows:
+            if metric in r:
+                values.setdefault(str(r["id"]), []).append(float(r[metric]))
+                source[str(r["id"])] = str(r.get("source", ""))
+    return [{"id": i, "source": source[i], metric: sum(v) / len(v)} for i, v in values.items() if len(v) == len(seeds)]

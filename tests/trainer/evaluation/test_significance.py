@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainer.evaluation.significance import bootstrap_ci, intervals, paired_bootstrap, paired_tests
+from trainer.evaluation.significance import bootstrap_ci, intervals, mean_over_seeds, paired_bootstrap, paired_tests
 
 
 def test_interval_contains_the_mean_and_narrows_with_more_documents() -> None:
@@ -92,3 +92,15 @@ def test_macro_interval_and_paired_test_weigh_every_source_the_same() -> None:
     assert tests["macro"]["diff"] == pytest.approx(0.9 / 2) and tests["pooled"]["diff"] == pytest.approx(9 / 110)
     assert tests["big"]["diff"] == 0.0 and tests["small"]["diff"] == pytest.approx(0.9)
     assert tests["macro"]["ci_low"] > 0
+
+
+def test_mean_over_seeds_averages_each_document_that_every_seed_scored() -> None:
+    seed0 = [{"id": "a", "source": "s", "f1": 1.0}, {"id": "b", "source": "s", "f1": 0.0}, {"id": "c", "f1": 0.5}]
+    seed1 = [{"id": "a", "source": "s", "f1": 0.5}, {"id": "b", "source": "s", "f1": 1.0}]
+    rows = {r["id"]: r for r in mean_over_seeds([seed0, seed1], "f1")}
+    assert set(rows) == {"a", "b"}  # c is in one seed only
+    assert rows["a"] == {"id": "a", "source": "s", "f1": 0.75} and rows["b"]["f1"] == 0.5
+    # paired on the means, each document once
+    tests = paired_tests({"x": list(rows.values()), "y": [{**r, "f1": r["f1"] + 0.1} for r in rows.values()]},
+                         [("x", "y")], "f1")  # fmt: skip
+    assert tests[0]["n"] == 2 and tests[0]["diff"] == pytest.approx(0.1)
