@@ -1,7 +1,7 @@
 """Each answer's max new tokens is declared once (``shared/limits.py``): every default that means one of them
-equals it as a user sees it (the commands' options, the config fields, the functions' defaults), and the GRPO
-phase configs (YAML cannot import it) agree. A small-scale override is named as one (``DEMO_MAX_TOKENS``,
-``SMOKE_MAX_TOKENS``, ``LOOP_SMOKE_MAX_TOKENS``)."""
+equals it as a user sees it (the commands' options, the config fields, the functions' defaults), the GRPO phase
+configs (YAML cannot import it) agree, and so does docs/training.md's table. A small-scale override is named as
+one (``DEMO_MAX_TOKENS``, ``SMOKE_MAX_TOKENS``, ``LOOP_SMOKE_MAX_TOKENS``)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,12 @@ from trainer.smoke.loop import LOOP_SMOKE_MAX_TOKENS
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "trainer" / "phases" / "configs"
+DOC = REPO / "docs" / "training.md"
+KNOBS = {
+    "SCHEMA_ANSWER_MAX_TOKENS": SCHEMA_ANSWER_MAX_TOKENS,
+    "TABLE_ANSWER_MAX_TOKENS": TABLE_ANSWER_MAX_TOKENS,
+    "EVAL_ANSWER_MAX_TOKENS": EVAL_ANSWER_MAX_TOKENS,
+}
 # The budget of each GRPO phase's answer: π1 writes a schema, π2 a table.
 ROLLOUT = {"b1": SCHEMA_ANSWER_MAX_TOKENS, "c1": SCHEMA_ANSWER_MAX_TOKENS,
            "b2": TABLE_ANSWER_MAX_TOKENS, "c2": TABLE_ANSWER_MAX_TOKENS}  # fmt: skip
@@ -128,3 +134,10 @@ def test_every_grpo_phase_is_covered_and_cpu_smoke_is_a_smaller_override() -> No
     assert smoke["data"]["max_response_length"] == smoke_grpo.SMOKE_MAX_TOKENS
     gpu = yaml.safe_load((CONFIGS / "profile" / "gpu.yaml").read_text()) or {}
     assert "max_response_length" not in (gpu.get("data") or {})  # the gpu profile keeps the phases' own
+
+
+def test_the_docs_table_states_the_knobs() -> None:
+    table = DOC.read_text().split("### Max new tokens of an answer", 1)[1].split("\n#", 1)[0]
+    for name, value in KNOBS.items():
+        line = next((ln for ln in table.splitlines() if ln.startswith(f"| `{name}` |")), "")
+        assert line.startswith(f"| `{name}` | {value} |"), (name, value, line)
