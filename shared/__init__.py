@@ -19,6 +19,7 @@ from shared.golden import (
     write_golden,
 )
 from shared.handoff import NoStage2Reason, Stage2Handoff, stage2_handoff
+from shared.limits import EVAL_ANSWER_MAX_TOKENS, SCHEMA_ANSWER_MAX_TOKENS, TABLE_ANSWER_MAX_TOKENS
 from shared.names import normalize_name
 from shared.prompts import (
     PROMPT_VERSION,
@@ -71,12 +72,15 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_MAX_ALIGN_ROWS",
+    "EVAL_ANSWER_MAX_TOKENS",
     "EXECUTOR_FAILED",
     "EXECUTOR_TRUNCATED",
     "INVALID_JSON",
     "INVALID_NDJSON",
     "PROMPT_TOO_LONG",
     "PROMPT_VERSION",
+    "SCHEMA_ANSWER_MAX_TOKENS",
+    "TABLE_ANSWER_MAX_TOKENS",
     "TABLE_METRICS",
     "AlignedMetrics",
     "GoldSchema",

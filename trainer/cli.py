@@ -17,12 +17,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from shared import read_golden
+from shared import EVAL_ANSWER_MAX_TOKENS, read_golden
 from shared.golden import GoldenFormatError
 from trainer.data.datasets import build_datasets
 from trainer.data.precompute import precompute_c2
 from trainer.data.prompt_fit import PhaseLengths, Stage2Fit
 from trainer.data.sft_mix import SourceMix, SourceMixError
+from trainer.demo.settings import DEMO_MAX_TOKENS
 from trainer.evaluation import report
 from trainer.evaluation.generation import GenerationClient, GenerationConfig, TruncatedAnswersError
 from trainer.evaluation.inference import infer, schema_predictor
@@ -66,7 +67,11 @@ def _gen(max_tokens: int, concurrency: int, timeout: float, seed: int) -> Genera
     return GenerationConfig(max_tokens=max_tokens, concurrency=concurrency, timeout_s=timeout, seed=seed)
 
 
-MaxTokens = typer.Option(256, help="max_tokens per generation.")
+MaxTokens = typer.Option(
+    EVAL_ANSWER_MAX_TOKENS,
+    help="max_tokens per generation: the evaluation answer's budget (shared.EVAL_ANSWER_MAX_TOKENS), as the loop's "
+    "and the experiments' Phase D.",
+)
 Concurrency = typer.Option(16, help="Concurrent requests to the executor.")
 Timeout = typer.Option(300.0, help="Timeout of one request, seconds.")
 Seed = typer.Option(0, help="Sampling seed (generation is greedy).")
@@ -360,7 +365,10 @@ def rft_cmd(
     k: int = typer.Option(4, min=1, help="Samples per prompt."),
     threshold: float = typer.Option(0.5, help="Keep the best sample only if its reward ≥ this."),
     temperature: float = typer.Option(1.0, help="Sampling temperature."),
-    max_tokens: int = typer.Option(256, help="max_tokens per sample."),
+    max_tokens: int = typer.Option(
+        EVAL_ANSWER_MAX_TOKENS,
+        help="max_tokens per sample: the evaluation answer's budget (shared.EVAL_ANSWER_MAX_TOKENS), as in the loop.",
+    ),
     limit: int | None = typer.Option(None, min=1, help="First N training examples."),
     per_source: str | None = typer.Option(
         None,
@@ -424,7 +432,9 @@ def demo_cmd(
     out: Path = typer.Option(Path("demo_out"), help="Output folder (models under OUT/runs are reused)."),
     sample: Path | None = typer.Option(None, help="Golden folder (default: the bundled E2E sample)."),
     eval_limit: int | None = typer.Option(None, min=1, help="First N held-out documents (default: all)."),
-    max_tokens: int = typer.Option(96, min=1, help="max_tokens of every generation."),
+    max_tokens: int = typer.Option(
+        DEMO_MAX_TOKENS, min=1, help="max_tokens of every generation (the demo's CPU-sized override)."
+    ),
     sft_steps: int = typer.Option(8, min=1, help="Optimizer steps of each of A1 and A2."),
     sft_batch: int = typer.Option(4, min=1, help="Examples per SFT step."),
     sft_lr: float = typer.Option(1e-4, help="SFT learning rate."),

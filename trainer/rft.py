@@ -27,7 +27,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from shared import GoldenExample, read_golden
+from shared import EVAL_ANSWER_MAX_TOKENS, GoldenExample, read_golden
 from shared.golden import source_of
 from trainer.data.datasets import SFT_SCHEMA, sft_row, write_parquet
 from trainer.evaluation.generation import GenerationClient, GenerationConfig, truncated
@@ -40,7 +40,7 @@ class RftConfig:
     k: int = 4
     threshold: float = 0.5
     temperature: float = 1.0
-    max_tokens: int = 256
+    max_tokens: int = EVAL_ANSWER_MAX_TOKENS
     concurrency: int = 8
     timeout_s: float = 300.0
     seed: int = 0

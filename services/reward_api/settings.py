@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from shared.limits import TABLE_ANSWER_MAX_TOKENS
 from shared.wire import EXECUTOR_SERVED_NAME
 
 
@@ -38,7 +39,11 @@ class Settings(BaseSettings):
     executor_model: str = Field(EXECUTOR_SERVED_NAME, description="Served model name sent to the executor.")
     executor_api_key: SecretStr | None = Field(None, description="Bearer key for the executor, if it wants one.")
     temperature: float = Field(0.0, ge=0.0, description="Executor sampling temperature.")
-    max_tokens: int = Field(512, ge=1, description="Executor max_tokens per Stage-2 generation.")
+    max_tokens: int = Field(
+        TABLE_ANSWER_MAX_TOKENS,
+        ge=1,
+        description="Executor max_tokens per Stage-2 generation (shared.TABLE_ANSWER_MAX_TOKENS: π2's table).",
+    )
     stop: Annotated[list[str], NoDecode] = Field(default_factory=list, description="Executor stop strings.")
     seed: int = Field(0, description="Executor sampling seed (vLLM's `seed`).")
     max_in_flight: int = Field(64, ge=1, description="Most concurrent executor calls per process, all replicas.")

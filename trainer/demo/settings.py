@@ -14,6 +14,11 @@ from typing import Any
 
 from trainer.data.e2e_sample import E2E_SAMPLE_DIR
 
+# Max tokens of every demo generation (Stage 1, Stage 2 and the reward API's executor): the CPU demo's override
+# of shared.EVAL_ANSWER_MAX_TOKENS and TABLE_ANSWER_MAX_TOKENS, so that the whole demo fits in about ten minutes;
+# the base model's answers cut at it are counted in the report.
+DEMO_MAX_TOKENS = 96
+
 # The demo's pass marks, measured on the held-out sample documents (the sft setting).
 TARGETS = {"schema_valid": 0.9, "aligned_cell_f1": 0.5}
 
@@ -45,7 +50,9 @@ class DemoSettings:
     out: Path = field(default=Path("demo_out"), metadata={"help": "Output folder."})
     sample: Path = field(default=E2E_SAMPLE_DIR, metadata={"help": "Golden folder (default: the bundled E2E sample)."})
     eval_limit: int | None = field(default=None, metadata={"help": "First N test documents (default: all)."})
-    max_tokens: int = field(default=96, metadata={"help": "max_tokens of every generation."})
+    max_tokens: int = field(
+        default=DEMO_MAX_TOKENS, metadata={"help": "max_tokens of every generation (the demo's CPU-sized override)."}
+    )
     base_model: str | None = field(default=None, metadata={"help": "Base model HF dir (default: SmolLM2-135M)."})
     sft: SftSettings = field(default_factory=SftSettings)
     retrain: bool = field(default=False, metadata={"help": "Train A1/A2 again even if matching models exist."})

@@ -28,6 +28,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from tqdm import tqdm
 
 from services.env_proxy import env_proxy
+from shared import EVAL_ANSWER_MAX_TOKENS
 
 Message = dict[str, str]
 
@@ -65,7 +66,7 @@ def base_url(url: str) -> str:
 class GenerationConfig:
     """Sampling settings of one run (greedy by default, so evaluations are repeatable)."""
 
-    max_tokens: int = 256
+    max_tokens: int = EVAL_ANSWER_MAX_TOKENS
     temperature: float = 0.0
     seed: int = 0
     concurrency: int = 16

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from shared.limits import EVAL_ANSWER_MAX_TOKENS
 from trainer.config_cli import cli_meta, csv_values
 from trainer.phases.launch import PROFILES, Profile
 from trainer.phases.registry import GRPO_PHASES, SFT_PHASES
@@ -92,7 +93,10 @@ class ExperimentConfig:
                           "there.", cli_type=str, cli_default=""),
     )  # fmt: skip
     preflight_n: int = field(default=16, metadata=cli_meta(help="Preflight: samples per prompt (rollout.n).", min=2))
-    preflight_max_tokens: int = field(default=384, metadata=cli_meta(help="Preflight: max tokens a sample.", min=1))
+    preflight_max_tokens: int = field(
+        default=EVAL_ANSWER_MAX_TOKENS,
+        metadata=cli_meta(help="Preflight: max tokens a sample (shared.EVAL_ANSWER_MAX_TOKENS).", min=1),
+    )
     min_share: float = field(
         default=0.10,
         metadata=cli_meta(help="The rollout temperature: the lowest swept one at which every swept phase has at least "
@@ -162,12 +166,19 @@ class ExperimentConfig:
     reward_max_tokens: int | None = field(
         default=None,
         metadata=cli_meta(help="Max new tokens of the pipeline reward's executor (C1's Stage 2 with π2ˢ; default: "
-                          "the reward API's own).", min=1),
+                          "the reward API's own, shared.TABLE_ANSWER_MAX_TOKENS).", min=1),
     )  # fmt: skip
     eval_limit: int | None = field(
         default=None, metadata=cli_meta(help="First N test documents (default: all).", min=1)
     )
-    eval_max_tokens: int = field(default=384, metadata=cli_meta(help="Max tokens of an evaluation answer.", min=1))
+    eval_max_tokens: int = field(
+        default=EVAL_ANSWER_MAX_TOKENS,
+        metadata=cli_meta(
+            help="Max tokens of an evaluation answer (Phase D) and of C2's precomputed schemas "
+            "(shared.EVAL_ANSWER_MAX_TOKENS).",
+            min=1,
+        ),
+    )
     eval_max_truncated_share: float = field(
         default=0.02,
         metadata=cli_meta(

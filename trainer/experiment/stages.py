@@ -17,9 +17,6 @@ from trainer.experiment.plan import phase_ok, preflight_phases, reward_api_of
 from trainer.phases.registry import reward_of
 from trainer.serving.endpoint import Endpoint
 
-# Max tokens of C2's schemas (π1ˢ's greedy Stage 1), as the A/B runs used
-C2_MAX_TOKENS = 256
-
 
 def sft(ctx: Context) -> None:
     from trainer.data.datasets import build_datasets
@@ -67,7 +64,10 @@ def c2data(ctx: Context) -> None:
     from trainer.loop.c2_precompute import write_c2_data
 
     cfg, pi1 = ctx.cfg, ctx.sv.serve([ctx.design.partner])[ctx.design.partner]
-    gen = GenerationConfig(max_tokens=C2_MAX_TOKENS, concurrency=cfg.eval_concurrency, timeout_s=cfg.eval_timeout_s)
+    # C2's schemas are π1ˢ's greedy Stage-1 answers, generated as an evaluation's are (as the loop's precompute)
+    gen = GenerationConfig(
+        max_tokens=cfg.eval_max_tokens, concurrency=cfg.eval_concurrency, timeout_s=cfg.eval_timeout_s
+    )
     rep = write_c2_data(
         cfg.golden, ctx.wd.data, pi1, gen, on_invalid="skip", limit=cfg.limit, train_sample=cfg.c2_train_sample,
         train_sources=cfg.rl_sources, max_truncated_share=cfg.eval_max_truncated_share,

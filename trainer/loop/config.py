@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared.limits import EVAL_ANSWER_MAX_TOKENS, TABLE_ANSWER_MAX_TOKENS
 from trainer.config_cli import cli_meta
 from trainer.phases.launch import PROFILES, Profile
 from trainer.phases.train_mix import check_restricted, check_share, rl_mix_share_field
@@ -86,13 +87,19 @@ class LoopConfig:
         ),
     )
     executor_max_tokens: int = field(
-        default=256,
-        metadata=cli_meta(help="Max new tokens of the reward API's executor (C1's Stage 2 with the frozen π2).", min=1),
+        default=TABLE_ANSWER_MAX_TOKENS,
+        metadata=cli_meta(
+            help="Max new tokens of the reward API's executor (C1's Stage 2 with the frozen π2): π2's table budget "
+            "(shared.TABLE_ANSWER_MAX_TOKENS).",
+            min=1,
+        ),
     )
     eval_max_tokens: int = field(
-        default=256,
+        default=EVAL_ANSWER_MAX_TOKENS,
         metadata=cli_meta(
-            help="Max new tokens of the loop's own generation: Phase D, C2 precompute, preflight, RFT.", min=1
+            help="Max new tokens of the loop's own generation: Phase D, C2 precompute, preflight, RFT; the evaluation "
+            "answer's budget (shared.EVAL_ANSWER_MAX_TOKENS).",
+            min=1,
         ),
     )
     eval_max_truncated_share: float = field(

@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from shared import EVAL_ANSWER_MAX_TOKENS
 from trainer.phases.launch import PROFILES, PhaseRun, check_profile, run_phase
 from trainer.phases.registry import GRPO_PHASES, PHASES, get_phase, reward_of
 from trainer.serving.reward_api_env import CLIENT_URL_ENV
@@ -96,7 +97,12 @@ def preflight_cmd(
     prompts: int = typer.Option(32, min=1, help="Training prompts to sample per source."),
     sources: str | None = typer.Option(None, help="Comma-separated sources to check (default: every source)."),
     temperature: float = typer.Option(1.0, min=0.0, help="Sampling temperature (the phase's rollout temperature)."),
-    max_tokens: int = typer.Option(512, min=1, help="max_tokens per sample (the phase's response length)."),
+    max_tokens: int = typer.Option(
+        EVAL_ANSWER_MAX_TOKENS,
+        min=1,
+        help="max_tokens per sample and greedy answer: the evaluation answer's budget (shared.EVAL_ANSWER_MAX_TOKENS), "
+        "as the loop's and the experiments' preflight.",
+    ),
     min_informative: float = typer.Option(0.25, min=0.0, max=1.0, help="Fail below this share of informative groups."),
     min_improvable: float = typer.Option(
         0.10, min=0.0, max=1.0, help="No headroom (fail) below this macro share of prompts whose best beats greedy."

@@ -35,7 +35,7 @@ from typing import Any, Literal, NamedTuple
 
 import pyarrow.parquet as pq
 
-from shared import GoldenExample, read_golden
+from shared import EVAL_ANSWER_MAX_TOKENS, GoldenExample, read_golden
 from shared.golden import source_of
 from trainer.evaluation.generation import GenerationClient, GenerationConfig
 from trainer.evaluation.reward_scoring import prompt_for, reward_item, score_results
@@ -271,7 +271,7 @@ def advantage_check(
     n: int = 8,
     prompts: int = 32,
     temperature: float = 1.0,
-    max_tokens: int = 512,
+    max_tokens: int = EVAL_ANSWER_MAX_TOKENS,
     min_informative: float = 0.25,
     min_improvable: float = MIN_IMPROVABLE,
     sources: Sequence[str] | None = None,

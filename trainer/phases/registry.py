@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from shared import SCHEMA_ANSWER_MAX_TOKENS, TABLE_ANSWER_MAX_TOKENS
+
 # The reward_api endpoint a GRPO phase trains on, and the part of ``data_source`` before ``:``.
 RewardKind = Literal["schema", "table", "pipeline"]
 REWARD_KINDS: tuple[RewardKind, ...] = ("schema", "table", "pipeline")
@@ -41,7 +43,8 @@ class Phase:
     # GRPO: the reward kind (endpoint, data_source prefix, early_stopping.data_source); SFT: None.
     reward: RewardKind | None
     sft_partner: str
-    # GRPO: data.max_response_length of the phase config (the longest gold answer fits); SFT: None.
+    # GRPO: data.max_response_length of the phase config, the budget of the policy's answer (shared.limits);
+    # SFT: None.
     max_response_length: int | None
     trains: str
     objective: str
@@ -72,23 +75,24 @@ PHASES: dict[str, Phase] = {
         ),
         Phase(
             "b1", "grpo", policy="pi1", prompt="stage1", ground_truth=("schema",), reward="schema", sft_partner="a1",
-            max_response_length=256, trains="π1 from π1ˢ", objective="schema reward vs gold schema",
-            output="π1ʳ-local",
+            max_response_length=SCHEMA_ANSWER_MAX_TOKENS, trains="π1 from π1ˢ",
+            objective="schema reward vs gold schema", output="π1ʳ-local",
         ),
         Phase(
             "b2", "grpo", policy="pi2", prompt="stage2_gold", ground_truth=("table",), reward="table",
-            sft_partner="a2", max_response_length=512, trains="π2 from π2ˢ, prompts with gold schemas",
-            objective="table reward vs gold table", output="π2ʳ-local",
+            sft_partner="a2", max_response_length=TABLE_ANSWER_MAX_TOKENS,
+            trains="π2 from π2ˢ, prompts with gold schemas", objective="table reward vs gold table", output="π2ʳ-local",
         ),
         Phase(
             "c1", "grpo", policy="pi1", prompt="stage1", ground_truth=("schema", "table", "text"), reward="pipeline",
-            sft_partner="a1", max_response_length=256, trains="π1 from π1ʳ-local",
+            sft_partner="a1", max_response_length=SCHEMA_ANSWER_MAX_TOKENS, trains="π1 from π1ʳ-local",
             objective="a·schema + (1−a)·table via the frozen π2ʳ-local executor", output="π1ʳ-pipe",
         ),
         Phase(
             "c2", "grpo", policy="pi2", prompt="stage2_predicted", ground_truth=("table",), reward="table",
-            sft_partner="a2", max_response_length=512, trains="π2 from π2ʳ-local, schemas precomputed by π1ʳ-pipe",
-            objective="table reward vs gold table", output="π2ʳ-pipe",
+            sft_partner="a2", max_response_length=TABLE_ANSWER_MAX_TOKENS,
+            trains="π2 from π2ʳ-local, schemas precomputed by π1ʳ-pipe", objective="table reward vs gold table",
+            output="π2ʳ-pipe",
         ),
     )
 }

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from services.reward_api.process import RewardApiProcess
+from shared import TABLE_ANSWER_MAX_TOKENS
 from trainer.serving.endpoint import Endpoint
 from trainer.serving.executors import serve_replicas
 from trainer.serving.gpus import ExecutorSlot
@@ -60,7 +61,7 @@ def serve_reward_api(
     external: str | None = None,
     what: str = "reward API",
     eager: bool = True,
-    max_tokens: int = 256,
+    max_tokens: int = TABLE_ANSWER_MAX_TOKENS,
     workers: int = 1,
     port: int | None = None,
 ) -> Iterator[RewardApi]:

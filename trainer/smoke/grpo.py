@@ -50,6 +50,11 @@ from trainer.serving.reward_api import reward_api_process
 from trainer.serving.reward_api_env import CLIENT_TOKEN_ENV
 from trainer.serving.shutdown import exit_on_sigterm
 
+# Max new tokens of the smoke's rollouts and of its reward API's executor: the CPU smoke's override of
+# shared.SCHEMA_ANSWER_MAX_TOKENS and TABLE_ANSWER_MAX_TOKENS (as profile cpu-smoke's data.max_response_length),
+# so that a step stays within minutes on 2 cores.
+SMOKE_MAX_TOKENS = 128
+
 SAMPLE_DIR = REPO_ROOT / "trainer" / "data" / "sample"
 # Reward parts our reward function returns for data_source "pipeline" (trainer.in_verl.reward_client.SCORE_KEYS).
 PIPELINE_PARTS = ("schema_reward", "table_reward", "f1", "table_score", "cell_accuracy", "valid_json")
@@ -459,8 +464,13 @@ def main(
     out: Path = typer.Option(Path("/tmp/grpo_smoke"), help="Work folder (data, logs, checkpoints, result)."),
     steps: int = typer.Option(1, min=1, help="GRPO steps."),
     sft_steps: int = typer.Option(12, min=0, help="A1 SFT steps before C1 (0: start C1 from the base model)."),
-    response_len: int = typer.Option(128, help="Rollout max response tokens."),
-    executor_max_tokens: int = typer.Option(128, help="reward_api → executor max_tokens (Stage 2)."),
+    response_len: int = typer.Option(
+        SMOKE_MAX_TOKENS, help="Rollout max response tokens (the CPU smoke's override of C1's, as profile cpu-smoke)."
+    ),
+    executor_max_tokens: int = typer.Option(
+        SMOKE_MAX_TOKENS,
+        help="reward_api → executor max_tokens (Stage 2; the CPU smoke's override of shared.TABLE_ANSWER_MAX_TOKENS).",
+    ),
     kill_reward_api: bool = typer.Option(
         False, help="Run one more step and kill the reward API once step --steps is validated: the phase must stop."
     ),

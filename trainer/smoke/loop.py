@@ -28,6 +28,10 @@ from trainer.smoke.grpo import SAMPLE_DIR, Checks, MemorySampler, finish
 PHASE_DIRS = tuple(PHASES)
 RFT_DIRS = ("rft/schema/sft", "rft/table/sft")
 SETTINGS = ("sft", "local", "pipe")
+# Max new tokens of the smoke loop's own generation and of C1's reward executor: the CPU smoke's override of
+# LoopConfig's eval_max_tokens and executor_max_tokens (shared.EVAL_ANSWER_MAX_TOKENS, TABLE_ANSWER_MAX_TOKENS),
+# so that the toy models' long answers keep the smoke's time bounded on 2 cores.
+LOOP_SMOKE_MAX_TOKENS = 256
 
 
 def check_outputs(out: Path, checks: Checks, rft: bool = True) -> dict[str, Any]:
@@ -95,6 +99,8 @@ def main(
         base_model=str(convert()),
         eval_limit=eval_limit,
         eval_max_truncated_share=1.0,  # a few SFT steps on CPU write past max tokens: counted, not failed on
+        eval_max_tokens=LOOP_SMOKE_MAX_TOKENS,
+        executor_max_tokens=LOOP_SMOKE_MAX_TOKENS,
         overrides=tuple(overrides or ()),
         rft=rft,
     )
