@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 
 from trainer.loop import EVAL_KEY, MANIFEST, PRECOMPUTE_KEY, Loop, LoopConfig, phase_done, redecide
-from trainer.loop.manifest import eval_key, phase_inputs, precompute_key
+from trainer.loop.manifest import eval_key, precompute_key
 from trainer.loop.phase_d_step import evaluate_phase_d
 from trainer.loop.workspace import Workspace
 from trainer.phases.launch import PhaseResult, PhaseRun
+from trainer.runs.reuse import phase_inputs
 from trainer.serving.endpoint import Endpoint
 from trainer.serving.identity import ServedModelMismatch, fingerprint, short
 from trainer.serving.reward_api import reward_api_process
@@ -240,7 +241,7 @@ def test_a_phase_trained_with_other_overrides_profile_or_config_is_not_reused(tm
     """A1 recorded with 4 SFT steps; a rerun asking for 6 must not reuse it (the manifest would show 6 beside a
     command that says 4), and neither may a rerun with another profile or an edited config file."""
     from trainer.loop import PHASE_INPUTS, StaleResultError
-    from trainer.loop.manifest import inputs_difference
+    from trainer.runs.reuse import inputs_difference
 
     out = tmp_path / "loop"
     cfg = LoopConfig(golden=SAMPLE, out=out, profile="cpu-smoke", sft_overrides=("trainer.total_training_steps=4",))

@@ -23,7 +23,7 @@ import contextlib
 import json
 import shutil
 from collections.abc import Iterator, Sequence
-from pathlib import Path
+from dataclasses import asdict
 from typing import Any
 
 from rich.console import Console
@@ -37,8 +37,9 @@ from trainer.demo.settings import TARGETS, DemoSettings
 from trainer.evaluation.generation import GenerationClient, GenerationConfig, Message
 from trainer.evaluation.phase_d import write_outputs
 from trainer.evaluation.two_stage import PromptStage, run_two_stage
-from trainer.phases.launch import PhaseResult, PhaseRun, read_result, run_phase
+from trainer.phases.launch import PhaseResult, PhaseRun, run_phase
 from trainer.phases.registry import get_phase
+from trainer.runs import reuse
 from trainer.serving.endpoint import Endpoint, ServingMode
 from trainer.serving.executors import serve_model
 from trainer.serving.reward_api import reward_api_process
@@ -82,38 +83,41 @@ class Demo:
             self.console.print(f"{valid} of {len(examples)} base schemas were valid JSON (Stage 2 ran on those)")
         return preds
 
-    def sft(self, phase: str, base: str) -> str:
+    def sft_run(self, phase: str, base: str) -> PhaseRun:
         out = self.out / "runs" / phase
-        key = self.s.training_key(base)
-        key_path = out / "demo_training_key.json"
-        recorded = read_result(out)
-        reusable = (
-            not self.s.retrain
-            and recorded is not None
-            and recorded.status == "ok"
-            and recorded.hf_dir is not None
-            and Path(recorded.hf_dir).is_dir()
-            and key_path.is_file()
-            and json.loads(key_path.read_text()) == key
+        return PhaseRun(
+            get_phase(phase), "cpu-smoke", self.out / "data", out, base, overrides=tuple(self.s.sft.overrides())
         )
+
+    def sft(self, phase: str, base: str) -> str:
+        run = self.sft_run(phase, base)
+        out = run.out_dir
+        # the rule every recipe reuses a finished phase by (trainer.runs.reuse): the same base model, data, SFT
+        # settings and configs; the demo trains again where they differ
+        inputs = reuse.run_inputs(run)
+        verdict = reuse.check(out, inputs)
+        recorded = verdict.result if verdict.reusable and not self.s.retrain else None
         steps = self.s.sft.steps
         note = f"{steps} steps × {self.s.sft.batch} examples, lr {self.s.sft.lr:g}"
-        with self.clock.part(f"{phase.upper()} SFT", "reused (pass --retrain to train again)" if reusable else note):
-            if reusable and recorded is not None and recorded.hf_dir is not None:
-                self.console.print(f"reusing {recorded.hf_dir} (trained in {recorded.seconds:.0f} s with {key['sft']})")
+        with self.clock.part(f"{phase.upper()} SFT", "reused (pass --retrain to train again)" if recorded else note):
+            if recorded is not None and recorded.hf_dir is not None:
+                self.console.print(
+                    f"reusing {recorded.hf_dir} (trained in {recorded.seconds:.0f} s with {asdict(self.s.sft)})"
+                )
                 return recorded.hf_dir
+            if verdict.difference and not self.s.retrain:
+                self.console.print(f"training {phase} again: its recorded model was trained from other inputs "
+                                   f"({verdict.difference})")  # fmt: skip
             if out.exists():
                 shutil.rmtree(out)
             out.mkdir(parents=True)
-            overrides = tuple(self.s.sft.overrides())
-            run = PhaseRun(get_phase(phase), "cpu-smoke", self.out / "data", out, base, overrides=overrides)
             bar = f"{phase} SFT"
             res: PhaseResult = run_with_step_bar(
                 self.console, bar, steps, out / "metrics.jsonl", lambda: run_phase(run, keep_checkpoints=False)
             )
             if res.status != "ok" or not res.hf_dir:
                 raise RuntimeError(f"{phase} SFT failed (exit {res.exit_code}); log: {out / 'train.log'}")
-            key_path.write_text(json.dumps(key, indent=2) + "\n")
+            reuse.record(out, inputs)
             # The exported HF directory is what the demo serves; the FSDP checkpoint is 0.5 GB more.
             shutil.rmtree(out / "checkpoints", ignore_errors=True)
             loss = (res.final_metrics or {}).get("train/loss")
@@ -211,7 +215,7 @@ class Demo:
             "overall": overall,
             "targets": {k: {"min": v, "sft": overall["sft"].get(k), "met": met[k]} for k, v in TARGETS.items()},
             "models": {"base": base, "pi1_sft": pi1, "pi2_sft": pi2},
-            "sft_settings": self.s.training_key(base)["sft"],
+            "sft_settings": asdict(self.s.sft),
             "pipeline_debug": debug,
             **paths,
         }

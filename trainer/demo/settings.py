@@ -7,10 +7,8 @@ minutes and the SFT models clear the demo's targets on the held-out sample docum
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from trainer.data.e2e_sample import E2E_SAMPLE_DIR
 
@@ -56,12 +54,3 @@ class DemoSettings:
     base_model: str | None = field(default=None, metadata={"help": "Base model HF dir (default: SmolLM2-135M)."})
     sft: SftSettings = field(default_factory=SftSettings)
     retrain: bool = field(default=False, metadata={"help": "Train A1/A2 again even if matching models exist."})
-
-    def training_key(self, base_model: str) -> dict[str, Any]:
-        """What a trained model depends on: a recorded model is reused only if this is unchanged."""
-        train = self.sample / "common_train_schemas.jsonl"
-        return {
-            "base_model": base_model,
-            "train_sha256": hashlib.sha256(train.read_bytes()).hexdigest(),
-            "sft": asdict(self.sft),
-        }

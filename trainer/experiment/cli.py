@@ -15,6 +15,7 @@ from trainer.experiment.design import DESIGNS, Design
 from trainer.experiment.recipe import Experiment, ExperimentStopped
 from trainer.phases.cli import bad_param
 from trainer.phases.launch import check_profile
+from trainer.runs.reuse import StaleResultError
 from trainer.serving.gpus import GpuPlanError, visible_gpus
 
 console = Console()
@@ -52,7 +53,7 @@ def command(design: Design) -> Any:
             return
         try:
             exp.run()
-        except ExperimentStopped as stop:
+        except (ExperimentStopped, StaleResultError) as stop:
             say(f"stopped: {stop}")
             raise typer.Exit(1) from None
         console.print(f"manifest: {exp.wd.manifest}")

@@ -26,10 +26,10 @@ from trainer.experiment.runs import (
 )
 from trainer.experiment.services import Services
 from trainer.experiment.workdir import Workdir
-from trainer.loop.manifest import Manifest
-from trainer.loop.phase_step import PhaseRunner
-from trainer.phases.launch import PhaseResult, PhaseRun, read_result
+from trainer.phases.launch import PhaseResult, PhaseRun, PhaseRunner, read_result
 from trainer.phases.positive_control import ControlConfig, ControlVerdict
+from trainer.runs import reuse
+from trainer.runs.manifest import Manifest
 
 ControlRunner = Callable[[PhaseRun, Any, ControlConfig], tuple[PhaseResult, ControlVerdict]]
 
@@ -114,10 +114,17 @@ class Context:
                 results = [f.result() for f in futures]
         failed = [f"{p} (exit {r.exit_code}: {r.error}; log {run.out_dir / 'train.log'})"
                   for (p, run), r in zip(jobs, results, strict=True) if r.status != "ok" or not r.hf_dir]  # fmt: skip
-        for (p, _run), r in zip(jobs, results, strict=True):
+        for (p, run), r in zip(jobs, results, strict=True):
             self.manifest.set(f"phase:{p}", dataclasses.asdict(r))
+            if r.status == "ok" and r.hf_dir:
+                reuse.record(run.out_dir, reuse.run_inputs(run))
         if failed:
             raise RuntimeError(f"phases failed: {'; '.join(failed)}")
+
+    def reusable(self, run: PhaseRun) -> bool:
+        """The phase finished from the inputs ``run`` would give it; StaleResultError (which names each
+        difference) if it finished from others (trainer.runs.reuse)."""
+        return reuse.reuse_or_refuse(run.out_dir, reuse.run_inputs(run), run.phase.name) is not None
 
     def output(self, phase: str) -> str:
         """The model a phase produced: its phase result's ``hf_dir`` (the input model when early stopping kept

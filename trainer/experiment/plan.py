@@ -31,8 +31,9 @@ from trainer.experiment.config import ExperimentConfig
 from trainer.experiment.design import Design
 from trainer.experiment.placement import ArmPlacement
 from trainer.experiment.workdir import Workdir
-from trainer.phases.launch import PhaseRun, read_result
+from trainer.phases.launch import PhaseRun
 from trainer.phases.registry import get_phase
+from trainer.runs import reuse
 
 LOCAL, PIPE = "local", "pipe"  # the reward APIs: without executor, and with the frozen π2ˢ behind it
 
@@ -49,8 +50,8 @@ class Stage:
 
 
 def phase_ok(out: Path) -> bool:
-    res = read_result(out)
-    return res is not None and res.status == "ok" and bool(res.hf_dir)
+    """The phase finished and its model is there (whether it may be reused: trainer.runs.reuse, at the stage)."""
+    return reuse.finished(out) is not None
 
 
 def reward_api_of(phase: str) -> str:

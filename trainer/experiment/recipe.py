@@ -26,9 +26,8 @@ from trainer.experiment.plan import (
 )
 from trainer.experiment.plan import stages as plan_stages
 from trainer.experiment.services import Services
-from trainer.experiment.stages import WORKS
-from trainer.loop.phase_step import PhaseRunner
-from trainer.phases.launch import run_phase
+from trainer.experiment.stages import WORKS, refuse_stale
+from trainer.phases.launch import PhaseRunner, run_phase
 from trainer.phases.positive_control import run_control
 from trainer.phases.registry import get_phase
 
@@ -132,6 +131,7 @@ class Experiment:
                 todo = [s for s in group if not s.done]
                 for s in group:
                     if s.done:
+                        refuse_stale(self.ctx, s.name)
                         self.record(s.name, {"status": "skipped: its result exists"})
                 if not todo:
                     self.check_done(group)

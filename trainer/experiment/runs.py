@@ -68,6 +68,12 @@ def rl_overrides(cfg: ExperimentConfig, temperature: float | str, placement: Pla
     )
 
 
+def placed_overrides(cfg: ExperimentConfig, temperature: float | str, placement: Placement | None) -> tuple[str, ...]:
+    """What a GPU placement adds to an arm's overrides (not an input of what it learns: trainer.runs.reuse)."""
+    off_gpu = set(rl_overrides(cfg, temperature, None))
+    return tuple(o for o in rl_overrides(cfg, temperature, placement) if o not in off_gpu)
+
+
 def train_batch_size(profile: Profile, overrides: Sequence[str] = ()) -> int:
     """``data.train_batch_size`` of a GRPO run: the last override that sets it, else the profile's."""
     for item in reversed(overrides):
@@ -132,6 +138,7 @@ def sft_run(
         overrides=(*(placement.sft_overrides() if placement else ()), *cfg.sft_overrides),
         nproc=placement.nproc if placement else 1,
         gpus=placement.gpus if placement else (),
+        placed=placement.sft_overrides() if placement else (),
     )
 
 
@@ -157,6 +164,7 @@ def arm_run(
         overrides=(*rl_overrides(cfg, temperature, placement), *((train_files,) if train_files else ()), *cfg.rl_extra),
         nproc=placement.nproc if placement else 1,
         gpus=placement.gpus if placement else (),
+        placed=placed_overrides(cfg, temperature, placement),
     )
 
 

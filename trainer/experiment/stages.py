@@ -14,6 +14,7 @@ from typing import Any
 from shared.golden import source_of
 from trainer.experiment.context import Context, ExperimentStopped, first_error
 from trainer.experiment.plan import phase_ok, preflight_phases, reward_api_of
+from trainer.phases.launch import PhaseRun
 from trainer.phases.registry import reward_of
 from trainer.serving.endpoint import Endpoint
 
@@ -28,9 +29,28 @@ def sft(ctx: Context) -> None:
         counts = build_datasets(ctx.cfg.golden, ctx.wd.data, list(phases), limit=ctx.cfg.limit, sft_mix=mix)
         ctx.manifest.set("data", counts)
     check_reuse(ctx.wd.data, mix)
+    ctx.run_phases([(p, run) for p, run in sft_runs(ctx) if not ctx.reusable(run)], stagger_s=0.0)
+
+
+def sft_runs(ctx: Context) -> list[tuple[str, PhaseRun]]:
+    """A1 and A2, the start policy's first (each on its placement)."""
     pair = ("a1", "a2") if ctx.design.start == "a1" else ("a2", "a1")
-    jobs = [(p, ctx.sft_phase(p, ctx.placement.sft(i))) for i, p in enumerate(pair)]
-    ctx.run_phases([(p, run) for p, run in jobs if not phase_ok(ctx.wd.phase(p))], stagger_s=0.0)
+    return [(p, ctx.sft_phase(p, ctx.placement.sft(i))) for i, p in enumerate(pair)]
+
+
+def refuse_stale(ctx: Context, stage: str) -> None:
+    """Before a finished stage is skipped: each of its phases must have finished from the inputs this run would
+    give it (StaleResultError, naming the differences, if not). The arms are rebuilt as the rl stage would
+    launch them (their reward API's URL is no input)."""
+    if stage == "sft":
+        runs = sft_runs(ctx)
+    elif stage == "rl":
+        t = ctx.need_temperature()
+        runs = [(arm, ctx.arm_phase(i, "", t)) for i, arm in enumerate(ctx.design.arms)]
+    else:
+        return
+    for _phase, run in runs:
+        ctx.reusable(run)
 
 
 def preflight(ctx: Context) -> None:
@@ -128,7 +148,7 @@ def rl(ctx: Context) -> None:
     train_mixes(ctx)
     jobs = []
     for i, arm in enumerate(ctx.design.arms):
-        if phase_ok(ctx.wd.phase(arm)):
+        if phase_ok(ctx.wd.phase(arm)) and ctx.reusable(ctx.arm_phase(i, "", t)):
             continue
         jobs.append((arm, ctx.arm_phase(i, ctx.sv.reward_api(reward_api_of(arm)), t, say=True)))
     ctx.run_phases(jobs, stagger_s=ctx.cfg.rl_stagger_s if ctx.placement.shared_gpu else 0.0)
@@ -207,7 +227,7 @@ def evaluate(ctx: Context) -> None:
     def stage1(p1: str) -> list[str]:
         """π1's schemas, kept under what they depend on: a rerun after a cut-short eval does not redo them."""
         from trainer.evaluation.stage1_cache import cached_stage1
-        from trainer.loop.manifest import sha256
+        from trainer.runs.manifest import sha256
         from trainer.serving.identity import fingerprint
 
         mode = eps[p1].mode

@@ -50,10 +50,12 @@ another node from the folder's finished work, packed into checked pieces and unp
 """
 
 from trainer.loop.config import PARTS, LoopConfig
-from trainer.loop.manifest import EVAL_KEY, MANIFEST, PHASE_INPUTS, PRECOMPUTE_KEY, Manifest
+from trainer.loop.manifest import EVAL_KEY, MANIFEST, PRECOMPUTE_KEY
 from trainer.loop.phase_d_step import redecide
-from trainer.loop.phase_step import StaleResultError, phase_done
+from trainer.loop.phase_step import phase_done
 from trainer.loop.recipe import Loop, StopAfter
+from trainer.runs.manifest import Manifest
+from trainer.runs.reuse import PHASE_INPUTS, StaleResultError
 
 __all__ = [
     "EVAL_KEY",

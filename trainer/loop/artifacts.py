@@ -44,9 +44,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from shared.golden import sha256_file
-from trainer.loop.manifest import MANIFEST, Manifest, read_json
+from trainer.loop.manifest import MANIFEST
 from trainer.loop.phase_step import phase_done
 from trainer.phases.launch import REPO_ROOT, RESULT_FILE
+from trainer.runs.manifest import Manifest, read_json
 
 ARTIFACTS = "artifacts.json"
 FORMAT = 1

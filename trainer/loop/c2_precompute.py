@@ -10,8 +10,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from trainer.loop.manifest import PRECOMPUTE_KEY, precompute_key, read_json
+from trainer.loop.manifest import PRECOMPUTE_KEY, precompute_key
 from trainer.loop.workspace import Workspace
+from trainer.runs.manifest import read_json
 from trainer.serving.endpoint import Endpoint
 from trainer.serving.executors import serve_model
 from trainer.serving.gpus import ExecutorSlot

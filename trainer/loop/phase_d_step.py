@@ -19,8 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.loop.manifest import EVAL_KEY, eval_key, read_json
+from trainer.loop.manifest import EVAL_KEY, eval_key
 from trainer.loop.workspace import Workspace
+from trainer.runs.manifest import read_json
 from trainer.serving.endpoint import Endpoint, ServingMode
 from trainer.serving.executors import serve_model
 from trainer.serving.gpus import ExecutorSlot, waves
@@ -49,7 +50,7 @@ def stage1_key(ws: Workspace, pi1: str, gen: GenerationConfig) -> dict[str, Any]
     import dataclasses
 
     from shared import PROMPT_VERSION
-    from trainer.loop.manifest import sha256
+    from trainer.runs.manifest import sha256
     from trainer.serving.identity import fingerprint
 
     cfg = ws.cfg

@@ -3,32 +3,22 @@ the optional advantage preflight) launched, recorded in the manifest, and its ex
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from trainer.loop.manifest import PHASE_INPUTS, inputs_difference, phase_inputs, read_json
 from trainer.loop.workspace import Workspace
-from trainer.phases.launch import PhaseResult, PhaseRun, read_result
+from trainer.phases.launch import PhaseResult, PhaseRun, PhaseRunner
 from trainer.phases.registry import get_phase, reward_of
 from trainer.phases.seeds import rl_seed_overrides
+from trainer.runs import reuse
+from trainer.runs.reuse import phase_inputs
 from trainer.serving.executors import serve_model
 from trainer.serving.gpus import ExecutorSlot, Placement
-
-PhaseRunner = Callable[[PhaseRun], PhaseResult]
-
-
-class StaleResultError(RuntimeError):
-    """A recorded phase result was trained from other inputs than this run would give it."""
 
 
 def phase_done(out_dir: Path) -> PhaseResult | None:
     """The recorded result if the phase finished and its exported model is present."""
-    res = read_result(out_dir)
-    if res is None or res.status != "ok" or not res.hf_dir or not Path(res.hf_dir).exists():
-        return None
-    return res
+    return reuse.finished(out_dir)
 
 
 def run_phase_step(
@@ -55,14 +45,7 @@ def run_phase_step(
     inputs = phase_inputs(name, model, data_dir, cfg.profile, user_overrides)
     inputs |= {"train_sources": list(sources)} if sources else {}
     inputs |= {"train_mix": mix_inputs(cfg.rl_mix_share)} if sources and mixes_phase(name, cfg.rl_mix_share) else {}
-    done = phase_done(out_dir)
-    recorded_inputs = read_json(out_dir / PHASE_INPUTS)
-    if done is not None and recorded_inputs is not None and recorded_inputs != inputs:
-        differ = inputs_difference(recorded_inputs, inputs)
-        raise StaleResultError(
-            f"phase {key}: its recorded result was trained from other inputs ({differ}); move {out_dir} aside to "
-            "train it again from the current ones"
-        )
+    done = reuse.reuse_or_refuse(out_dir, inputs, key)
     if done is None:
         if not sft and cfg.preflight_min is not None and reward_url:
             preflight(ws, name, model, reward_url, out_dir, placement)
@@ -88,7 +71,7 @@ def run_phase_step(
             ws.manifest.set(f"phase:{key}", asdict(done))
             why = f": {done.error}" if done.error else ""
             raise RuntimeError(f"phase {key} failed (exit {done.exit_code}){why}; log {out_dir / 'train.log'}")
-        (out_dir / PHASE_INPUTS).write_text(json.dumps(inputs, indent=2) + "\n")
+        reuse.record(out_dir, inputs)
     ws.manifest.set(f"phase:{key}", asdict(done))
     assert done.hf_dir is not None
     return done.hf_dir

@@ -15,10 +15,10 @@ from trainer.loop.c2_precompute import precompute_c2_data
 from trainer.loop.config import LoopConfig
 from trainer.loop.manifest import record_inputs
 from trainer.loop.phase_d_step import evaluate_phase_d
-from trainer.loop.phase_step import PhaseRunner, phase_done, run_phase_step
+from trainer.loop.phase_step import phase_done, run_phase_step
 from trainer.loop.rft_step import rft_baseline
 from trainer.loop.workspace import Workspace
-from trainer.phases.launch import run_phase
+from trainer.phases.launch import PhaseRunner, run_phase
 from trainer.phases.registry import BUILD_PHASES, SFT_PHASES
 from trainer.phases.reward_ready import ABORT_FILE
 from trainer.serving.gpus import ExecutorSlot, Placement

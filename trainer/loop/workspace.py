@@ -13,7 +13,8 @@ from typing import Any
 
 from services.executor_vllm.cpu_launcher import free_port
 from trainer.loop.config import LoopConfig
-from trainer.loop.manifest import MANIFEST, Manifest
+from trainer.loop.manifest import MANIFEST
+from trainer.runs.manifest import Manifest
 from trainer.serving.executors import replica_logs
 from trainer.serving.gpus import ExecutorSlot, GpuPlan
 from trainer.serving.reward_api import RewardApi, serve_reward_api

@@ -41,7 +41,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -127,6 +127,9 @@ class PhaseRun:
     nproc: int = 1
     # CUDA_VISIBLE_DEVICES of the phase (the loop's GPU plan); empty: inherit the environment's.
     gpus: tuple[str, ...] = ()
+    # Those of ``overrides`` that only say where it runs (its GPU placement): not among the inputs that decide
+    # whether a finished result can be reused (trainer.runs.reuse).
+    placed: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for item in self.overrides:
@@ -298,6 +301,10 @@ class PhaseResult:
         tmp.write_text(json.dumps(asdict(self), indent=2, ensure_ascii=False) + "\n")
         tmp.replace(path)
         return path
+
+
+# What runs a phase: run_phase, or a test's fault injector in its place.
+PhaseRunner = Callable[[PhaseRun], PhaseResult]
 
 
 def read_result(out_dir: Path) -> PhaseResult | None:

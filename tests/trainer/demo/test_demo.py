@@ -19,6 +19,7 @@ from trainer.demo.parts import _steps_logged
 from trainer.demo.runner import Demo, run_demo
 from trainer.demo.settings import DemoSettings, SftSettings
 from trainer.phases.launch import PhaseResult
+from trainer.runs import reuse
 
 
 def test_sft_overrides_reach_verl_keys() -> None:
@@ -34,23 +35,28 @@ def test_default_sample_is_the_bundled_e2e_sample() -> None:
 
 
 def _record(out: Path, s: DemoSettings, base: str) -> Path:
-    hf = out / "runs" / "a1" / "hf"
+    """A finished A1 of ``s`` from ``base``, with the inputs it was trained from recorded (as Demo.sft records them)."""
+    run = Demo(s, Console()).sft_run("a1", base)
+    hf = run.out_dir / "hf"
     hf.mkdir(parents=True)
-    PhaseResult("a1", "cpu-smoke", "ok", 0, ["x"], base, "d", str(out), "t", 12.0, hf_dir=str(hf)).write(hf.parent)
-    (hf.parent / "demo_training_key.json").write_text(json.dumps(s.training_key(base)))
+    PhaseResult("a1", "cpu-smoke", "ok", 0, ["x"], base, "d", str(out), "t", 12.0, hf_dir=str(hf)).write(run.out_dir)
+    reuse.record(run.out_dir, reuse.run_inputs(run))
     return hf
 
 
-def test_a_recorded_model_is_reused_only_with_the_same_training_key(tmp_path: Path) -> None:
+def test_a_recorded_model_is_reused_only_when_trained_from_the_same_inputs(tmp_path: Path) -> None:
     s = DemoSettings(out=tmp_path)
     hf = _record(tmp_path, s, "/base")
     con = Console(record=True, width=200)
     assert Demo(s, con).sft("a1", "/base") == str(hf)
     assert "reused" in con.export_text()
-    # other SFT settings, another base model or --retrain: the recorded model does not count
-    changed = DemoSettings(out=tmp_path, sft=SftSettings(steps=s.sft.steps + 1))
-    assert changed.training_key("/base") != s.training_key("/base")
-    assert s.training_key("/other") != s.training_key("/base")
+    # the one reuse rule (trainer.runs.reuse): other SFT settings or another base model are other inputs
+    demo = Demo(s, Console())
+    for other, base in ((DemoSettings(out=tmp_path, sft=SftSettings(steps=s.sft.steps + 1)), "/base"), (s, "/other")):
+        run = Demo(other, Console()).sft_run("a1", base)
+        verdict = reuse.check(run.out_dir, reuse.run_inputs(run))
+        assert verdict.result is not None and not verdict.reusable and verdict.difference
+    assert reuse.check(tmp_path / "runs" / "a1", reuse.run_inputs(demo.sft_run("a1", "/base"))).reusable
     assert replace(s, retrain=True).retrain
 
 

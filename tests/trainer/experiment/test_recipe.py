@@ -24,6 +24,7 @@ from trainer.experiment import DESIGNS, Experiment, ExperimentConfig, Experiment
 from trainer.phases.launch import PhaseResult, PhaseRun
 from trainer.phases.positive_control import ControlConfig, ControlVerdict
 from trainer.phases.preflight import PromptOutcome, build_report
+from trainer.runs.reuse import PHASE_INPUTS, StaleResultError
 from trainer.serving.endpoint import Endpoint
 from trainer.serving.gpus import ExecutorSlot
 
@@ -419,6 +420,23 @@ def test_sft_from_links_a_finished_experiment_and_refuses_an_unfinished_one(node
     bare = experiment(node, tmp_path, "pi2-ab", gpus=("0",), sft_from=tmp_path / "nothing")
     with pytest.raises(ExperimentStopped, match="not finished or not built: a1, a2"):
         bare.run()
+
+
+def test_a_rerun_reuses_phases_only_when_trained_from_the_same_inputs(node: Node, tmp_path: Path) -> None:
+    """The rule every recipe shares (trainer.runs.reuse): a finished phase is reused for the same inputs, on
+    any GPUs (the placement is no input); a rerun with other settings stops, naming the phase and the
+    difference, before anything is launched."""
+    experiment(node, tmp_path, gpus=("0",), control="off", rl_steps=3).run()
+    n = len(node.runs)
+    assert all((tmp_path / "pi1-ab" / p / PHASE_INPUTS).is_file() for p in ("a1", "a2", "b1", "c1"))
+    experiment(node, tmp_path, gpus=("0", "1"), control="off", rl_steps=3).run()  # two GPUs: other placement
+    assert len(node.runs) == n
+    steps = r"phase b1: .*other inputs \(overrides: recorded .*total_training_steps=3"
+    with pytest.raises(StaleResultError, match=steps):
+        experiment(node, tmp_path, gpus=("0",), control="off", rl_steps=4).run()
+    with pytest.raises(StaleResultError, match=r"phase a1: .*other inputs \(overrides: recorded \[\], now \['x=1'\]"):
+        experiment(node, tmp_path, gpus=("0",), control="off", rl_steps=3, sft_overrides=("x=1",)).run()
+    assert len(node.runs) == n  # nothing launched
 
 
 def test_pi1_on_four_gpus_two_per_arm(node: Node, tmp_path: Path) -> None:

@@ -1,0 +1,65 @@
+"""trainer/runs/reuse.py: the one rule by which every recipe reuses a finished phase."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainer.phases.launch import PhaseResult, PhaseRun
+from trainer.phases.registry import get_phase
+from trainer.runs import reuse
+
+
+def _run(tmp_path: Path, *overrides: str, placed: tuple[str, ...] = (), model: str = "/base") -> PhaseRun:
+    return PhaseRun(get_phase("b1"), "cpu-smoke", tmp_path / "data", tmp_path / "b1", model,
+                    overrides=(*placed, *overrides), placed=placed)  # fmt: skip
+
+
+def _finish(run: PhaseRun, export: bool = True) -> None:
+    hf = run.out_dir / "hf"
+    if export:
+        hf.mkdir(parents=True)
+    run.out_dir.mkdir(parents=True, exist_ok=True)
+    PhaseResult("b1", "cpu-smoke", "ok", 0, [], run.model_path, "d", str(run.out_dir), "t", 1.0, hf_dir=str(hf)).write(
+        run.out_dir
+    )
+
+
+def test_a_phase_is_finished_only_with_an_ok_result_and_its_export(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    assert reuse.finished(run.out_dir) is None
+    _finish(run, export=False)
+    assert reuse.finished(run.out_dir) is None  # the result says ok, the model is gone
+    (run.out_dir / "hf").mkdir()
+    assert reuse.finished(run.out_dir) is not None
+
+
+def test_the_same_inputs_reuse_other_inputs_are_refused_by_name(tmp_path: Path) -> None:
+    run = _run(tmp_path, "trainer.total_training_steps=3")
+    _finish(run)
+    reuse.record(run.out_dir, reuse.run_inputs(run))
+    assert reuse.reuse_or_refuse(run.out_dir, reuse.run_inputs(run), "b1") is not None
+    other = _run(tmp_path, "trainer.total_training_steps=4")
+    verdict = reuse.check(other.out_dir, reuse.run_inputs(other))
+    assert verdict.result is not None and not verdict.reusable
+    assert verdict.difference == (
+        "overrides: recorded ['trainer.total_training_steps=3'], now ['trainer.total_training_steps=4']"
+    )
+    with pytest.raises(reuse.StaleResultError, match=r"phase b1: its recorded result was trained from other inputs"):
+        reuse.reuse_or_refuse(other.out_dir, reuse.run_inputs(other), "b1")
+    # another start model is another input
+    moved = _run(tmp_path, "trainer.total_training_steps=3", model="/other")
+    assert "model_in: recorded 'name:/base', now 'name:/other'" in (
+        reuse.check(moved.out_dir, reuse.run_inputs(moved)).difference or ""
+    )
+
+
+def test_the_placement_is_no_input_and_an_unrecorded_result_is_reused(tmp_path: Path) -> None:
+    one = _run(tmp_path, "x=1", placed=("trainer.n_gpus_per_node=1",))
+    two = _run(tmp_path, "x=1", placed=("trainer.n_gpus_per_node=2", "y=2"))
+    assert reuse.run_inputs(one) == reuse.run_inputs(two)
+    _finish(one)
+    assert reuse.check(one.out_dir, reuse.run_inputs(_run(tmp_path, "z=9"))).reusable  # no inputs recorded
+    reuse.record(one.out_dir, reuse.run_inputs(one))
+    assert reuse.check(two.out_dir, reuse.run_inputs(two)).reusable

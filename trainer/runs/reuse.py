@@ -1,0 +1,102 @@
+"""The one rule for reusing a finished phase, for every recipe (the loop, the A/B experiments, the demo).
+
+A phase's folder is *finished* when its ``phase_result.json`` says ok and its exported model exists. A finished
+phase is reused only if it was trained from the inputs this run would give it: ``phase_inputs.json``, written
+beside the result when the phase ends, holds its start model's content fingerprint, its data files' sha256, the
+profile, the overrides that change what it learns (not those that only place it on GPUs) and the content of the
+config files its command composes. :func:`check` says whether a folder is finished and how its recorded inputs
+differ from the current ones; the loop and the experiments refuse a stale phase (:func:`reuse_or_refuse`,
+:class:`StaleResultError`, naming each difference), the demo trains it again. A finished phase recorded without
+inputs (a folder from before they were recorded) is reused as it is.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.phases.launch import CONFIG_DIR, PhaseResult, PhaseRun, read_result
+from trainer.runs.manifest import read_json, sha256
+from trainer.serving.identity import fingerprint
+
+PHASE_INPUTS = "phase_inputs.json"
+
+
+class StaleResultError(RuntimeError):
+    """A recorded phase result was trained from other inputs than this run would give it."""
+
+
+def phase_inputs(
+    name: str, model: str, data_dir: Path, profile: str = "gpu", overrides: Sequence[str] = ()
+) -> dict[str, Any]:
+    """What a phase's result depends on: its start model's content, its data files, the profile, the overrides
+    that change what it learns and the content of the config files its command composes."""
+    from trainer.phases.launch import check_profile, composed_files
+
+    files = sorted((data_dir / name).glob("*.parquet")) if (data_dir / name).is_dir() else []
+    composed = composed_files(name, check_profile(profile))
+    return {
+        "model_in": fingerprint(model),
+        "data": {f.name: sha256(f) for f in files},
+        "profile": profile,
+        "overrides": list(overrides),
+        "configs": {str(p.relative_to(CONFIG_DIR)): sha256(p) for p in composed},
+    }
+
+
+def run_inputs(run: PhaseRun) -> dict[str, Any]:
+    """:func:`phase_inputs` of a phase run, without its ``placed`` overrides (those its GPU placement added: a
+    resume on another node's GPUs trains the same thing)."""
+    learned = [o for o in run.overrides if o not in run.placed]
+    return phase_inputs(run.phase.name, run.model_path, run.data_dir, run.profile, learned)
+
+
+def inputs_difference(recorded: dict[str, Any], now: dict[str, Any]) -> str:
+    """The keys in which two phase inputs differ, each with both values."""
+    keys = sorted(k for k in set(recorded) | set(now) if recorded.get(k) != now.get(k))
+    return "; ".join(f"{k}: recorded {recorded.get(k)!r}, now {now.get(k)!r}" for k in keys)
+
+
+def finished(out_dir: Path) -> PhaseResult | None:
+    """The recorded result if the phase finished and its exported model is present."""
+    res = read_result(out_dir)
+    if res is None or res.status != "ok" or not res.hf_dir or not Path(res.hf_dir).exists():
+        return None
+    return res
+
+
+@dataclass(frozen=True)
+class Verdict:
+    result: PhaseResult | None  # the finished result, if there is one
+    difference: str | None  # how its recorded inputs differ from the current ones (None: the same, or none recorded)
+
+    @property
+    def reusable(self) -> bool:
+        return self.result is not None and self.difference is None
+
+
+def check(out_dir: Path, inputs: dict[str, Any]) -> Verdict:
+    done = finished(out_dir)
+    recorded = read_json(out_dir / PHASE_INPUTS)
+    differ = inputs_difference(recorded, inputs) if done is not None and recorded is not None else ""
+    return Verdict(done, differ or None)
+
+
+def reuse_or_refuse(out_dir: Path, inputs: dict[str, Any], label: str) -> PhaseResult | None:
+    """The finished result to reuse, None when the phase has to run, or :class:`StaleResultError` when it
+    finished from other inputs (``label`` names the phase in the message)."""
+    verdict = check(out_dir, inputs)
+    if verdict.difference is not None:
+        raise StaleResultError(
+            f"phase {label}: its recorded result was trained from other inputs ({verdict.difference}); move "
+            f"{out_dir} aside to train it again from the current ones"
+        )
+    return verdict.result
+
+
+def record(out_dir: Path, inputs: dict[str, Any]) -> None:
+    """Write the inputs a phase was just trained from beside its result."""
+    (out_dir / PHASE_INPUTS).write_text(json.dumps(inputs, indent=2) + "\n")
