@@ -11,8 +11,9 @@ once; pi2-ab: c2data beside it) → choose (temperature, no-headroom stop, impro
 control (serial, parallel or off) → rl (the two arms) → eval. A stage whose result exists is skipped, so
 a rerun goes on, its phases only if trained from the inputs this run would give them (``trainer.runs.reuse``:
 otherwise the run stops, naming each difference); each stage's wall time goes to ``experiment_manifest.json``.
-Executors started by one stage are kept for the next (eval reuses the preflight's policy, c2data's π1ˢ and the pipeline reward's
-π2ˢ); everything started ends with the command, on SIGTERM too (``trainer/serving/shutdown.py``).
+Executors started by one stage are kept for the next (eval reuses the preflight's policy, c2data's π1ˢ and
+the pipeline reward's π2ˢ); everything started ends with the command, on SIGTERM too
+(``trainer/serving/shutdown.py``).
 
 The package: what each experiment compares (``design.py``), its config declared once (``config.py``: the
 options of ``cli.py``), the GPU placement of the arms (``placement.py``), the folder (``workdir.py``), the
