@@ -24,6 +24,7 @@ from trainer.loop.config import LoopConfig
 from trainer.phases.preflight import advantage_check
 from trainer.phases.registry import PHASES
 from trainer.rft import RftConfig
+from trainer.runs.config import RunConfig
 from trainer.serving.reward_api import serve_reward_api
 from trainer.smoke import grpo as smoke_grpo
 from trainer.smoke.loop import LOOP_SMOKE_MAX_TOKENS
@@ -85,10 +86,12 @@ SITES: dict[str, tuple[Any, int]] = {
     # π2's table outside a rollout: the reward API's Stage-2 executor
     "REWARD_API_MAX_TOKENS": (lambda: Settings.model_fields["max_tokens"].default, TABLE_ANSWER_MAX_TOKENS),
     "serve_reward_api(max_tokens=)": (lambda: arg_default(serve_reward_api, "max_tokens"), TABLE_ANSWER_MAX_TOKENS),
-    "trainer loop --executor-max-tokens": (
-        lambda: option_default(("loop",), "executor_max_tokens"), TABLE_ANSWER_MAX_TOKENS),
-    "LoopConfig.executor_max_tokens": (
-        lambda: field_default(LoopConfig, "executor_max_tokens"), TABLE_ANSWER_MAX_TOKENS),
+    "trainer loop --reward-max-tokens": (
+        lambda: option_default(("loop",), "reward_max_tokens"), TABLE_ANSWER_MAX_TOKENS),
+    "trainer experiment pi1-ab --reward-max-tokens": (
+        lambda: option_default(("experiment", "pi1-ab"), "reward_max_tokens"), TABLE_ANSWER_MAX_TOKENS),
+    "RunConfig.reward_max_tokens": (
+        lambda: field_default(RunConfig, "reward_max_tokens"), TABLE_ANSWER_MAX_TOKENS),
     # the phase registry's rollout lengths
     **{f"PHASES[{p!r}].max_response_length": ((lambda p=p: PHASES[p].max_response_length), v)
        for p, v in ROLLOUT.items()},
@@ -107,9 +110,13 @@ def test_each_default_reads_its_knob(site: str) -> None:
     assert read() == knob, site
 
 
-def test_the_experiments_pipeline_reward_takes_the_reward_apis_own() -> None:
-    assert field_default(ExperimentConfig, "reward_max_tokens") is None
-    assert option_default(("experiment", "pi1-ab"), "reward_max_tokens") is None
+def test_every_recipe_declares_no_knob_of_its_own_twice() -> None:
+    """The settings every recipe shares are RunConfig's fields, declared there once: neither recipe's config
+    declares one of them again (a redeclared field would shadow the shared default and help)."""
+    shared = {f.name for f in dataclasses.fields(RunConfig)}
+    for config in (LoopConfig, ExperimentConfig):
+        assert issubclass(config, RunConfig)
+        assert not shared & set(inspect.get_annotations(config)), config
 
 
 def test_the_overrides_are_smaller_than_what_they_override() -> None:

@@ -1,6 +1,7 @@
-"""An experiment's settings, declared once: :class:`ExperimentConfig`'s fields with their help text are the
-options of ``python -m trainer experiment pi1-ab|pi2-ab`` (``cli.py`` builds them with
-:mod:`trainer.config_cli`), and the experiment's manifest records the config whole.
+"""An experiment's settings, declared once: :class:`ExperimentConfig`'s fields (its own, and those every recipe
+shares from :class:`trainer.runs.config.RunConfig`) with their help text are the options of ``python -m trainer
+experiment pi1-ab|pi2-ab`` (``cli.py`` builds them with :mod:`trainer.config_cli`), and the experiment's manifest
+records the config whole.
 """
 
 from __future__ import annotations
@@ -11,42 +12,23 @@ from typing import Any, Literal
 
 from shared.limits import EVAL_ANSWER_MAX_TOKENS
 from trainer.config_cli import cli_meta, csv_values
-from trainer.phases.launch import PROFILES, Profile
 from trainer.phases.registry import GRPO_PHASES, SFT_PHASES
-from trainer.phases.train_mix import check_restricted, check_share, rl_mix_share_field
+from trainer.phases.train_mix import check_restricted
+from trainer.runs.config import RunConfig
 
 ControlMode = Literal["serial", "parallel", "off"]
 CONTROL_MODES: tuple[ControlMode, ...] = ("serial", "parallel", "off")
 
 
-@dataclass
-class ExperimentConfig:
-    golden: Path = field(
-        metadata=cli_meta(help="Golden folder (common_{split}_schemas.jsonl).", exists=True, file_okay=False)
-    )
+@dataclass(kw_only=True)
+class ExperimentConfig(RunConfig):
+    """An experiment's own settings beside :class:`~trainer.runs.config.RunConfig`'s."""
+
     workdir: Path = field(
         default=Path("runs/ab"),
         metadata=cli_meta(help="The experiment's folder: every stage's result lands here; a rerun skips a stage "
                           "whose result exists."),
     )  # fmt: skip
-    profile: Profile = field(
-        default="gpu",
-        metadata=cli_meta(help=f"One of {list(PROFILES)} (cpu-smoke: everything on CPU, the arms in turn).",
-                          cli_type=str),
-    )  # fmt: skip
-    gpus: tuple[str, ...] = field(
-        default=(),
-        metadata=cli_meta(
-            help="gpu profile: the experiment's GPU ids, e.g. 0,1: arm A on the first half, arm B on the second "
-            "(one GPU: both arms share it). Default: CUDA_VISIBLE_DEVICES, else every GPU nvidia-smi lists.",
-            cli_type=str | None,
-            cli_default=None,
-        ),
-    )
-    base_model: str | None = field(
-        default=None,
-        metadata=cli_meta(help="Start model of A1/A2 (default: SmolLM2-135M-Instruct, converted once)."),
-    )
     sft_from: Path | None = field(
         default=None,
         metadata=cli_meta(
@@ -65,16 +47,6 @@ class ExperimentConfig:
             cli_default="",
         ),
     )
-    limit: int | None = field(default=None, metadata=cli_meta(help="First N examples per split (data build).", min=1))
-    sft_mix: str | None = field(
-        default=None,
-        metadata=cli_meta(help="A1/A2's train split reweighted by source, SOURCE=WEIGHT,... (data build --sft-mix)."),
-    )
-    sft_overrides: tuple[str, ...] = field(
-        default=(),
-        metadata=cli_meta(help="Hydra override for A1/A2 (repeatable).", option="sft_override", cli_type=list[str],
-                          cli_default=[]),
-    )  # fmt: skip
     temps: tuple[float, ...] = field(
         default=(1.0, 1.3, 1.6),
         metadata=cli_meta(help="Comma-separated rollout temperatures the preflight sweeps.", cli_type=str,
@@ -115,15 +87,6 @@ class ExperimentConfig:
         metadata=cli_meta(help="Train each arm on its phase's improvable prompts where they fill one batch (else "
                           "on the train split, with a message)."),
     )  # fmt: skip
-    rl_sources: tuple[str, ...] = field(
-        default=(),
-        metadata=cli_meta(help="Comma-separated sources each arm trains on (default: every source of its train split; "
-                          "pi2-ab's C2 draws its --c2-train-sample documents from them too). Validation keeps "
-                          "every source, so early stopping still guards the others. --rl-improvable's set wins "
-                          "where it fills a batch (restricted to these sources too).", cli_type=str,
-                          cli_default=""),
-    )  # fmt: skip
-    rl_mix_share: float = rl_mix_share_field()
     control: ControlMode = field(
         default="serial",
         metadata=cli_meta(help="Arm A's positive control on its improvable prompts: serial (before RL; a failed "
@@ -149,10 +112,6 @@ class ExperimentConfig:
                           "(the profile's 16 is sized for 8 GPUs; one GPU per arm needs fewer, larger passes).",
                           min=1),
     )  # fmt: skip
-    rl_seed: int | None = field(
-        default=None,
-        metadata=cli_meta(help="Seed of both arms' RL: prompt order, sampling, mini-batches (default: VERL's).", min=0),
-    )
     rl_extra: tuple[str, ...] = field(
         default=(),
         metadata=cli_meta(help="Hydra override for both arms (repeatable; after the experiment's own).",
@@ -163,33 +122,6 @@ class ExperimentConfig:
         metadata=cli_meta(help="The second arm starts this long after the first, only where both share a GPU.",
                           min=0.0),
     )  # fmt: skip
-    reward_max_tokens: int | None = field(
-        default=None,
-        metadata=cli_meta(help="Max new tokens of the pipeline reward's executor (C1's Stage 2 with π2ˢ; default: "
-                          "the reward API's own, shared.TABLE_ANSWER_MAX_TOKENS).", min=1),
-    )  # fmt: skip
-    eval_limit: int | None = field(
-        default=None, metadata=cli_meta(help="First N test documents (default: all).", min=1)
-    )
-    eval_max_tokens: int = field(
-        default=EVAL_ANSWER_MAX_TOKENS,
-        metadata=cli_meta(
-            help="Max tokens of an evaluation answer (Phase D) and of C2's precomputed schemas "
-            "(shared.EVAL_ANSWER_MAX_TOKENS).",
-            min=1,
-        ),
-    )
-    eval_max_truncated_share: float = field(
-        default=0.02,
-        metadata=cli_meta(
-            help=(
-                "Phase D fails when more than this share of a setting's π1 schemas or π2 tables stop at the "
-                "evaluation's max tokens (a cut answer would be scored as wrong)."
-            ),
-            min=0.0,
-            max=1.0,
-        ),
-    )
     eval_concurrency: int = field(default=256, metadata=cli_meta(help="Concurrent requests per executor.", min=1))
     eval_timeout_s: float = field(default=600.0, metadata=cli_meta(help="Timeout of one request (s).", min=1.0))
     dry_run: bool = field(
@@ -207,7 +139,7 @@ class ExperimentConfig:
             raise ValueError(f"data_phases: {bad} cannot be built from golden data")
         if not self.temps:
             raise ValueError("temps: give at least one temperature")
-        check_share(self.rl_mix_share)
+        super().__post_init__()
         restricted = bool(self.rl_sources) or self.rl_improvable
         check_restricted(self.rl_mix_share, restricted, "--rl-sources or --rl-improvable")
 

@@ -53,7 +53,7 @@ class Workspace:
             executor_logs=replica_logs(self.logs / f"executor_{tag}", len(slots)),
             slots=slots,
             eager=self.cfg.executor_eager,
-            max_tokens=self.cfg.executor_max_tokens,
+            max_tokens=self.cfg.reward_max_tokens,
             workers=self.cfg.reward_workers,
             **where,
         )

@@ -29,7 +29,7 @@ PHASE_DIRS = tuple(PHASES)
 RFT_DIRS = ("rft/schema/sft", "rft/table/sft")
 SETTINGS = ("sft", "local", "pipe")
 # Max new tokens of the smoke loop's own generation and of C1's reward executor: the CPU smoke's override of
-# LoopConfig's eval_max_tokens and executor_max_tokens (shared.EVAL_ANSWER_MAX_TOKENS, TABLE_ANSWER_MAX_TOKENS),
+# LoopConfig's eval_max_tokens and reward_max_tokens (shared.EVAL_ANSWER_MAX_TOKENS, TABLE_ANSWER_MAX_TOKENS),
 # so that the toy models' long answers keep the smoke's time bounded on 2 cores.
 LOOP_SMOKE_MAX_TOKENS = 256
 
@@ -100,7 +100,7 @@ def main(
         eval_limit=eval_limit,
         eval_max_truncated_share=1.0,  # a few SFT steps on CPU write past max tokens: counted, not failed on
         eval_max_tokens=LOOP_SMOKE_MAX_TOKENS,
-        executor_max_tokens=LOOP_SMOKE_MAX_TOKENS,
+        reward_max_tokens=LOOP_SMOKE_MAX_TOKENS,
         overrides=tuple(overrides or ()),
         rft=rft,
     )
