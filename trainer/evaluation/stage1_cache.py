@@ -2,19 +2,43 @@
 evaluation cut short (a hung executor, a document too long for π2, an allocation that ended) does not redo its
 finished Stage 1 when it runs again.
 
-The key is the caller's: what the schemas depend on (the model's content, the golden file, the examples, the
-generation settings, how the executor served). A file written for another key is not used, and is replaced.
+The key (:func:`stage1_key`) is what the schemas depend on: the model's content, the test file's content and how
+many of its documents, the generation settings, the Stage-1 prompt's version and how the executor served. A file
+written for another key is not used, and is replaced.
 Each schema is kept with its finish reason, so answers cut at the token limit are still counted as cut.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from trainer.evaluation.generation import Completion
+from trainer.evaluation.generation import Completion, GenerationConfig
+
+
+def stage1_key(
+    model_fingerprint: str,
+    test_file: Path,
+    eval_limit: int | None,
+    gen: GenerationConfig,
+    serving: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """What π1's Stage-1 schemas of an evaluation depend on (every recipe's Phase D keys its cache with this):
+    ``model_fingerprint`` is π1's content (:func:`trainer.serving.identity.fingerprint`)."""
+    from shared import PROMPT_VERSION
+
+    return {
+        "model": model_fingerprint,
+        "golden": hashlib.sha256(test_file.read_bytes()).hexdigest(),
+        "eval_limit": eval_limit,
+        "generation": dataclasses.asdict(gen),
+        "prompt_version": PROMPT_VERSION,
+        "serving": dict(serving) if serving is not None else None,
+    }
 
 
 def cached_stage1(path: Path, key: Mapping[str, Any], run: Callable[[], list[str]]) -> tuple[list[str], bool]:

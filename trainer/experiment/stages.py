@@ -188,7 +188,7 @@ def evaluate(ctx: Context) -> None:
     comparison is π2's alone). Scored and written before Phase D ends, so a run cut off during Phase D keeps
     them: pi2-ab's π2 on gold schemas (sft, local, pipe; the B2 target), pi1-ab's π1 schemas alone (the B1
     target)."""
-    from shared import PROMPT_VERSION, read_golden
+    from shared import read_golden
     from trainer.evaluation.generation import GenerationClient, GenerationConfig, truncated
     from trainer.evaluation.inference import infer
     from trainer.evaluation.phase_d import load_predictions, write_outputs
@@ -226,16 +226,11 @@ def evaluate(ctx: Context) -> None:
 
     def stage1(p1: str) -> list[str]:
         """π1's schemas, kept under what they depend on: a rerun after a cut-short eval does not redo them."""
-        from trainer.evaluation.stage1_cache import cached_stage1
-        from trainer.runs.manifest import sha256
+        from trainer.evaluation.stage1_cache import cached_stage1, stage1_key
         from trainer.serving.identity import fingerprint
 
         mode = eps[p1].mode
-        key = {
-            "model": fingerprint(ctx.output(p1)), "golden": sha256(test_file), "eval_limit": cfg.eval_limit,
-            "generation": dataclasses.asdict(gen), "prompt_version": PROMPT_VERSION,
-            "serving": mode.as_dict() if mode else None,
-        }  # fmt: skip
+        key = stage1_key(fingerprint(ctx.output(p1)), test_file, cfg.eval_limit, gen, mode.as_dict() if mode else None)
         label = "+".join(by_pi1[p1])
         schemas, kept = cached_stage1(
             wd.stage1_cache / f"{p1}.json", key,

@@ -7,7 +7,7 @@ concurrency gives the same answers (docs/reliability.md#evaluations-that-repeat)
 recorded in metrics.json and report.md.
 
 Each setting's Stage 1 is kept under ``<out>/stage1_cache/<setting>.json`` with the key of what it depends on
-(:func:`stage1_key`; :mod:`trainer.evaluation.stage1_cache`): a Phase D cut during Stage 2 (a hung executor, an
+(:func:`loop_stage1_key`; :mod:`trainer.evaluation.stage1_cache`): a Phase D cut during Stage 2 (a hung executor, an
 allocation that ended) does not run π1 again when the loop resumes."""
 
 from __future__ import annotations
@@ -43,25 +43,15 @@ def eval_generation(ws: Workspace) -> GenerationConfig:
     return GenerationConfig(max_tokens=ws.cfg.eval_max_tokens)
 
 
-def stage1_key(ws: Workspace, pi1: str, gen: GenerationConfig) -> dict[str, Any]:
-    """What a setting's Stage-1 schemas depend on: π1's content, the test file and how many of its documents,
-    the generation settings, the Stage-1 prompt's version and how the executor serves (profile, eager, no
+def loop_stage1_key(ws: Workspace, pi1: str, gen: GenerationConfig) -> dict[str, Any]:
+    """:func:`trainer.evaluation.stage1_cache.stage1_key` with how the loop's executors serve (profile, eager, no
     prefix caching)."""
-    import dataclasses
-
-    from shared import PROMPT_VERSION
-    from trainer.runs.manifest import sha256
+    from trainer.evaluation.stage1_cache import stage1_key
     from trainer.serving.identity import fingerprint
 
     cfg = ws.cfg
-    return {
-        "model": fingerprint(pi1),
-        "golden": sha256(cfg.golden / "common_test_schemas.jsonl"),
-        "eval_limit": cfg.eval_limit,
-        "generation": dataclasses.asdict(gen),
-        "prompt_version": PROMPT_VERSION,
-        "serving": {"profile": cfg.profile, "eager": cfg.executor_eager, "prefix_caching": False},
-    }
+    serving = {"profile": cfg.profile, "eager": cfg.executor_eager, "prefix_caching": False}
+    return stage1_key(fingerprint(pi1), cfg.golden / "common_test_schemas.jsonl", cfg.eval_limit, gen, serving)
 
 
 def staged_pipeline(
@@ -85,7 +75,7 @@ def staged_pipeline(
     gen = eval_generation(ws)
     cache = ws.out / "stage1_cache" / f"{name}.json"
     schemas, kept = cached_stage1(
-        cache, stage1_key(ws, pi1, gen), lambda: stage1_schemas(name, pi1, examples, serve, gen, generate_quietly)
+        cache, loop_stage1_key(ws, pi1, gen), lambda: stage1_schemas(name, pi1, examples, serve, gen, generate_quietly)
     )
     if kept:
         print(f"[phase D] {name}: π1's schemas from an earlier run of this evaluation ({cache})", flush=True)
