@@ -32,6 +32,10 @@ from shared.rewards import (
 # it for by default: the executor images (services/executor_vllm/entrypoint.py, which runs without this
 # package, states it again; a test keeps the two equal), the CPU launcher, compose and the benches.
 EXECUTOR_SERVED_NAME = "executor"
+# The ports an executor and the reward API listen on unless configured otherwise: the launchers, the images and
+# compose (the entrypoint, the Dockerfiles and compose state them again; a test keeps them equal).
+EXECUTOR_PORT = 8001
+REWARD_API_PORT = 8000
 
 
 class _Strict(BaseModel):

@@ -24,7 +24,7 @@ import httpx
 import typer
 
 from services.child_process import spawn, stop_group
-from shared.wire import EXECUTOR_SERVED_NAME
+from shared.wire import EXECUTOR_PORT, EXECUTOR_SERVED_NAME
 
 DEFAULT_SERVED_NAME = EXECUTOR_SERVED_NAME
 
@@ -202,7 +202,7 @@ app = typer.Typer(add_completion=False, help=__doc__)
 def serve(
     model: Path = typer.Option(None, help="HF model directory (default: the converted SmolLM2)."),
     served_model_name: str = typer.Option(DEFAULT_SERVED_NAME, help="Name clients use in requests."),
-    port: int = typer.Option(8001, help="Port on 127.0.0.1."),
+    port: int = typer.Option(EXECUTOR_PORT, help="Port on 127.0.0.1 (shared.wire.EXECUTOR_PORT)."),
     max_model_len: int = typer.Option(4096, help="Context length."),
     timeout: float = typer.Option(600.0, help="Seconds to wait for the model to be listed."),
 ) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 import typer
 
 from services.executor_vllm.cpu_launcher import DEFAULT_SERVED_NAME, CpuExecutor, serve_until_stopped
+from shared.wire import EXECUTOR_PORT
 
 # Never NVLink multicast (SHARP) on shared hosts; child processes inherit these.
 SAFE_GPU_ENV: dict[str, str] = {
@@ -108,7 +109,7 @@ def serve(
     model: Path = typer.Option(..., exists=True, file_okay=False, help="HF model directory."),
     gpus: str = typer.Option("0", help="Comma-separated GPU ids (CUDA_VISIBLE_DEVICES of the server)."),
     served_model_name: str = typer.Option(DEFAULT_SERVED_NAME, help="Name clients use in requests."),
-    port: int = typer.Option(8001, help="Port on 127.0.0.1."),
+    port: int = typer.Option(EXECUTOR_PORT, help="Port on 127.0.0.1 (shared.wire.EXECUTOR_PORT)."),
     gpu_memory_utilization: float = typer.Option(0.85, help="Share of each GPU the server may take."),
     max_model_len: int = typer.Option(4096, help="Context length."),
     timeout: float = typer.Option(900.0, help="Seconds to wait for the model to be listed."),

@@ -23,6 +23,7 @@ import tempfile
 import uvicorn
 
 from services.reward_api.settings import Settings, get_settings
+from shared.wire import REWARD_API_PORT
 
 log = logging.getLogger("reward_api")
 
@@ -61,7 +62,9 @@ def _env_workers(parser: argparse.ArgumentParser) -> int:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m services.reward_api", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1", help="Address to bind (default 127.0.0.1).")
-    parser.add_argument("--port", type=int, default=8000, help="Port (default 8000).")
+    parser.add_argument(
+        "--port", type=int, default=REWARD_API_PORT, help=f"Port (default {REWARD_API_PORT}: shared.wire)."
+    )
     parser.add_argument(
         "--workers",
         type=int,

@@ -177,3 +177,33 @@ def test_the_served_name_is_the_one_the_reward_api_asks_for_everywhere() -> None
     compose = (REPO / "docker-compose.yml").read_text() + (REPO / "docker-compose.cpu.yml").read_text()
     defaults = re.findall(r"\$\{EXECUTOR_SERVED_MODEL_NAME:-([^}]*)\}", compose)
     assert defaults and set(defaults) == {EXECUTOR_SERVED_NAME}, defaults
+
+
+def test_the_default_ports_are_declared_once_and_stated_alike_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """shared.wire's ports are the launchers' and the reward API's defaults; the entrypoint (no ``shared`` in the
+    GPU image), the Dockerfiles, compose and the Kubernetes base state them again, equal."""
+    import inspect
+    import re
+
+    from services.executor_vllm import cpu_launcher, entrypoint, gpu_launcher
+    from services.reward_api import __main__ as reward_api_main
+    from shared.wire import EXECUTOR_PORT, REWARD_API_PORT
+
+    assert entrypoint.DEFAULT_PORT == EXECUTOR_PORT and flag(serve_command({}), "--port") == str(EXECUTOR_PORT)
+    for launcher in (cpu_launcher, gpu_launcher):
+        port = inspect.signature(launcher.serve).parameters["port"].default
+        assert port.default == EXECUTOR_PORT, launcher.__name__
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(reward_api_main.uvicorn, "run", lambda *_a, **kw: seen.update(kw))
+    reward_api_main.main([])
+    assert seen["port"] == REWARD_API_PORT
+    for dockerfile in ("Dockerfile", "Dockerfile.cpu"):
+        text = (REPO / "services" / "executor_vllm" / dockerfile).read_text()
+        assert set(re.findall(r"EXECUTOR_PORT[=', ]+(\d+)", text)) == {str(EXECUTOR_PORT)}, dockerfile
+    text = (REPO / "services" / "reward_api" / "Dockerfile").read_text()
+    assert set(re.findall(r"(?:REWARD_API_PORT[=', ]+|--port\", \")(\d+)", text)) == {str(REWARD_API_PORT)}
+    compose = (REPO / "docker-compose.yml").read_text() + (REPO / "docker-compose.cpu.yml").read_text()
+    assert set(re.findall(r"\$\{EXECUTOR_PORT:-(\d+)\}", compose)) == {str(EXECUTOR_PORT)}
+    assert set(re.findall(r"\$\{REWARD_API_PORT:-(\d+)\}", compose)) == {str(REWARD_API_PORT)}
+    kustomize = (REPO / "deploy" / "base" / "kustomization.yaml").read_text()
+    assert set(re.findall(r"EXECUTOR_PORT=(\d+)", kustomize)) == {str(EXECUTOR_PORT)}
