@@ -11,7 +11,6 @@ Each schema is kept with its finish reason, so answers cut at the token limit ar
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -30,10 +29,11 @@ def stage1_key(
     """What π1's Stage-1 schemas of an evaluation depend on (every recipe's Phase D keys its cache with this):
     ``model_fingerprint`` is π1's content (:func:`trainer.serving.identity.fingerprint`)."""
     from shared import PROMPT_VERSION
+    from shared.golden import sha256_file
 
     return {
         "model": model_fingerprint,
-        "golden": hashlib.sha256(test_file.read_bytes()).hexdigest(),
+        "golden": sha256_file(test_file),
         "eval_limit": eval_limit,
         "generation": dataclasses.asdict(gen),
         "prompt_version": PROMPT_VERSION,

@@ -15,9 +15,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from shared.golden import sha256_file
 from trainer.loop.config import LoopConfig
 from trainer.phases.launch import CONFIG_DIR
-from trainer.runs.manifest import Manifest, sha256
+from trainer.runs.manifest import Manifest
 from trainer.serving.identity import fingerprint
 
 MANIFEST = "loop_manifest.json"
@@ -35,15 +36,17 @@ def record_inputs(manifest: Manifest, cfg: LoopConfig) -> None:
     """``config``: the config whole; ``inputs``: every setting, with the golden files by content and the
     RFT settings as one entry (the keys earlier manifests had); ``configs``: the phase configs' sha256."""
     config = config_record(cfg)
-    golden = {str(p): sha256(p) for p in sorted(cfg.golden.glob("common_*_schemas.jsonl"))}
+    golden = {str(p): sha256_file(p) for p in sorted(cfg.golden.glob("common_*_schemas.jsonl"))}
     rft = {"k": cfg.rft_k, "threshold": cfg.rft_threshold} if cfg.rft else None
     manifest.set("config", config)
     manifest.set("inputs", config | {"golden": golden, "rft": rft})
-    manifest.set("configs", {str(p.relative_to(CONFIG_DIR)): sha256(p) for p in sorted(CONFIG_DIR.rglob("*.yaml"))})
+    manifest.set(
+        "configs", {str(p.relative_to(CONFIG_DIR)): sha256_file(p) for p in sorted(CONFIG_DIR.rglob("*.yaml"))}
+    )
 
 
 def golden_sha256(cfg: LoopConfig, splits: Sequence[str]) -> dict[str, str]:
-    return {s: sha256(cfg.golden / f"common_{s}_schemas.jsonl") for s in splits}
+    return {s: sha256_file(cfg.golden / f"common_{s}_schemas.jsonl") for s in splits}
 
 
 def precompute_key(cfg: LoopConfig, pi1_pipe: str) -> dict[str, Any]:

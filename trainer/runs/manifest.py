@@ -1,19 +1,14 @@
 """A run's manifest: one JSON file, rewritten whole (through a temporary file) after every step, safe to set from
-the threads of phases that run side by side; and the small readers the content keys use."""
+the threads of phases that run side by side; and the JSON reader the content keys use."""
 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def read_json(path: Path) -> Any:

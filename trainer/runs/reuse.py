@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shared.golden import sha256_file
 from trainer.phases.launch import CONFIG_DIR, PhaseResult, PhaseRun, read_result
-from trainer.runs.manifest import read_json, sha256
+from trainer.runs.manifest import read_json
 from trainer.serving.identity import fingerprint
 
 PHASE_INPUTS = "phase_inputs.json"
@@ -40,10 +41,10 @@ def phase_inputs(
     composed = composed_files(name, check_profile(profile))
     return {
         "model_in": fingerprint(model),
-        "data": {f.name: sha256(f) for f in files},
+        "data": {f.name: sha256_file(f) for f in files},
         "profile": profile,
         "overrides": list(overrides),
-        "configs": {str(p.relative_to(CONFIG_DIR)): sha256(p) for p in composed},
+        "configs": {str(p.relative_to(CONFIG_DIR)): sha256_file(p) for p in composed},
     }
 
 
