@@ -58,8 +58,8 @@ wait_job() {
   local name=${1:-} deadline
   [[ -n $name && ${2:-} =~ ^[0-9]+$ ]] || die "wait NAME SECONDS"
   known "$name"
-  deadline=$(( $(date +%s) + $2 ))
-  while [[ ! -f $JOBS/$name.rc ]] && alive "$name" && (( $(date +%s) < deadline )); do sleep 1; done
+  deadline=$(( $(date +%s%N) + $2 * 1000000000 ))  # in nanoseconds: whole seconds would cut a wait short by up to one
+  while [[ ! -f $JOBS/$name.rc ]] && alive "$name" && (( $(date +%s%N) < deadline )); do sleep 1; done
   tail -n "${TAIL_LINES:-20}" "$JOBS/$name.log" 2>/dev/null || true
   echo "$name: $(state "$name")"
   if [[ -f $JOBS/$name.rc ]]; then
