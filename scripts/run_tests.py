@@ -7,9 +7,9 @@ Three marker sets, each run by its own pytest process:
 - **heavy**: ``-m HEAVY``, VERL for long (both markers of :data:`HEAVY_TOGETHER`, ``verl`` and ``slow``:
   torchrun SFT, Ray GRPO, the two A/B experiments, up to ~15 GiB at their peak), with ``--durations=30``;
   its output streams live. It is the longer lane. A long test that is small in memory carries
-  :data:`MEDIUM_LANE` and runs in the medium set instead (the demo: torchrun SFT, then one vLLM-CPU executor
-  and a reward_api at a time, 7.7 GiB at its peak measured alone, as much as a medium test), so that the two
-  lanes end closer together.
+  :data:`MEDIUM_LANE` and runs in the medium set instead (VERL's reward loop with a live executor: 4.8 GiB at
+  its peak measured alone, less than a medium test), so that the two lanes end closer together. The demo
+  trains C1 with GRPO (~15 GiB with its executors) and stays heavy.
 - **light**: ``-m LIGHT``, no vLLM, no Docker, no long VERL: the unit tests and the small tests with markers
   (``service``: a real reward_api process, ~100 MiB; ``slow`` alone: long, not large; ``verl`` alone: VERL's
   configs and classes in process).
@@ -58,7 +58,7 @@ from types import FrameType
 
 REPO = Path(__file__).resolve().parents[1]
 HEAVY_TOGETHER = ("verl", "slow")  # both together make a test heavy, unless it carries MEDIUM_LANE
-MEDIUM_LANE = "medium_lane"  # long, no bigger than a medium test (the demo): medium whatever else it carries
+MEDIUM_LANE = "medium_lane"  # long, no bigger than a medium test: medium whatever else it carries
 MEDIUM_MARKERS = ("vllm", "docker", MEDIUM_LANE)  # each makes a test medium, unless it is heavy
 LIGHT_MARKERS = ("service",)  # never makes a test medium or heavy
 HEAVY = f"{' and '.join(HEAVY_TOGETHER)} and not {MEDIUM_LANE}"

@@ -23,7 +23,7 @@ from trainer.data.datasets import build_datasets
 from trainer.data.precompute import precompute_c2
 from trainer.data.prompt_fit import PhaseLengths, Stage2Fit
 from trainer.data.sft_mix import SourceMix, SourceMixError
-from trainer.demo.settings import DEMO_MAX_TOKENS
+from trainer.demo.settings import DEMO_MAX_TOKENS, RlSettings, SftSettings
 from trainer.evaluation import report
 from trainer.evaluation.generation import GenerationClient, GenerationConfig, TruncatedAnswersError
 from trainer.evaluation.inference import infer, schema_predictor
@@ -428,21 +428,26 @@ def rft_cmd(
 
 @app.command("demo")
 def demo_cmd(
-    retrain: bool = typer.Option(False, "--retrain", help="Train A1/A2 again even if matching models exist."),
+    retrain: bool = typer.Option(False, "--retrain", help="Train A1, A2 and C1 again even if matching models exist."),
     out: Path = typer.Option(Path("demo_out"), help="Output folder (models under OUT/runs are reused)."),
     sample: Path | None = typer.Option(None, help="Golden folder (default: the bundled E2E sample)."),
     eval_limit: int | None = typer.Option(None, min=1, help="First N held-out documents (default: all)."),
     max_tokens: int = typer.Option(
         DEMO_MAX_TOKENS, min=1, help="max_tokens of every generation (the demo's CPU-sized override)."
     ),
-    sft_steps: int = typer.Option(8, min=1, help="Optimizer steps of each of A1 and A2."),
-    sft_batch: int = typer.Option(4, min=1, help="Examples per SFT step."),
-    sft_lr: float = typer.Option(1e-4, help="SFT learning rate."),
+    sft_steps: int = typer.Option(SftSettings.steps, min=1, help="Optimizer steps of each of A1 and A2."),
+    sft_batch: int = typer.Option(SftSettings.batch, min=1, help="Examples per SFT step."),
+    sft_lr: float = typer.Option(SftSettings.lr, help="SFT learning rate."),
+    rl_steps: int = typer.Option(RlSettings.steps, min=1, help="GRPO steps of C1."),
+    rl_prompts: int = typer.Option(RlSettings.prompts, min=1, help="C1: training prompts per step."),
+    rl_samples: int = typer.Option(RlSettings.samples, min=2, help="C1: samples per prompt (the GRPO group)."),
+    rl_lr: float = typer.Option(RlSettings.lr, help="C1: actor learning rate."),
     base_model: str | None = typer.Option(None, help="Base model HF dir (default: SmolLM2-135M-Instruct)."),
 ) -> None:
-    """README's main job: base vs a brief A1/A2 SFT on the bundled E2E sample, end to end on CPU."""
+    """README's main job: base → a brief A1/A2 SFT → a short C1 GRPO phase on the pipeline reward, end to end on
+    the bundled E2E sample, on CPU."""
     from trainer.demo.runner import run_demo
-    from trainer.demo.settings import DemoSettings, SftSettings
+    from trainer.demo.settings import DemoSettings
 
     settings = DemoSettings(
         out=out,
@@ -450,6 +455,7 @@ def demo_cmd(
         max_tokens=max_tokens,
         base_model=base_model,
         sft=SftSettings(steps=sft_steps, batch=sft_batch, lr=sft_lr),
+        rl=RlSettings(steps=rl_steps, prompts=rl_prompts, samples=rl_samples, lr=rl_lr),
         retrain=retrain,
         **({"sample": sample} if sample is not None else {}),
     )

@@ -81,6 +81,7 @@ def test_rules_name_only_packages_that_exist() -> None:
 
 @pytest.mark.verl
 @pytest.mark.slow
+@pytest.mark.medium_lane  # imports VERL and loads a 135M model: small in memory
 def test_verl_paths_import_and_load_the_model_with_shipped_transformers(default_model_dir: Path) -> None:
     """A fresh interpreter imports every VERL module we use and loads SmolLM2's tokenizer and config
     through VERL's own helpers, with the transformers pinned in constraints.txt."""

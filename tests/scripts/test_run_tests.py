@@ -47,7 +47,7 @@ def test_the_three_sets_split_every_marker_combination_exactly_once() -> None:
             chosen[frozenset(carried)] = selected[0]
     # what each set is for: long VERL is heavy whatever else it carries; an executor or Docker is medium
     assert chosen[frozenset({"verl", "slow", "vllm", "service"})] == "heavy"  # the A/B experiments
-    assert chosen[frozenset({"verl", "slow", "vllm", "medium_lane"})] == "medium"  # the demo
+    assert chosen[frozenset({"verl", "slow", "vllm", "medium_lane"})] == "medium"  # VERL's reward loop + executor
     assert chosen[frozenset({"vllm", "service"})] == chosen[frozenset({"docker"})] == "medium"
     assert chosen[frozenset({"verl"})] == chosen[frozenset({"slow", "service"})] == chosen[frozenset()] == "light"
 

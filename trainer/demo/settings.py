@@ -1,7 +1,7 @@
-"""What the demo runs: sample, generation length and the brief A1/A2 SFT, in one place.
+"""What the demo runs: sample, generation length, the brief A1/A2 SFT and the short C1 GRPO phase, in one place.
 
-The SFT numbers were chosen on this 2-core machine so that the whole demo fits in about ten
-minutes and the SFT models clear the demo's targets on the held-out sample documents (README,
+The SFT numbers were chosen on this 2-core machine so that the SFT models clear the demo's targets on the
+held-out sample documents, and the GRPO numbers so that the whole demo fits in twelve minutes (README,
 "Measured"). ``python -m trainer demo`` exposes all but ``val_samples`` as options.
 """
 
@@ -44,6 +44,34 @@ class SftSettings:
 
 
 @dataclass(frozen=True)
+class RlSettings:
+    """A short C1 GRPO phase (``trainer run c1 --profile cpu-smoke`` plus these overrides): π1ˢ trained on the
+    pipeline reward, the frozen π2ˢ filling each sampled schema through reward_api and its executor."""
+
+    steps: int = field(default=4, metadata={"help": "GRPO steps of C1."})
+    prompts: int = field(default=2, metadata={"help": "Training prompts per step."})
+    samples: int = field(default=4, metadata={"help": "Samples per prompt (the GRPO group)."})
+    lr: float = field(default=1e-5, metadata={"help": "Actor learning rate."})
+    val_samples: int = field(
+        default=8, metadata={"help": "Validation prompts, scored before the first step and after the last."}
+    )
+
+    def overrides(self) -> list[str]:
+        return [
+            f"trainer.total_training_steps={self.steps}",
+            # validated and saved once, after the last step: each validation is a rollout and reward calls
+            f"trainer.test_freq={self.steps}",
+            f"trainer.save_freq={self.steps}",
+            "trainer.val_before_train=true",  # the curve's start: the validation reward of π1ˢ
+            f"data.train_batch_size={self.prompts}",
+            f"data.val_max_samples={self.val_samples}",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={self.prompts}",
+            f"actor_rollout_ref.rollout.n={self.samples}",
+            f"actor_rollout_ref.actor.optim.lr={self.lr}",
+        ]
+
+
+@dataclass(frozen=True)
 class DemoSettings:
     out: Path = field(default=Path("demo_out"), metadata={"help": "Output folder."})
     sample: Path = field(default=E2E_SAMPLE_DIR, metadata={"help": "Golden folder (default: the bundled E2E sample)."})
@@ -53,4 +81,5 @@ class DemoSettings:
     )
     base_model: str | None = field(default=None, metadata={"help": "Base model HF dir (default: SmolLM2-135M)."})
     sft: SftSettings = field(default_factory=SftSettings)
-    retrain: bool = field(default=False, metadata={"help": "Train A1/A2 again even if matching models exist."})
+    rl: RlSettings = field(default_factory=RlSettings)
+    retrain: bool = field(default=False, metadata={"help": "Train A1, A2 and C1 again even if matching models exist."})

@@ -39,7 +39,8 @@ from trainer.data.sample_data import SAMPLE_DIR
 from trainer.in_verl.reward_client import SCORE_KEYS
 from trainer.phases.failure_mask import FAILURE_CAUSES
 
-pytestmark = [pytest.mark.verl, pytest.mark.service, pytest.mark.slow]
+# medium_lane: VERL's reward loop in Ray and at most one vLLM-CPU executor, 4.8 GiB at the peak measured alone
+pytestmark = [pytest.mark.verl, pytest.mark.service, pytest.mark.slow, pytest.mark.medium_lane]
 VAL = read_golden(SAMPLE_DIR / golden_filename("validation"))
 
 
