@@ -210,7 +210,7 @@ def test_precompute_and_phase_d_are_reused_only_for_the_same_content(tmp_path: P
     (ev / EVAL_KEY).write_text(json.dumps(ekey))
     calls: list[str] = []
 
-    def score_failing(_ws: object, scored: dict[str, object], *_a: object) -> dict[str, object]:
+    def score_failing(_ws: object, scored: dict[str, tuple[str, str]], *_a: object) -> Any:
         calls.extend(scored)
         raise RuntimeError("re-evaluated")
 
