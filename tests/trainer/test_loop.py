@@ -210,12 +210,12 @@ def test_precompute_and_phase_d_are_reused_only_for_the_same_content(tmp_path: P
     (ev / EVAL_KEY).write_text(json.dumps(ekey))
     calls: list[str] = []
 
-    def staged(_ws: object, name: str, *_a: object, **_k: object) -> tuple[list[dict[str, object]], None]:
-        calls.append(name)
+    def score_failing(_ws: object, scored: dict[str, tuple[str, str]], *_a: object) -> Any:
+        calls.extend(scored)
         raise RuntimeError("re-evaluated")
 
     with pytest.raises(RuntimeError, match="re-evaluated"):
-        evaluate_phase_d(Workspace.open(cfg), settings, "loop1", ("pipe", "pipe"), pipeline=staged)
+        evaluate_phase_d(Workspace.open(cfg), settings, "loop1", ("pipe", "pipe"), score=score_failing)
     assert calls == ["pipe"]
 
 

@@ -8,7 +8,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,10 +163,3 @@ class Context:
         assert self.services is not None, "the servers exist only while the experiment runs"
         return self.services
 
-
-def first_error(futures: Sequence[Future[Any]]) -> None:
-    """Wait for every future; raise the first error after all have ended."""
-    errors = [f.exception() for f in futures]
-    for exc in errors:
-        if exc is not None:
-            raise exc

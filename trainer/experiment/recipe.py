@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from trainer.experiment.config import ExperimentConfig
-from trainer.experiment.context import Context, ControlRunner, ExperimentStopped, first_error
+from trainer.experiment.context import Context, ControlRunner, ExperimentStopped
 from trainer.experiment.design import Design
 from trainer.experiment.plan import (
     Stage,
@@ -30,6 +30,7 @@ from trainer.experiment.stages import WORKS, refuse_stale
 from trainer.phases.launch import PhaseRunner, run_phase
 from trainer.phases.positive_control import run_control
 from trainer.phases.registry import get_phase
+from trainer.runs.parallel import first_error
 
 __all__ = ["Experiment", "ExperimentStopped"]
 

@@ -7,15 +7,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from shared.golden import source_of
-from trainer.experiment.context import Context, ExperimentStopped, first_error
+from trainer.experiment.context import Context, ExperimentStopped
 from trainer.experiment.plan import phase_ok, preflight_phases, reward_api_of
 from trainer.phases.launch import PhaseRun
 from trainer.phases.registry import reward_of
+from trainer.runs.parallel import first_error
 from trainer.serving.endpoint import Endpoint
 
 
@@ -183,19 +185,22 @@ def train_mixes(ctx: Context) -> None:
 
 
 def evaluate(ctx: Context) -> None:
-    """Phase D's settings at once on the kept executors, then scored together (paired tests). Each π1 runs
-    Stage 1 once: settings that share a π1 share its schemas (pi2-ab: π1ˢ for all three, so their
-    comparison is π2's alone). Scored and written before Phase D ends, so a run cut off during Phase D keeps
-    them: pi2-ab's π2 on gold schemas (sft, local, pipe; the B2 target), pi1-ab's π1 schemas alone (the B1
-    target)."""
+    """Phase D's settings at once on the kept executors (:func:`trainer.runs.phase_d.score_settings`), then scored
+    together (paired tests). Each π1 runs Stage 1 once: settings that share a π1 share its schemas (pi2-ab: π1ˢ for
+    all three, so their comparison is π2's alone). Scored and written before Phase D ends, so a run cut off during
+    Phase D keeps them: pi2-ab's π2 on gold schemas (sft, local, pipe; the B2 target), pi1-ab's π1 schemas alone
+    (the B1 target)."""
     from shared import read_golden
     from trainer.evaluation.generation import GenerationClient, GenerationConfig, truncated
     from trainer.evaluation.inference import infer
     from trainer.evaluation.phase_d import load_predictions, write_outputs
-    from trainer.evaluation.two_stage import PromptStage, ServeModel, generate_quietly, run_two_stage, stage1_schemas
+    from trainer.evaluation.stage1_cache import stage1_key
+    from trainer.evaluation.two_stage import PromptStage, ServeModel, generate_quietly
+    from trainer.runs.phase_d import score_settings
+    from trainer.serving.identity import fingerprint
 
     cfg, d, wd = ctx.cfg, ctx.design, ctx.wd
-    settings = d.settings()
+    settings = d.settings()  # setting -> (π1 phase, π2 phase)
     eps = ctx.sv.serve([p for pair in settings.values() for p in pair])
     gen = GenerationConfig(
         max_tokens=cfg.eval_max_tokens, concurrency=cfg.eval_concurrency, timeout_s=cfg.eval_timeout_s
@@ -210,89 +215,67 @@ def evaluate(ctx: Context) -> None:
     }
     # π1 and π2 of a setting come from one pool, served alike: π1's executor's mode is the setting's
     modes = {name: eps[p1].mode for name, (p1, _p2) in settings.items()}
-
-    def serving(p1: str, p2: str) -> ServeModel:
-        def serve(model: str, stage: PromptStage) -> contextlib.AbstractContextManager[Endpoint]:
-            """The kept executor of the stage's phase (``model`` is its output: that phase's ``hf_dir``)."""
-            return contextlib.nullcontext(eps[p1 if stage == "stage1" else p2])
-
-        return serve
-
-    by_pi1: dict[str, list[str]] = {}  # π1 phase → its settings
-    for name, (p1, _p2) in settings.items():
-        by_pi1.setdefault(p1, []).append(name)
-
     test_file = cfg.golden / "common_test_schemas.jsonl"
 
-    def stage1(p1: str) -> list[str]:
-        """π1's schemas, kept under what they depend on: a rerun after a cut-short eval does not redo them."""
-        from trainer.evaluation.stage1_cache import cached_stage1, stage1_key
-        from trainer.serving.identity import fingerprint
-
-        mode = eps[p1].mode
-        key = stage1_key(fingerprint(ctx.output(p1)), test_file, cfg.eval_limit, gen, mode.as_dict() if mode else None)
-        label = "+".join(by_pi1[p1])
-        schemas, kept = cached_stage1(
-            wd.stage1_cache / f"{p1}.json", key,
-            lambda: stage1_schemas(label, ctx.output(p1), examples, serving(p1, p1), gen, generate_quietly),
-        )  # fmt: skip
-        if kept:
-            ctx.say(f"{label}: π1's schemas from an earlier run of this eval ({wd.stage1_cache / f'{p1}.json'})")
-        return schemas
-
-    def setting(name: str, schemas: Future[list[str]]) -> list[dict[str, Any]]:
-        """One setting's Stage 2 on its π1's schemas (waited for in this thread)."""
+    def serve(name: str) -> ServeModel:
+        """The kept executors of the setting's phases (each model is its phase's output, its ``hf_dir``)."""
         p1, p2 = settings[name]
-        return run_two_stage(
-            name, ctx.output(p1), ctx.output(p2), examples, serving(p1, p2), gen, generate_quietly,
-            schemas=schemas.result(),
+
+        def served(model: str, stage: PromptStage) -> contextlib.AbstractContextManager[Endpoint]:
+            return contextlib.nullcontext(eps[p1 if stage == "stage1" else p2])  # serves ``model``: its phase's output
+
+        return served
+
+    def keep(names: Sequence[str], pi1: str) -> tuple[Path, dict[str, Any]]:
+        """π1's schemas, one file per π1 phase, under what they depend on: a rerun after a cut-short eval does
+        not redo them."""
+        p1 = settings[names[0]][0]
+        mode = eps[p1].mode
+        key = stage1_key(fingerprint(pi1), test_file, cfg.eval_limit, gen, mode.as_dict() if mode else None)
+        return wd.stage1_cache / f"{p1}.json", key
+
+    def stage1_eval(schemas: Mapping[str, Sequence[str]]) -> None:
+        """π1's schemas alone, scored as soon as every Stage 1 has ended."""
+        preds = {
+            name: [{"id": ex.id, "schema_prediction": s, "schema_truncated": truncated(s)}
+                   for ex, s in zip(examples, schemas[name], strict=True)]
+            for name in settings
+        }  # fmt: skip
+        out = write_outputs(
+            wd.stage1_eval, examples, preds, f"π1 schemas alone ({d.name})", write_predictions=False,
+            serving=modes, **cut,
         )  # fmt: skip
+        ctx.say(f"π1 schemas alone: {out.report}")
 
-    def stage1_records(schemas: list[str]) -> list[dict[str, Any]]:
-        return [
-            {"id": ex.id, "schema_prediction": s, "schema_truncated": truncated(s)}
-            for ex, s in zip(examples, schemas, strict=True)
-        ]
-
-    gold: dict[str, str] = {}
-    if d.gold_schema_eval:  # π2 of each setting on the gold schemas
-        gold = {name: pair[1] for name, pair in settings.items()}
-    # one thread per task (a setting waits on its Stage 1 in its own thread: no pool starvation)
-    with ThreadPoolExecutor(max_workers=len(by_pi1) + len(settings) + len(gold)) as pool:
-        schemas = {p1: pool.submit(stage1, p1) for p1 in by_pi1}
-        pipelines = {name: pool.submit(setting, name, schemas[settings[name][0]]) for name in settings}
-        on_gold = {
-            name: pool.submit(
+    models = {name: (ctx.output(p1), ctx.output(p2)) for name, (p1, p2) in settings.items()}
+    gold = {name: pair[1] for name, pair in settings.items()} if d.gold_schema_eval else {}  # π2 on gold schemas
+    with ThreadPoolExecutor(max_workers=len(gold) + 1) as pool:
+        phase_d = pool.submit(
+            score_settings, models, examples, gen, serve, keep, together=True, say=ctx.say,
+            on_stage1=stage1_eval if d.stage1_eval else None,
+        )  # fmt: skip
+        on_gold = [
+            pool.submit(
                 infer,
                 "stage2",
                 examples,
                 GenerationClient(eps[p].url, eps[p].served_name, gen),
                 wd.gold_schema / f"{name}.jsonl",
-                generate_quietly,  # the settings run side by side: no interleaved bars
+                generate_quietly,  # side by side: no interleaved bars
             )
             for name, p in gold.items()
-        }
-        # one stage scored before Phase D's two: a run cut off during Phase D still has it
-        if d.stage1_eval:
-            first_error(list(schemas.values()))
-            preds = {name: stage1_records(schemas[p1].result()) for name, (p1, _p2) in settings.items()}
-            out = write_outputs(
-                wd.stage1_eval, examples, preds, f"π1 schemas alone ({d.name})", write_predictions=False,
-                serving=modes, **cut,
-            )  # fmt: skip
-            ctx.say(f"π1 schemas alone: {out.report}")
-        first_error(list(on_gold.values()))
-        if gold:
+        ]
+        first_error(on_gold)
+        if gold:  # scored before Phase D's two stages end: a run cut off during them still has it
             gold_preds = {name: load_predictions(wd.gold_schema / f"{name}.jsonl") for name in gold}
             out = write_outputs(
                 wd.gold_schema_eval, examples, gold_preds, f"π2 on gold schemas ({d.name})", write_predictions=False,
                 serving={name: eps[p].mode for name, p in gold.items()}, **cut,
             )  # fmt: skip
             ctx.say(f"π2 on gold schemas: {out.report}")
-        first_error(list(pipelines.values()))
+        first_error([phase_d])
     res = write_outputs(
-        wd.phase_d, examples, {n: f.result() for n, f in pipelines.items()}, f"Phase D ({d.name})",
-        serving=modes, **cut,
+        wd.phase_d, examples, phase_d.result(), f"Phase D ({d.name})", serving=modes, **cut,
     )  # fmt: skip
     ctx.say(f"Phase D: {res.report} ({res.decision.get('reason', '')})")
 

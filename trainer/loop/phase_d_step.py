@@ -1,12 +1,13 @@
-"""The loop's Phase D: each setting's π1 then π2 served in turn (settings side by side on GPUs, one each),
-scored end to end on the test split, and the loop-2 decision; reused only for the same content key, with
-the decision taken again by the current rule.
+"""The loop's Phase D, on every recipe's (:mod:`trainer.runs.phase_d`): each setting's π1 then π2 served in turn
+(settings side by side on GPUs, one each), scored end to end on the test split, and the loop-2 decision; reused
+only for the same content key, with the decision taken again by the current rule.
 
 Its executors run without prefix caching, and eager unless ``--executor-cuda-graphs``: so a rerun at the same
 concurrency gives the same answers (docs/reliability.md#evaluations-that-repeat). The serving mode is
 recorded in metrics.json and report.md.
 
-Each setting's Stage 1 is kept under ``<out>/stage1_cache/<setting>.json`` with the key of what it depends on
+Each π1's Stage 1 (settings with the same π1 share it) is kept under ``<out>/stage1_cache/<setting>.json`` (its
+first setting) with the key of what it depends on
 (:func:`loop_stage1_key`; :mod:`trainer.evaluation.stage1_cache`): a Phase D cut during Stage 2 (a hung executor, an
 allocation that ended) does not run π1 again when the loop resumes."""
 
@@ -14,8 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,13 +28,13 @@ from trainer.serving.gpus import ExecutorSlot, waves
 
 if TYPE_CHECKING:  # imported where used: aiohttp only when Phase D runs
     from trainer.evaluation.generation import GenerationConfig
+    from trainer.evaluation.two_stage import PromptStage, ServeModel
 
-# (workspace, setting, π1, π2, examples, slot) → the setting's pipeline records and how its executors served
-# (None: not known)
-Pipeline = Callable[
-    [Workspace, str, str, str, Sequence[Any], ExecutorSlot | None], tuple[list[dict[str, Any]], ServingMode | None]
+# (workspace, settings, examples, each setting's slot) -> each setting's records and serving mode (None: not known)
+Score = Callable[
+    [Workspace, dict[str, tuple[str, str]], Sequence[Any], Mapping[str, ExecutorSlot | None]],
+    dict[str, tuple[list[dict[str, Any]], ServingMode | None]],
 ]
-
 
 def eval_generation(ws: Workspace) -> GenerationConfig:
     """The loop's Phase-D requests: greedy, the client's default concurrency, ``eval_max_tokens``."""
@@ -54,33 +54,35 @@ def loop_stage1_key(ws: Workspace, pi1: str, gen: GenerationConfig) -> dict[str,
     return stage1_key(fingerprint(pi1), cfg.golden / "common_test_schemas.jsonl", cfg.eval_limit, gen, serving)
 
 
-def staged_pipeline(
-    ws: Workspace, name: str, pi1: str, pi2: str, examples: Sequence[Any], slot: ExecutorSlot | None = None
-) -> tuple[list[dict[str, Any]], ServingMode | None]:
-    """Stage 1 with π1 served alone (or its schemas kept from an earlier run of the same key), then Stage 2 with
-    π2 on the predicted schemas (on ``slot``); the records and the executors' serving mode (π1's and π2's are
-    started alike)."""
-    from trainer.evaluation.stage1_cache import cached_stage1
-    from trainer.evaluation.two_stage import PromptStage, generate_quietly, run_two_stage, stage1_schemas
+def score_in_turn(
+    ws: Workspace,
+    settings: dict[str, tuple[str, str]],
+    examples: Sequence[Any],
+    slots: Mapping[str, ExecutorSlot | None],
+) -> dict[str, tuple[list[dict[str, Any]], ServingMode | None]]:
+    """The settings' records (:func:`trainer.runs.phase_d.score_settings`), each model served only while its stage
+    runs, on its setting's slot (None: vLLM-CPU): on CPU the settings one after another (one server at a time),
+    on GPUs at once (a GPU each); with each setting's serving mode (π1's and π2's executors start alike)."""
+    from trainer.runs.phase_d import score_settings
 
-    modes: list[ServingMode | None] = []
-
-    @contextlib.contextmanager
-    def serve(model: str, stage: PromptStage) -> Iterator[Endpoint]:
-        log = ws.logs / f"executor_eval_{name}_{'pi1' if stage == 'stage1' else 'pi2'}.log"
-        with serve_model(model, log, slot, eager=ws.cfg.executor_eager, prefix_caching=False) as ep:
-            modes.append(ep.mode)
-            yield ep
-
+    modes: dict[str, ServingMode | None] = {}
     gen = eval_generation(ws)
-    cache = ws.out / "stage1_cache" / f"{name}.json"
-    schemas, kept = cached_stage1(
-        cache, loop_stage1_key(ws, pi1, gen), lambda: stage1_schemas(name, pi1, examples, serve, gen, generate_quietly)
-    )
-    if kept:
-        print(f"[phase D] {name}: π1's schemas from an earlier run of this evaluation ({cache})", flush=True)
-    records = run_two_stage(name, pi1, pi2, examples, serve, gen, generate_quietly, schemas=schemas)
-    return records, (modes[0] if modes else None)
+
+    def serve(name: str) -> ServeModel:
+        @contextlib.contextmanager
+        def served(model: str, stage: PromptStage) -> Iterator[Endpoint]:
+            log = ws.logs / f"executor_eval_{name}_{'pi1' if stage == 'stage1' else 'pi2'}.log"
+            with serve_model(model, log, slots[name], eager=ws.cfg.executor_eager, prefix_caching=False) as ep:
+                modes.setdefault(name, ep.mode)
+                yield ep
+
+        return served
+
+    def keep(names: Sequence[str], pi1: str) -> tuple[Path, dict[str, Any]]:
+        return ws.out / "stage1_cache" / f"{names[0]}.json", loop_stage1_key(ws, pi1, gen)
+
+    records = score_settings(settings, examples, gen, serve, keep, together=ws.plan is not None)
+    return {name: (records[name], modes.get(name)) for name in settings}
 
 
 def evaluate_phase_d(
@@ -88,16 +90,17 @@ def evaluate_phase_d(
     settings: dict[str, tuple[str, str]],
     tag: str,
     compare: tuple[str, str],
-    pipeline: Pipeline | None = None,
+    score: Score | None = None,
 ) -> dict[str, Any]:
     """Phase D: each setting's π1 then π2, served one at a time; returns the loop-2 decision.
 
-    ``compare`` = (previous, last): the loop-2 rule's gain is ``last`` over ``previous``.
+    ``compare`` = (previous, last): the loop-2 rule's gain is ``last`` over ``previous``; ``score`` (the tests')
+    stands in for :func:`score_in_turn`.
     """
     from shared import read_golden
     from trainer.evaluation.phase_d import write_outputs
 
-    cfg, run = ws.cfg, pipeline or staged_pipeline
+    cfg, score = ws.cfg, score or score_in_turn
     out = ws.out / f"eval_{tag}"
     key = eval_key(cfg, settings)
     if (out / "metrics.json").is_file() and read_json(out / EVAL_KEY) == key:
@@ -110,17 +113,13 @@ def evaluate_phase_d(
     examples = read_golden(cfg.golden / "common_test_schemas.jsonl", cfg.eval_limit)
     runs: dict[str, tuple[list[dict[str, Any]], ServingMode | None]] = {}
     if ws.plan is None:
-        runs = {name: run(ws, name, pi1, pi2, examples, None) for name, (pi1, pi2) in settings.items()}
+        runs = score(ws, settings, examples, dict.fromkeys(settings))
     else:
         # settings side by side, one GPU each (π1 then π2 on it), in waves of at most one per GPU
         slots = ws.plan.eval_slots(len(settings))
         for wave in waves(list(settings), len(slots)):
-            with ThreadPoolExecutor(max_workers=len(wave)) as pool:
-                futures = {
-                    name: pool.submit(run, ws, name, *settings[name], examples, slot)
-                    for name, slot in zip(wave, slots, strict=False)
-                }
-                runs.update({name: f.result() for name, f in futures.items()})
+            placed = dict(zip(wave, slots, strict=False))
+            runs.update(score(ws, {name: settings[name] for name in wave}, examples, placed))
     preds = {name: runs[name][0] for name in settings}  # report order = settings order
     res = write_outputs(
         out, examples, preds, f"Phase D ({tag})", cfg.decision_metric, cfg.min_gain, compare=compare,

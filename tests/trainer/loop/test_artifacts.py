@@ -207,7 +207,7 @@ def test_unpacked_folder_is_the_same_and_the_loop_reuses_every_finished_phase(fi
     def not_again(*_a: object) -> Any:
         raise AssertionError("Phase D ran again")
 
-    decision = evaluate_phase_d(Workspace.open(cfg), settings(new), "loop1", ("sft", "local"), pipeline=not_again)
+    decision = evaluate_phase_d(Workspace.open(cfg), settings(new), "loop1", ("sft", "local"), score=not_again)
     assert decision == json.loads((new / "eval_loop1" / "metrics.json").read_text())["loop2"]
     assert runner.launched == []
 
