@@ -237,6 +237,39 @@ def test_a_phase_result_from_other_inputs_is_not_reused(tmp_path: Path) -> None:
     assert loop.runner.launched == []  # type: ignore[attr-defined]
 
 
+def test_c1_trained_against_another_frozen_pi2_is_not_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """C1's pipeline reward runs π2ʳ-local: a C1 recorded against one π2 stops the pipeline round when B2 has since
+    produced another one, before any server starts (the reward API's URL is no input)."""
+    from trainer.loop import PHASE_INPUTS, StaleResultError
+
+    out = tmp_path / "loop"
+    loop = Loop(LoopConfig(golden=SAMPLE, out=out, profile="cpu-smoke", pi1_sft="/a", pi2_sft="/b"),
+                runner=FaultyPhaseRunner())  # fmt: skip
+    pi2 = tmp_path / "b2_hf"
+    pi2.mkdir()
+    (pi2 / "model.safetensors").write_bytes(b"the first pi2-local")
+    recorded(out / "c1", "c1", out / "c1" / "hf")
+    inputs = phase_inputs("c1", "/b1", loop.data, "cpu-smoke", reward_model=str(pi2))
+    (out / "c1" / PHASE_INPUTS).write_text(json.dumps(inputs))
+    assert inputs["reward_model"] == fingerprint(str(pi2))
+    assert loop.phase("c1", "/b1", "http://127.0.0.1:9", out / "c1", reward_model=str(pi2)) == str(out / "c1" / "hf")
+    (pi2 / "model.safetensors").write_bytes(b"B2 trained again")
+    with pytest.raises(StaleResultError, match=r"phase c1: .*other inputs \(reward_model: recorded "):
+        loop.pipeline_round("/b1", str(pi2), "loop1")
+    assert loop.runner.launched == []  # type: ignore[attr-defined]
+    # the round names its frozen π2 to C1 (C1 is recorded: no server starts)
+    asked: list[tuple[str, str | None]] = []
+
+    def phase_stopping_the_round(name: str, *_a: object, reward_model: str | None = None, **_k: object) -> str:
+        asked.append((name, reward_model))
+        raise RuntimeError("stop after C1's call")
+
+    monkeypatch.setattr(loop, "phase", phase_stopping_the_round)
+    with pytest.raises(RuntimeError, match="stop after C1's call"):
+        loop.pipeline_round("/b1", "/pi2-local", "loop1")
+    assert asked == [("c1", "/pi2-local")]
+
+
 def test_a_phase_trained_with_other_overrides_profile_or_config_is_not_reused(tmp_path: Path) -> None:
     """A1 recorded with 4 SFT steps; a rerun asking for 6 must not reuse it (the manifest would show 6 beside a
     command that says 4), and neither may a rerun with another profile or an edited config file."""

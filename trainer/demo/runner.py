@@ -92,20 +92,23 @@ class Demo:
             self.console.print(f"{valid} of {len(examples)} base schemas were valid JSON (Stage 2 ran on those)")
         return preds
 
-    def phase_run(self, phase: str, model: str, reward_url: str | None = None) -> PhaseRun:
-        """A1/A2 (the brief SFT) or C1 (the short GRPO phase) as the demo launches it, on the cpu-smoke profile."""
+    def phase_run(
+        self, phase: str, model: str, reward_url: str | None = None, reward_model: str | None = None
+    ) -> PhaseRun:
+        """A1/A2 (the brief SFT) or C1 (the short GRPO phase) as the demo launches it, on the cpu-smoke profile;
+        ``reward_model``: C1's frozen π2."""
         rl = get_phase(phase).kind != "sft"
         overrides = tuple(self.s.rl.overrides() if rl else self.s.sft.overrides())
         return PhaseRun(
             get_phase(phase), "cpu-smoke", self.out / "data", self.out / "runs" / phase, model,
-            reward_url=reward_url, overrides=overrides,
+            reward_url=reward_url, overrides=overrides, reward_model=reward_model,
         )  # fmt: skip
 
-    def train(self, run: PhaseRun, steps: int, note: str, inputs: dict[str, Any] | None = None) -> str:
-        """One phase, reused when it finished from the same inputs (:mod:`trainer.runs.reuse`; ``inputs``: the run's
-        by default) unless ``--retrain``; else trained from scratch with a bar over its steps. Its exported model."""
+    def train(self, run: PhaseRun, steps: int, note: str) -> str:
+        """One phase, reused when it finished from the same inputs (:mod:`trainer.runs.reuse`) unless ``--retrain``;
+        else trained from scratch with a bar over its steps. Its exported model."""
         phase, out = run.phase.name, run.out_dir
-        inputs = inputs or reuse.run_inputs(run)
+        inputs = reuse.run_inputs(run)
         verdict = reuse.check(out, inputs)
         recorded = verdict.result if verdict.reusable and not self.s.retrain else None
         kind = "SFT" if run.phase.kind == "sft" else "GRPO"
@@ -139,15 +142,11 @@ class Demo:
         return self.train(self.phase_run(phase, base), s.steps, f"{s.steps} steps × {s.batch} examples, lr {s.lr:g}")
 
     def c1(self, pi1: str, pi2: str, reward_url: str) -> str:
-        """C1 from π1ˢ on the pipeline reward through ``reward_url`` (whose executor serves π2ˢ). What it learned
-        from depends on π2ˢ too: a π2 trained again trains C1 again."""
-        from trainer.serving.identity import fingerprint
-
+        """C1 from π1ˢ on the pipeline reward through ``reward_url`` (whose executor serves π2ˢ, an input of what it
+        learns: a π2 trained again trains C1 again)."""
         r = self.s.rl
-        run = self.phase_run("c1", pi1, reward_url)
-        inputs = reuse.run_inputs(run) | {"reward_executor": fingerprint(pi2)}
         note = f"{r.steps} steps × {r.prompts} prompts × {r.samples} samples, lr {r.lr:g}"
-        return self.train(run, r.steps, note, inputs)
+        return self.train(self.phase_run("c1", pi1, reward_url, reward_model=pi2), r.steps, note)
 
     def phase_d_sft(
         self, pi1: str, pi2: str, examples: Sequence[GoldenExample], held: contextlib.ExitStack

@@ -15,7 +15,7 @@ from typing import Any
 from trainer.experiment.config import ExperimentConfig
 from trainer.experiment.design import Design
 from trainer.experiment.placement import ArmPlacement
-from trainer.experiment.plan import phase_ok
+from trainer.experiment.plan import PIPE, phase_ok, reward_api_of
 from trainer.experiment.runs import (
     arm_run,
     control_run,
@@ -80,6 +80,9 @@ class Context:
             if phase_ok(self.wd.phase(self.design.start))
             else f"<{self.design.start} export>"
         )
+        # the pipeline reward's frozen π2 (the partner's output) is an input of what the arm learns
+        partner = self.wd.phase(self.design.partner)
+        frozen = self.output(self.design.partner) if reward_api_of(arm) == PIPE and phase_ok(partner) else None
         return arm_run(
             self.cfg,
             arm,
@@ -90,6 +93,7 @@ class Context:
             self.placement.arm(index),
             temperature,
             files,
+            reward_model=frozen,
         )
 
     def control_phase(self, reward_url: str, temperature: float | str) -> tuple[PhaseRun, ControlConfig]:

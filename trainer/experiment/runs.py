@@ -152,8 +152,10 @@ def arm_run(
     placement: Placement | None,
     temperature: float | str,
     train_files: str | None = None,
+    reward_model: str | None = None,
 ) -> PhaseRun:
-    """One RL arm: the experiment's settings, its train files (``--rl-improvable``), then ``--rl-extra``."""
+    """One RL arm: the experiment's settings, its train files (``--rl-improvable``), then ``--rl-extra``;
+    ``reward_model``: the model behind its reward (C1: the frozen π2ˢ)."""
     return PhaseRun(
         phase=get_phase(phase),
         profile=cfg.profile,
@@ -165,6 +167,7 @@ def arm_run(
         nproc=placement.nproc if placement else 1,
         gpus=placement.gpus if placement else (),
         placed=placed_overrides(cfg, temperature, placement),
+        reward_model=reward_model,
     )
 
 

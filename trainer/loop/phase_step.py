@@ -30,11 +30,13 @@ def run_phase_step(
     out_dir: Path,
     data_dir: Path | None = None,
     placement: Placement | None = None,
+    reward_model: str | None = None,
 ) -> str:
     """Run one phase unless its recorded output exists; record it; the exported HF directory.
 
     ``placement`` (GPU profile): the phase's GPUs and the overrides they imply; the user's
-    overrides come after them and win.
+    overrides come after them and win. ``reward_model``: the model behind the phase's reward (C1: the frozen π2),
+    one of its inputs.
     """
     cfg = ws.cfg
     data_dir = data_dir or ws.data
@@ -42,7 +44,7 @@ def run_phase_step(
     sft = get_phase(name).kind == "sft"
     sources = () if sft else cfg.rl_sources
     user_overrides = cfg.sft_overrides if sft else (*rl_seed_overrides(cfg.rl_seed), *cfg.overrides)
-    inputs = phase_inputs(name, model, data_dir, cfg.profile, user_overrides)
+    inputs = phase_inputs(name, model, data_dir, cfg.profile, user_overrides, reward_model)
     inputs |= {"train_sources": list(sources)} if sources else {}
     inputs |= {"train_mix": mix_inputs(cfg.rl_mix_share)} if sources and mixes_phase(name, cfg.rl_mix_share) else {}
     done = reuse.reuse_or_refuse(out_dir, inputs, key)
@@ -65,6 +67,7 @@ def run_phase_step(
             overrides=(*placed, *user_overrides),
             nproc=placement.nproc if placement else 1,
             gpus=placement.gpus if placement else (),
+            reward_model=reward_model,
         )
         done = runner(run)
         if done.status != "ok" or not done.hf_dir:

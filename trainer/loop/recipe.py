@@ -130,7 +130,7 @@ class Loop:
             trainer, gpu_slots = self.plan.c1()
             slots = list(gpu_slots)
         with self.c1_services(pi2_start, f"c1_{tag}", slots, base / "c1") as url:
-            pi1_pipe = self.phase("c1", pi1_start, url, base / "c1", data, placement=trainer)
+            pi1_pipe = self.phase("c1", pi1_start, url, base / "c1", data, placement=trainer, reward_model=pi2_start)
         if tag == "loop1":
             self.finished("c1")
         precompute_c2_data(self.ws, pi1_pipe, data, tag)
@@ -171,9 +171,12 @@ class Loop:
         out_dir: Path,
         data_dir: Path | None = None,
         placement: Placement | None = None,
+        reward_model: str | None = None,
     ) -> str:
         """One phase, reused or run (:func:`~trainer.loop.phase_step.run_phase_step`); its exported model."""
-        return run_phase_step(self.ws, self.runner, name, model, reward_url, out_dir, data_dir, placement)
+        return run_phase_step(
+            self.ws, self.runner, name, model, reward_url, out_dir, data_dir, placement, reward_model
+        )
 
     def sft_step(self, name: str, model: str, out_dir: Path, data_dir: Path) -> str:
         """An SFT phase on data of its own (the RFT baseline's)."""

@@ -130,6 +130,9 @@ class PhaseRun:
     # Those of ``overrides`` that only say where it runs (its GPU placement): not among the inputs that decide
     # whether a finished result can be reused (trainer.runs.reuse).
     placed: tuple[str, ...] = ()
+    # The model behind its reward (the pipeline reward's frozen π2, served by the reward API's executor): what it
+    # learns depends on it, so it is among those inputs; the launch itself only needs ``reward_url``.
+    reward_model: str | None = None
 
     def __post_init__(self) -> None:
         for item in self.overrides:

@@ -3,11 +3,13 @@
 A phase's folder is *finished* when its ``phase_result.json`` says ok and its exported model exists. A finished
 phase is reused only if it was trained from the inputs this run would give it: ``phase_inputs.json``, written
 beside the result when the phase ends, holds its start model's content fingerprint, its data files' sha256, the
-profile, the overrides that change what it learns (not those that only place it on GPUs) and the content of the
-config files its command composes. :func:`check` says whether a folder is finished and how its recorded inputs
-differ from the current ones; the loop and the experiments refuse a stale phase (:func:`reuse_or_refuse`,
-:class:`StaleResultError`, naming each difference), the demo trains it again. A finished phase recorded without
-inputs (a folder from before they were recorded) is reused as it is.
+profile, the overrides that change what it learns (not those that only place it on GPUs), the content of the
+config files its command composes and, where the reward runs a model (C1's pipeline reward: the frozen π2 in
+the reward API's executor), that model's content: a C1 trained against another π2 learned from other rewards.
+:func:`check` says whether a folder is finished and how its recorded inputs differ from the current ones; the
+loop and the experiments refuse a stale phase (:func:`reuse_or_refuse`, :class:`StaleResultError`, naming each
+difference), the demo trains it again. A finished phase recorded without inputs (a folder from before they were
+recorded) is reused as it is.
 """
 
 from __future__ import annotations
@@ -31,10 +33,16 @@ class StaleResultError(RuntimeError):
 
 
 def phase_inputs(
-    name: str, model: str, data_dir: Path, profile: str = "gpu", overrides: Sequence[str] = ()
+    name: str,
+    model: str,
+    data_dir: Path,
+    profile: str = "gpu",
+    overrides: Sequence[str] = (),
+    reward_model: str | None = None,
 ) -> dict[str, Any]:
     """What a phase's result depends on: its start model's content, its data files, the profile, the overrides
-    that change what it learns and the content of the config files its command composes."""
+    that change what it learns, the content of the config files its command composes and, for a phase whose
+    reward runs a model (the pipeline reward's frozen π2), that model's content (``reward_model``)."""
     from trainer.phases.launch import check_profile, composed_files
 
     files = sorted((data_dir / name).glob("*.parquet")) if (data_dir / name).is_dir() else []
@@ -45,6 +53,7 @@ def phase_inputs(
         "profile": profile,
         "overrides": list(overrides),
         "configs": {str(p.relative_to(CONFIG_DIR)): sha256_file(p) for p in composed},
+        **({"reward_model": fingerprint(reward_model)} if reward_model else {}),
     }
 
 
@@ -52,7 +61,7 @@ def run_inputs(run: PhaseRun) -> dict[str, Any]:
     """:func:`phase_inputs` of a phase run, without its ``placed`` overrides (those its GPU placement added: a
     resume on another node's GPUs trains the same thing)."""
     learned = [o for o in run.overrides if o not in run.placed]
-    return phase_inputs(run.phase.name, run.model_path, run.data_dir, run.profile, learned)
+    return phase_inputs(run.phase.name, run.model_path, run.data_dir, run.profile, learned, run.reward_model)
 
 
 def inputs_difference(recorded: dict[str, Any], now: dict[str, Any]) -> str:

@@ -46,19 +46,20 @@ def test_c1_is_trained_again_when_the_pi2_behind_its_reward_changes(tmp_path: Pa
     for folder, weights in ((pi2, b"a"), (other_pi2, b"b")):
         folder.mkdir()
         (folder / "model.safetensors").write_bytes(weights)
-    run = Demo(s, Console()).phase_run("c1", "/pi1", "http://127.0.0.1:1")
+    run = Demo(s, Console()).phase_run("c1", "/pi1", "http://127.0.0.1:1", reward_model=str(pi2))
     hf = run.out_dir / "hf"
     hf.mkdir(parents=True)
     PhaseResult("c1", "cpu-smoke", "ok", 0, ["x"], "/pi1", "d", str(tmp_path), "t", 30.0, hf_dir=str(hf)).write(
         run.out_dir
     )
-    reuse.record(run.out_dir, reuse.run_inputs(run) | {"reward_executor": fingerprint(str(pi2))})
+    reuse.record(run.out_dir, reuse.run_inputs(run))
+    assert reuse.run_inputs(run)["reward_model"] == fingerprint(str(pi2))
     con = Console(record=True, width=200)
     assert Demo(s, con).c1("/pi1", str(pi2), "http://127.0.0.1:2") == str(hf)  # the reward's URL is no input
     assert "reusing" in con.export_text()
-    inputs = reuse.run_inputs(run) | {"reward_executor": fingerprint(str(other_pi2))}
-    verdict = reuse.check(run.out_dir, inputs)
-    assert not verdict.reusable and verdict.difference and "reward_executor" in verdict.difference
+    other = Demo(s, Console()).phase_run("c1", "/pi1", "http://127.0.0.1:1", reward_model=str(other_pi2))
+    verdict = reuse.check(run.out_dir, reuse.run_inputs(other))
+    assert not verdict.reusable and verdict.difference and "reward_model" in verdict.difference
 
 
 def test_the_reward_curve_reads_training_and_validation_rewards(tmp_path: Path) -> None:

@@ -436,6 +436,13 @@ def test_a_rerun_reuses_phases_only_when_trained_from_the_same_inputs(node: Node
         experiment(node, tmp_path, gpus=("0",), control="off", rl_steps=4).run()
     with pytest.raises(StaleResultError, match=r"phase a1: .*other inputs \(overrides: recorded \[\], now \['x=1'\]"):
         experiment(node, tmp_path, gpus=("0",), control="off", rl_steps=3, sft_overrides=("x=1",)).run()
+    # C1 learned from the frozen π2ˢ behind its pipeline reward: another π2ˢ (A2's export replaced) is another input
+    c1 = next(r for r in node.runs if r.phase.name == "c1")
+    a2 = tmp_path / "pi1-ab" / "a2" / "hf"
+    assert c1.reward_model == str(a2) and next(r for r in node.runs if r.phase.name == "b1").reward_model is None
+    (a2 / "model.safetensors").write_bytes(b"another pi2")
+    with pytest.raises(StaleResultError, match=r"phase c1: .*other inputs \(reward_model: recorded "):
+        experiment(node, tmp_path, gpus=("0",), control="off", rl_steps=3).run()
     assert len(node.runs) == n  # nothing launched
 
 

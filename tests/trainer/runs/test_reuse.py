@@ -63,3 +63,27 @@ def test_the_placement_is_no_input_and_an_unrecorded_result_is_reused(tmp_path: 
     assert reuse.check(one.out_dir, reuse.run_inputs(_run(tmp_path, "z=9"))).reusable  # no inputs recorded
     reuse.record(one.out_dir, reuse.run_inputs(one))
     assert reuse.check(two.out_dir, reuse.run_inputs(two)).reusable
+
+
+def test_the_model_behind_the_reward_is_an_input(tmp_path: Path) -> None:
+    """C1 learns from the frozen π2 its pipeline reward runs: trained against one π2, it is not reused with
+    another (the reward API's URL is no input); a phase without such a reward records none."""
+    pi2, other = tmp_path / "pi2", tmp_path / "pi2_other"
+    for folder, weights in ((pi2, b"a"), (other, b"b")):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(weights)
+
+    def c1(reward_model: Path, url: str) -> PhaseRun:
+        return PhaseRun(get_phase("c1"), "cpu-smoke", tmp_path / "data", tmp_path / "c1", "/pi1", reward_url=url,
+                        reward_model=str(reward_model))  # fmt: skip
+
+    run = c1(pi2, "http://127.0.0.1:1")
+    run.out_dir.mkdir(parents=True)
+    (run.out_dir / "hf").mkdir()
+    PhaseResult("c1", "cpu-smoke", "ok", 0, [], "/pi1", "d", str(run.out_dir), "t", 1.0,
+                hf_dir=str(run.out_dir / "hf")).write(run.out_dir)  # fmt: skip
+    reuse.record(run.out_dir, reuse.run_inputs(run))
+    assert reuse.check(run.out_dir, reuse.run_inputs(c1(pi2, "http://127.0.0.1:2"))).reusable
+    stale = reuse.check(run.out_dir, reuse.run_inputs(c1(other, "http://127.0.0.1:1")))
+    assert not stale.reusable and (stale.difference or "").startswith("reward_model: recorded ")
+    assert "reward_model" not in reuse.run_inputs(_run(tmp_path))
