@@ -123,4 +123,3 @@ def markdown_section(curve: Mapping[str, Sequence[Mapping[str, float]]], png: Pa
             "",
         ]
     )
-

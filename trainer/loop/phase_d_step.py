@@ -36,6 +36,7 @@ Score = Callable[
     dict[str, tuple[list[dict[str, Any]], ServingMode | None]],
 ]
 
+
 def eval_generation(ws: Workspace) -> GenerationConfig:
     """The loop's Phase-D requests: greedy, the client's default concurrency, ``eval_max_tokens``."""
     from trainer.evaluation.generation import GenerationConfig
@@ -54,7 +55,7 @@ def loop_stage1_key(ws: Workspace, pi1: str, gen: GenerationConfig) -> dict[str,
     return stage1_key(fingerprint(pi1), cfg.golden / "common_test_schemas.jsonl", cfg.eval_limit, gen, serving)
 
 
-def score_in_turn(
+def score_on_slots(
     ws: Workspace,
     settings: dict[str, tuple[str, str]],
     examples: Sequence[Any],
@@ -95,12 +96,12 @@ def evaluate_phase_d(
     """Phase D: each setting's π1 then π2, served one at a time; returns the loop-2 decision.
 
     ``compare`` = (previous, last): the loop-2 rule's gain is ``last`` over ``previous``; ``score`` (the tests')
-    stands in for :func:`score_in_turn`.
+    stands in for :func:`score_on_slots`.
     """
     from shared import read_golden
     from trainer.evaluation.phase_d import write_outputs
 
-    cfg, score = ws.cfg, score or score_in_turn
+    cfg, score = ws.cfg, score or score_on_slots
     out = ws.out / f"eval_{tag}"
     key = eval_key(cfg, settings)
     if (out / "metrics.json").is_file() and read_json(out / EVAL_KEY) == key:

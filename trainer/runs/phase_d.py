@@ -59,10 +59,11 @@ def score_settings(
         names = groups[pi1]
         label = "+".join(names)
         path, key = keep(names, pi1)
-        run = lambda: two_stage.stage1_schemas(  # noqa: E731
-            label, pi1, examples, serve(names[0]), gen, two_stage.generate_quietly
+        schemas, kept = cached_stage1(
+            path,
+            key,
+            lambda: two_stage.stage1_schemas(label, pi1, examples, serve(names[0]), gen, two_stage.generate_quietly),
         )
-        schemas, kept = cached_stage1(path, key, run)
         if kept:
             say(f"[phase D] {label}: π1's schemas from an earlier run of this evaluation ({path})")
         return schemas
@@ -93,4 +94,3 @@ def score_settings(
             on_stage1(each_setting({pi1: f.result() for pi1, f in firsts.items()}))
         first_error(list(seconds.values()))
         return {name: seconds[name].result() for name in settings}
-
