@@ -134,6 +134,18 @@ def grpo_startup(
         print(f"{r['run']}: {r['total_seconds']} s in all, {first} s to the first generation")
 
 
+@app.command(name="demo")
+def demo(
+    collected: Annotated[Path, typer.Option(exists=True, file_okay=False, help="A finished demo's folder (demo_out).")],
+    demo_command: Annotated[str, typer.Option(help="The command that ran it, as the result records it.")] = "make demo",
+) -> None:
+    """A finished `make demo` as bench/results/demo.{json,md,png}: times, metrics per source with intervals, C1."""
+    from bench import demo as demo_result
+
+    payload = demo_result.run(collected, demo_command)
+    print(f"demo: {payload['total_seconds']} s; {payload['rl']['verdict']}")
+
+
 @app.command(name="rl-step")
 def rl_step(
     collected: Annotated[
