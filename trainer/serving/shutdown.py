@@ -9,7 +9,7 @@ thread blocked on its own child wakes up) and raises ``SystemExit(143)`` in the 
 cleanup is ignored; SIGKILL still leaves nothing behind on Linux (``PR_SET_PDEATHSIG``).
 
 A signal that arrives while the main thread forks (starting a phase, a server) is handled inside the
-interpreter's at-fork callbacks (``logging`` releases its lock there), where Python reports an exception
+interpreter's at-fork callbacks (``logging`` unlocks its lock there), where Python reports an exception
 as "ignored" and carries on: the program would then keep working as if never asked to stop. So while a
 fork's callbacks run, the handler only notes the signal, and it is delivered again to the main thread
 once they are done.
@@ -75,7 +75,7 @@ def exit_on_sigterm() -> None:
     global _registered
     if not _registered:
         # before-callbacks run in reverse order of registration, after-callbacks in order: registered after
-        # logging's (imported by now), ours bracket its lock's acquire and release around every fork
+        # logging's (imported by now), ours bracket its lock's locking and unlocking around every fork
         os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
                             after_in_child=_after_fork_in_child)  # fmt: skip
         _registered = True

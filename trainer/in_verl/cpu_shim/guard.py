@@ -1,4 +1,4 @@
-"""Version pin of the CPU shim: each patch targets code of exactly these releases."""
+"""Version pin of the CPU shim: each patch targets code of exactly these versions."""
 
 from __future__ import annotations
 
