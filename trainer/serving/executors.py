@@ -196,7 +196,7 @@ def start_waves(specs: Sequence[ModelSpec]) -> list[list[ModelSpec]]:
 class ExecutorPool:
     """Executors kept up across the steps of a program and reused by model folder: a step asks for the
     models it needs (:meth:`ensure`), those already up are reused, the rest start in :func:`start_waves`
-    order; :meth:`release` stops the ones a later step will not need, :meth:`close` (or the ``with`` block's
+    order; :meth:`stop_except` stops the ones a later step will not need, :meth:`close` (or the ``with`` block's
     end) stops every one. Call it from the thread that owns the program: an owned child ends with the
     thread that launched it. Every executor of a pool is served alike (``eager``, ``prefix_caching``)."""
 
@@ -240,7 +240,7 @@ class ExecutorPool:
                 self._up[spec.model] = (ex, Endpoint(ex.url, spec.served_name, mode=serving_mode(ex)))
         return [self._up[s.model][1] for s in specs]
 
-    def release(self, keep: Iterable[str] = ()) -> list[str]:
+    def stop_except(self, keep: Iterable[str] = ()) -> list[str]:
         """Stop every executor whose model is not in ``keep``; the models stopped."""
         wanted = set(keep)
         stopped = [m for m in self._up if m not in wanted]
@@ -250,4 +250,4 @@ class ExecutorPool:
         return stopped
 
     def close(self) -> None:
-        self.release()
+        self.stop_except()

@@ -57,7 +57,7 @@ def test_pool_reuses_by_model_and_stops_what_is_released(monkeypatch: pytest.Mon
         assert log == [("launch", "a"), ("launch", "b"), ("ready", "a"), ("ready", "b")]
         again = pool.ensure([spec("a", "0"), spec("c", "0")])
         assert [e.url for e in again] == ["http://a", "http://c"] and log[-2:] == [("launch", "c"), ("ready", "c")]
-        assert pool.release({"a"}) == ["b", "c"] and pool.models == ["a"]
+        assert pool.stop_except({"a"}) == ["b", "c"] and pool.models == ["a"]
     assert log[-1] == ("stop", "a")
     assert all(kw["prefix_caching"] is True and kw["eager"] is True for kw in asked)  # vLLM's default, unless told
     asked.clear()
