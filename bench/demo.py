@@ -1,8 +1,8 @@
 """``python -m bench demo --collected DEMO_OUT``: a finished ``make demo`` as the result file
 ``bench/results/demo.{json,md,png}``: the machine, versions and commit, the demo's command and settings, every part's
 time, per setting and per source the metrics with their 95% intervals, the paired tests, C1's reward per step (the
-plot copied) and the demo's line on what it can show. Read from the demo's own outputs (``demo_summary.json``,
-``metrics.json``, ``reward_curve.png``), never retyped."""
+plot copied) and the demo's line on what it can show. Read from the demo's own outputs (the run record
+``run.json``, ``metrics.json``, ``reward_curve.png``), never retyped."""
 
 from __future__ import annotations
 
@@ -19,14 +19,14 @@ METRICS = ("schema_valid", "schema_f1", "table_valid", "cell_accuracy", "aligned
 
 def collect(folder: Path, demo_command: str) -> dict[str, Any]:
     """The result's JSON: what the demo in ``folder`` recorded, and how it was run."""
-    summary = json.loads((folder / "demo_summary.json").read_text())
+    summary = json.loads((folder / "run.json").read_text())
     metrics = json.loads((folder / "metrics.json").read_text())
     settings = list(metrics["settings"])
     return {
         "run": run_record(quick=False),
         "demo_command": demo_command,
         "documents": summary["documents"],
-        "part_seconds": summary["part_seconds"],
+        "part_seconds": {name: part["seconds"] for name, part in summary["parts"].items()},
         "total_seconds": summary["total_seconds"],
         "sft_settings": summary["sft_settings"],
         "rl_settings": summary["rl_settings"],

@@ -4,8 +4,8 @@
         [--extra-settings OLD_REPORT.json]
 
 ``DIR`` is the run's folder in the unpacked archive of ``scripts/gpu_node/job.sh collect`` (its
-``stages.tsv`` in ``../jobs/``; an experiment's workdir adds its manifest's stage times as
-``experiment:<stage>``), or of the shell chains it replaced (``ab.sh`` / ``learning.sh collect``)
+``stages.tsv`` in ``../jobs/``; a recipe's folder adds its run record's part times as ``<recipe>:<part>`` and
+its phases' results), or of the shell chains it replaced (``ab.sh`` / ``learning.sh collect``)
 (``phase_d/metrics.json``, ``stages.tsv``, ``a1_phase_result.json`` or ``<phase>/phase_result.json``,
 ``<phase>/metrics.jsonl`` and ``<phase>/early_stopping.json`` of each RL phase …); ``FILE`` a JSON object
 with ``card``, ``gpus``, ``versions`` and ``commands`` (what ran, written down by whoever ran it).
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS_DIR, md_table
-from trainer.experiment.workdir import MANIFEST
 from trainer.phases.registry import GRPO_PHASES, SFT_PHASES
+from trainer.runs.record import RECORD
 
 NAME = "learning_gpu"
 # The plain Hugging Face SFT baseline (one epoch per stage, lr 1e-4 linear decay, batch 32,
@@ -57,19 +57,14 @@ def read_stages(path: Path) -> dict[str, dict[str, float]]:
     return out
 
 
-def manifest_stages(path: Path) -> dict[str, dict[str, float]]:
-    """An experiment's stages (``python -m trainer experiment``: ``stage:<name>`` of its manifest) as
-    ``experiment:<name>``, with the seconds spent starting their servers; skipped stages are left out."""
-    if not path.is_file():
-        return {}
-    out: dict[str, dict[str, float]] = {}
-    for key, value in json.loads(path.read_text()).items():
-        if key.startswith("stage:") and isinstance(value, dict) and "seconds" in value:
-            row = {"seconds": float(value["seconds"])}
-            if "servers_s" in value:
-                row["servers_s"] = float(value["servers_s"])
-            out[f"experiment:{key.removeprefix('stage:')}"] = row
-    return out
+def record_parts(record: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """A recipe's parts (its run record's ``parts``) as ``<recipe>:<part>``, with the seconds spent starting their
+    servers."""
+    recipe = record.get("recipe", "run")
+    return {
+        f"{recipe}:{name}": {"seconds": float(p["seconds"]), "servers_s": float(p.get("servers_s") or 0.0)}
+        for name, p in record.get("parts", {}).items()
+    }
 
 
 def baseline_scope(setting: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -198,11 +193,12 @@ def build(
     metrics = json.loads(pd.read_text()) if pd.is_file() else {}
     settings: dict[str, Any] = metrics.get("settings", {})
     tsv = next((f for f in (collected / "stages.tsv", collected.parent / "jobs" / "stages.tsv") if f.is_file()), None)
-    stages = {**(read_stages(tsv) if tsv else {}), **manifest_stages(collected / MANIFEST)}
-    phases = {}
+    record = json.loads((collected / RECORD).read_text()) if (collected / RECORD).is_file() else {}
+    stages = {**(read_stages(tsv) if tsv else {}), **record_parts(record)}
+    phases = {ph: r for ph, r in record.get("phases", {}).items() if ph in (*SFT_PHASES, *GRPO_PHASES)}
     for ph in (*SFT_PHASES, *GRPO_PHASES):
         for f in (collected / f"{ph}_phase_result.json", collected / ph / "phase_result.json"):
-            if f.is_file():
+            if f.is_file() and ph not in phases:  # a folder without a run record (the shell chains')
                 phases[ph] = json.loads(f.read_text())
     from trainer.phases.monitors import DEFAULT_KL_FLOOR, summarise
 

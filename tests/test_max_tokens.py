@@ -19,12 +19,10 @@ from shared.limits import EVAL_ANSWER_MAX_TOKENS, SCHEMA_ANSWER_MAX_TOKENS, TABL
 from trainer.cli import app
 from trainer.demo.settings import DEMO_MAX_TOKENS, DemoSettings
 from trainer.evaluation.generation import GenerationConfig
-from trainer.experiment.config import ExperimentConfig
-from trainer.loop.config import LoopConfig
 from trainer.phases.preflight import advantage_check
 from trainer.phases.registry import PHASES
 from trainer.rft import RftConfig
-from trainer.runs.config import RunConfig
+from trainer.runs.config import ExperimentConfig, LoopConfig, RunConfig
 from trainer.serving.reward_api import serve_reward_api
 from trainer.smoke import grpo as smoke_grpo
 from trainer.smoke.loop import LOOP_SMOKE_MAX_TOKENS
@@ -73,16 +71,12 @@ SITES: dict[str, tuple[Any, int]] = {
     "trainer loop --eval-max-tokens": (lambda: option_default(("loop",), "eval_max_tokens"), EVAL_ANSWER_MAX_TOKENS),
     "trainer experiment pi1-ab --eval-max-tokens": (
         lambda: option_default(("experiment", "pi1-ab"), "eval_max_tokens"), EVAL_ANSWER_MAX_TOKENS),
-    "trainer experiment pi2-ab --preflight-max-tokens": (
-        lambda: option_default(("experiment", "pi2-ab"), "preflight_max_tokens"), EVAL_ANSWER_MAX_TOKENS),
     "GenerationConfig.max_tokens": (lambda: field_default(GenerationConfig, "max_tokens"), EVAL_ANSWER_MAX_TOKENS),
     "RftConfig.max_tokens": (lambda: field_default(RftConfig, "max_tokens"), EVAL_ANSWER_MAX_TOKENS),
     "advantage_check(max_tokens=)": (lambda: arg_default(advantage_check, "max_tokens"), EVAL_ANSWER_MAX_TOKENS),
     "LoopConfig.eval_max_tokens": (lambda: field_default(LoopConfig, "eval_max_tokens"), EVAL_ANSWER_MAX_TOKENS),
     "ExperimentConfig.eval_max_tokens": (
         lambda: field_default(ExperimentConfig, "eval_max_tokens"), EVAL_ANSWER_MAX_TOKENS),
-    "ExperimentConfig.preflight_max_tokens": (
-        lambda: field_default(ExperimentConfig, "preflight_max_tokens"), EVAL_ANSWER_MAX_TOKENS),
     # π2's table outside a rollout: the reward API's Stage-2 executor
     "REWARD_API_MAX_TOKENS": (lambda: Settings.model_fields["max_tokens"].default, TABLE_ANSWER_MAX_TOKENS),
     "serve_reward_api(max_tokens=)": (lambda: arg_default(serve_reward_api, "max_tokens"), TABLE_ANSWER_MAX_TOKENS),
@@ -117,6 +111,8 @@ def test_every_recipe_declares_no_knob_of_its_own_twice() -> None:
     for config in (LoopConfig, ExperimentConfig):
         assert issubclass(config, RunConfig)
         assert not shared & set(inspect.get_annotations(config)), config
+    own = [set(inspect.get_annotations(config)) for config in (LoopConfig, ExperimentConfig)]
+    assert not own[0] & own[1], own[0] & own[1]  # a knob both recipes have belongs in RunConfig
 
 
 def test_the_overrides_are_smaller_than_what_they_override() -> None:

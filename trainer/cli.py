@@ -1,10 +1,10 @@
 """``python -m trainer``: data builders, inference, evaluation, the RFT baseline and the demo; it mounts the
-phase commands (``trainer/phases/cli.py``), the loop's (``trainer/loop_cli.py``), the experiments'
-(``trainer/experiment/cli.py``) and ``serve`` (``trainer/serving/cli.py``: executors that outlive the
+phase commands (``trainer/phases/cli.py``), the recipes' (``trainer/run_cli.py``: ``loop``, ``experiment``) and
+``serve`` (``trainer/serving/cli.py``: executors that outlive the
 command, for GPU nodes).
 
 ``data``, ``evaluate`` and ``serve`` are Typer sub-apps; the phase and loop commands join as top-level commands
-through their modules' ``register``, and ``experiment`` as a sub-app through its own.
+through their modules' ``register``, and ``experiment`` as a sub-app.
 """
 
 from __future__ import annotations
@@ -37,12 +37,11 @@ from trainer.evaluation.phase_d import (
     run_pipeline,
     write_outputs,
 )
-from trainer.experiment.cli import register as register_experiment
-from trainer.loop_cli import register as register_loop
 from trainer.phases.cli import ProfileOpt, bad_param
 from trainer.phases.cli import register as register_phases
 from trainer.phases.launch import PhaseRun, check_profile, run_phase
 from trainer.phases.registry import BUILD_PHASES, REWARD_KINDS, get_phase, sft_phase_for
+from trainer.run_cli import register as register_runs
 from trainer.serving.cli import app as serve_app
 from trainer.serving.shutdown import exit_on_sigterm
 
@@ -55,8 +54,7 @@ app.add_typer(data_app, name="data")
 app.add_typer(evaluate_app, name="evaluate")
 app.add_typer(serve_app, name="serve")
 register_phases(app)  # run / preflight* / positive-control / export as top-level commands
-register_loop(app)  # loop
-register_experiment(app)  # experiment pi1-ab | pi2-ab
+register_runs(app)  # loop (pack, unpack), experiment pi1-ab | pi2-ab
 
 
 def _bad(param: str, msg: str) -> typer.BadParameter:

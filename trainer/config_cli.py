@@ -44,6 +44,11 @@ def cli_meta(
     }
 
 
+def option(default: Any, help: str, **meta: Any) -> Any:
+    """A config field that is an option: its default, help and :func:`cli_meta`'s other settings."""
+    return dataclasses.field(default=default, metadata=cli_meta(help=help, **meta))
+
+
 def cli_fields(config: type) -> list[dataclasses.Field[Any]]:
     """The fields of ``config`` that are options of its command."""
     return [f for f in dataclasses.fields(config) if f.metadata["cli"]]

@@ -41,12 +41,13 @@ def demo_folder(out: Path) -> dict[str, object]:
     plot_reward_curve(curve, out / "reward_curve.png", rl)
     test = paired(json.loads(res.metrics_path.read_text())["paired_tests"], "sft", "pipe")
     summary = {
-        "documents": 4, "part_seconds": {"prepare": 1.0, "C1 GRPO": 200.0}, "total_seconds": 201.0,
+        "recipe": "demo", "documents": 4, "total_seconds": 201.0,
+        "parts": {"prepare": {"status": "ok", "seconds": 1.0}, "C1 GRPO": {"status": "ok", "seconds": 200.0}},
         "targets": {"aligned_cell_f1": {"min": 0.5, "sft": 1.0, "met": True}},
         "sft_settings": asdict(SftSettings()), "rl_settings": asdict(rl),
         "rl": {"curve": curve, "sft_to_pipe": test, "verdict": what_it_shows(test, rl)},
     }  # fmt: skip
-    (out / "demo_summary.json").write_text(json.dumps(summary))
+    (out / "run.json").write_text(json.dumps(summary))
     return summary
 
 

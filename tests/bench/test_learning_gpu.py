@@ -59,20 +59,22 @@ def test_stage_times_come_from_a_job_sh_archive_too(collected: Path) -> None:
     assert p["stages"]["sft_a2"]["seconds"] == 240.0
 
 
-def test_an_experiments_stage_times_come_from_its_manifest(collected: Path) -> None:
-    """`trainer experiment` records each stage's wall time in its manifest; a skipped stage has none."""
-    manifest = {
-        "experiment": "pi2-ab",
-        "stage:sft": {"status": "ok", "seconds": 411.5, "servers_s": 0.0},
-        "stage:rl": {"status": "ok", "seconds": 787.0, "servers_s": 12.5},
-        "stage:preflight": {"status": "skipped: its result exists"},
+def test_a_recipes_part_times_and_phases_come_from_its_run_record(collected: Path) -> None:
+    """Every recipe records each part's wall time and each phase's result in its run record (``run.json``)."""
+    record = {
+        "recipe": "pi2-ab",
+        "parts": {
+            "sft": {"status": "ok", "seconds": 411.5, "servers_s": 0.0},
+            "rl": {"status": "ok", "seconds": 787.0, "servers_s": 12.5},
+        },
+        "phases": {"b2": {"phase": "b2", "status": "ok", "seconds": 700.0, "best_step": 5}},
     }
-    (collected / "experiment_manifest.json").write_text(json.dumps(manifest))
+    (collected / "run.json").write_text(json.dumps(record))
     p = lg.build(collected, {}, None)
-    assert p["stages"]["experiment:sft"] == {"seconds": 411.5, "servers_s": 0.0}
-    assert p["stages"]["experiment:rl"]["servers_s"] == 12.5
-    assert "experiment:preflight" not in p["stages"] and p["stages"]["sft_a2"]["seconds"] == 240.0
-    assert "| experiment:rl | 787 | 12.5 |" in lg.render_md(p)
+    assert p["stages"]["pi2-ab:sft"] == {"seconds": 411.5, "servers_s": 0.0}
+    assert p["stages"]["pi2-ab:rl"]["servers_s"] == 12.5 and p["stages"]["sft_a2"]["seconds"] == 240.0
+    assert p["rl_phases"]["b2"]["best_step"] == 5  # the record's, not a file's
+    assert "| pi2-ab:rl | 787 | 12.5 |" in lg.render_md(p)
 
 
 def test_sft_is_compared_with_the_hf_baseline_honestly(collected: Path) -> None:

@@ -17,7 +17,7 @@ DOC = REPO / "docs" / "trainer.md"
 GOVERNED = {"shared", "services", "trainer", "bench", "tests", "verl", "ray", "vllm"}
 VERL = ("verl", "ray", "vllm")
 PROGRAMS = (
-    "trainer.cli", "trainer.loop", "trainer.loop_cli", "trainer.experiment", "trainer.rft", "trainer.demo",
+    "trainer.cli", "trainer.runs", "trainer.run_cli", "trainer.transfer", "trainer.rft", "trainer.demo",
     "trainer.smoke",
 )  # fmt: skip
 

@@ -16,7 +16,7 @@ On the bundled E2E sample (real public data, ``trainer/data/e2e_sample``), on CP
 8. Phase D of ``pipe``: the C1 export writes the schemas, the served π2ˢ the tables.
 9. report: ``metrics.json`` (settings base, sft, pipe, with paired tests sft → pipe), ``report.md``, the
    plots, ``reward_curve.png`` (C1's reward per step and its validation), a line on what a few CPU steps
-   can show, and ``demo_summary.json`` with every part's time.
+   can show, and the run record ``run.json`` (every part's time, the targets, the curve, the line).
 
 A trained model is reused by the rule every recipe follows (:mod:`trainer.runs.reuse`: the same start model,
 data, settings and configs; C1's also the same π2 behind its reward), unless ``--retrain``. Everything it starts
@@ -48,6 +48,7 @@ from trainer.evaluation.two_stage import PromptStage, run_two_stage
 from trainer.phases.launch import PhaseResult, PhaseRun, run_phase
 from trainer.phases.registry import get_phase
 from trainer.runs import reuse
+from trainer.runs.record import RunRecord, parts_and_phases
 from trainer.serving.endpoint import Endpoint, ServingMode
 from trainer.serving.executors import serve_model
 from trainer.serving.reward_api import reward_api_process
@@ -267,7 +268,6 @@ class Demo:
         met = {k: overall["sft"].get(k, 0.0) >= v for k, v in TARGETS.items()}
         summary = {
             "documents": len(examples),
-            "part_seconds": self.clock.seconds,
             "total_seconds": round(self.clock.elapsed(), 1),
             "overall": overall,
             "targets": {k: {"min": v, "sft": overall["sft"].get(k), "met": met[k]} for k, v in TARGETS.items()},
@@ -278,9 +278,16 @@ class Demo:
             "pipeline_debug": debug,
             **paths,
         }
-        (self.out / "demo_summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
-        self.print_summary(summary)
-        return summary
+        record = RunRecord.open(self.out, "demo", self.s)
+        for name, seconds in self.clock.seconds.items():
+            record.set(name, {"status": "ok", "seconds": seconds}, "parts")
+        for key, value in summary.items():
+            record.set(key, value)
+        record.phase_d("demo", self.out, {"base": [base, base], "sft": [pi1, pi2], "pipe": [pi1_pipe, pi2]})
+        with Path(paths["report"]).open("a") as md:  # the report is Phase D's: the parts' times go below it
+            md.write("\n" + "\n".join(parts_and_phases(record.data)))
+        self.print_summary(record.data)
+        return record.data
 
     def print_summary(self, summary: dict[str, Any]) -> None:
         ov = summary["overall"]
@@ -289,8 +296,8 @@ class Demo:
             target = f"  (sft target ≥ {TARGETS[k]})" if k in TARGETS else ""
             table.add_row(k + target, *(f"{ov[name].get(k, 0.0):.3f}" for name in SETTINGS))
         times = Table("part", "seconds", title="time of each part")
-        for name, sec in summary["part_seconds"].items():
-            times.add_row(name, f"{sec:.0f}")
+        for name, part in summary["parts"].items():
+            times.add_row(name, f"{part['seconds']:.0f}")
         times.add_row("total", f"{summary['total_seconds']:.0f}")
         self.console.print(table)
         self.console.print(times)
@@ -303,5 +310,5 @@ class Demo:
 
 
 def run_demo(settings: DemoSettings | None = None, console: Console | None = None) -> dict[str, Any]:
-    """Run the demo end to end; returns the summary that ``demo_summary.json`` holds."""
+    """Run the demo end to end; returns its run record (``run.json``)."""
     return Demo(settings or DemoSettings(), console or Console()).run()

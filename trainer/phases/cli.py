@@ -1,5 +1,6 @@
 """``python -m trainer run|preflight*|positive-control|export``: the phase launcher, the checks before RL and
-checkpoint export. (``loop`` is ``trainer/loop_cli.py``'s, ``rft`` ``trainer/cli.py``'s: they sit above the phases.)
+checkpoint export. (``loop`` and ``experiment`` are ``trainer/run_cli.py``'s, ``rft`` ``trainer/cli.py``'s: they sit
+above the phases.)
 
 Mounted on the main app by :func:`register` (``trainer/cli.py``: ``from trainer.phases.cli import
 register`` + ``register(app)``), or run alone as ``python -m trainer.phases.cli``.

@@ -8,14 +8,27 @@ GPU for one line of traceback). This says which setting is short, by how much, b
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import yaml
 
 from shared.golden import source_of
+
+PROFILE_DIR = Path(__file__).resolve().parent / "configs" / "profile"  # = trainer.phases.launch.CONFIG_DIR / "profile"
+
+
+def train_batch_size(profile: str, overrides: Sequence[str] = ()) -> int:
+    """``data.train_batch_size`` of a GRPO run: the last override that sets it, else the profile's."""
+    for item in reversed(overrides):
+        if m := re.fullmatch(r"\+*data\.train_batch_size=(\d+)", item.strip()):
+            return int(m.group(1))
+    profile_yaml = yaml.safe_load((PROFILE_DIR / f"{profile}.yaml").read_text())
+    return int(profile_yaml["data"]["train_batch_size"])
 
 
 class TrainSetTooSmall(ValueError):

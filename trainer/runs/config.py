@@ -1,18 +1,29 @@
-"""The settings every recipe shares, each declared once: :class:`RunConfig`, which ``LoopConfig`` (``trainer loop``)
-and ``ExperimentConfig`` (``trainer experiment pi1-ab|pi2-ab``) extend with their own. A field's metadata is
-:func:`trainer.config_cli.cli_meta`'s, so each is the same option, with the same help and default, in every
-recipe's command; the manifests record the config whole.
-"""
+"""Every recipe's settings, each declared once: :class:`RunConfig` holds what the recipes share, :class:`LoopConfig`
+(``trainer loop``) and :class:`ExperimentConfig` (``trainer experiment pi1-ab|pi2-ab``) add their own. A field is its
+command's option (:func:`trainer.config_cli.option`: same name, help and default) and the run record holds the
+config whole."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 from shared.limits import EVAL_ANSWER_MAX_TOKENS, TABLE_ANSWER_MAX_TOKENS
-from trainer.config_cli import cli_meta
+from trainer.config_cli import cli_meta, csv_values, option
 from trainer.phases.launch import PROFILES, Profile
-from trainer.phases.train_mix import check_share, rl_mix_share_field
+from trainer.phases.registry import GRPO_PHASES, SFT_PHASES
+from trainer.phases.train_mix import check_restricted, check_share, rl_mix_share_field
+
+# The loop's parts, in order (``--until``): a run stops after the named part; a rerun goes on from there.
+PARTS = ("sft", "local", "c1", "c2", "eval")
+ControlMode = Literal["serial", "parallel", "off"]
+CONTROL_MODES: tuple[ControlMode, ...] = ("serial", "parallel", "off")
+
+
+def csv_option(help: str, default: str = "") -> Any:
+    """A tuple field given as one comma-separated option."""
+    return option(csv_values(default), help, cli_type=str, cli_default=default)
 
 
 @dataclass(kw_only=True)
@@ -20,87 +31,155 @@ class RunConfig:
     golden: Path = field(
         metadata=cli_meta(help="Golden folder (common_{split}_schemas.jsonl).", exists=True, file_okay=False)
     )
-    profile: Profile = field(
-        default="gpu",
-        metadata=cli_meta(
-            help=f"One of {list(PROFILES)} (cpu-smoke: everything on CPU through the CPU shim, phases in turn).",
-            cli_type=str,
-        ),
-    )
-    # GPU ids of this node (the gpu profile): the recipe places its phases on them. Empty: every GPU, or CPU.
-    gpus: tuple[str, ...] = field(
-        default=(),
-        metadata=cli_meta(
-            help="gpu profile: the GPU ids to use, e.g. 0,1 (how the phases are placed on them: the recipe's docs). "
-            "Default: CUDA_VISIBLE_DEVICES, else every GPU nvidia-smi lists.",
-            cli_type=str | None,
-            cli_default=None,
-        ),
-    )
-    base_model: str | None = field(
-        default=None,
-        metadata=cli_meta(help="Start model of A1/A2 (default: SmolLM2-135M-Instruct, converted once)."),
-    )
-    limit: int | None = field(default=None, metadata=cli_meta(help="First N examples per split (data build).", min=1))
-    sft_mix: str | None = field(
-        default=None,
-        metadata=cli_meta(help="A1/A2's train split reweighted by source, SOURCE=WEIGHT,... (data build --sft-mix)."),
-    )
-    sft_overrides: tuple[str, ...] = field(
-        default=(),
-        metadata=cli_meta(
-            help="Hydra override for A1/A2 (repeatable).", option="sft_override", cli_type=list[str], cli_default=[]
-        ),
-    )
-    # Each GRPO phase on its train split's prompts of these sources only (WikiTableText is where the headroom
-    # is); validation keeps every source, so early stopping still guards the others.
-    rl_sources: tuple[str, ...] = field(
-        default=(),
-        metadata=cli_meta(
-            help="Comma-separated sources every GRPO phase trains on (default: every source of its train split); "
-            "validation keeps every source. The C2 schemas and the preflight draw their documents from them, and an "
-            "improvable set (the experiments' --rl-improvable) is restricted to them.",
-            cli_type=str,
-            cli_default="",
-        ),
+    out: Path | None = option(None, "The run's folder (resumable: a rerun reuses its finished work). Default: "
+                              "runs/RECIPE")  # fmt: skip
+    profile: Profile = option("gpu", f"One of {list(PROFILES)} (cpu-smoke: everything on CPU through the CPU shim, "
+                              "phases in turn).", cli_type=str)  # fmt: skip
+    gpus: tuple[str, ...] = option(
+        (), "gpu profile: the GPU ids to use, e.g. 0,1 (docs/training.md says how phases are placed on them). Default: "
+        "CUDA_VISIBLE_DEVICES, else every GPU nvidia-smi lists.", cli_type=str | None, cli_default=None,
+    )  # fmt: skip
+    base_model: str | None = option(None, "Start model of A1/A2 (default: SmolLM2-135M-Instruct, converted once).")
+    limit: int | None = option(None, "First N examples per split (data build).", min=1)
+    sft_mix: str | None = option(None, "A1/A2's train split reweighted by source, SOURCE=WEIGHT,... (data build "
+                                 "--sft-mix).")  # fmt: skip
+    sft_overrides: tuple[str, ...] = option((), "Hydra override for A1/A2 (repeatable).", option="sft_override",
+                                            cli_type=list[str], cli_default=[])  # fmt: skip
+    rl_extra: tuple[str, ...] = option((), "Hydra override for every GRPO phase (repeatable; after the recipe's own, "
+                                       "so it wins).", cli_type=list[str], cli_default=[])  # fmt: skip
+    # WikiTableText is where the headroom is; validation keeps every source, so early stopping guards the others.
+    rl_sources: tuple[str, ...] = csv_option(
+        "Comma-separated sources every GRPO phase trains on (default: every source of its train split); validation "
+        "keeps every source. C2's schemas and the preflight draw their documents from them, an improvable set is "
+        "restricted to them."
     )
     rl_mix_share: float = rl_mix_share_field()
-    rl_seed: int | None = field(
-        default=None,
-        metadata=cli_meta(
-            help="Seed of every RL phase: prompt order, sampling, mini-batches (default: VERL's).", min=0
-        ),
-    )
-    reward_max_tokens: int = field(
-        default=TABLE_ANSWER_MAX_TOKENS,
-        metadata=cli_meta(
-            help="Max new tokens of the pipeline reward's executor (C1's Stage 2 with the frozen π2): π2's table "
-            "budget (shared.TABLE_ANSWER_MAX_TOKENS).",
-            min=1,
-        ),
-    )
-    eval_limit: int | None = field(
-        default=None, metadata=cli_meta(help="First N test documents in Phase D (default: all).", min=1)
-    )
-    eval_max_tokens: int = field(
-        default=EVAL_ANSWER_MAX_TOKENS,
-        metadata=cli_meta(
-            help="Max new tokens of the run's own generation: Phase D, the C2 schemas, the preflight, RFT; the "
-            "evaluation answer's budget (shared.EVAL_ANSWER_MAX_TOKENS).",
-            min=1,
-        ),
-    )
-    eval_max_truncated_share: float = field(
-        default=0.02,
-        metadata=cli_meta(
-            help=(
-                "Phase D fails when more than this share of a setting's π1 schemas or π2 tables stop at the "
-                "evaluation's max tokens (a cut answer would be scored as wrong)."
-            ),
-            min=0.0,
-            max=1.0,
-        ),
-    )
+    rl_seed: int | None = option(None, "Seed of every RL phase: prompt order, sampling, mini-batches (default: "
+                                 "VERL's).", min=0)  # fmt: skip
+    reward_max_tokens: int = option(TABLE_ANSWER_MAX_TOKENS, "Max new tokens of the pipeline reward's executor (C1's "
+                                    "Stage 2 with the frozen π2).", min=1)  # fmt: skip
+    reward_workers: int | None = option(None, "uvicorn workers of each reward API the run starts (default: 1 on CPU; "
+                                        "on GPUs 4, 8 for the pipeline reward).", min=1)  # fmt: skip
+    # --executor-cuda-graphs = not eager: a 135M model's executors start in well under a minute without compiling
+    executor_eager: bool = option(True, "GPU executors with CUDA graphs + torch.compile (slower start; for larger "
+                                  "models). Default: eager.", option="executor_cuda_graphs",
+                                  cli_default=False)  # fmt: skip
+    c2_train_prompts: int = option(4096, "C2's schemas: a seeded N train documents (and every validation one); VERL "
+                                   "draws data.train_max_samples prompts from them.", min=1)  # fmt: skip
+    eval_limit: int | None = option(None, "First N test documents in Phase D (default: all).", min=1)
+    eval_max_tokens: int = option(EVAL_ANSWER_MAX_TOKENS, "Max new tokens of the run's own generation: Phase D, C2's "
+                                  "schemas, the preflight, RFT.", min=1)  # fmt: skip
+    eval_max_truncated_share: float = option(0.02, "Phase D fails when more than this share of a setting's schemas or "
+                                             "tables stop at the max tokens (a cut answer would be scored as wrong).",
+                                             min=0.0, max=1.0)  # fmt: skip
+    eval_concurrency: int = option(256, "Concurrent requests per executor.", min=1)
+    eval_timeout_s: float = option(600.0, "Timeout of one request (s).", min=1.0)
 
     def __post_init__(self) -> None:
         check_share(self.rl_mix_share)
+
+    def folder(self, recipe: str) -> Path:
+        return self.out or Path("runs") / recipe
+
+    def workers(self, pipeline: bool) -> int:
+        if self.reward_workers:
+            return self.reward_workers
+        return 1 if self.profile != "gpu" else 8 if pipeline else 4
+
+
+@dataclass(kw_only=True)
+class LoopConfig(RunConfig):
+    pi1_sft: str | None = option(None, "π1ˢ (an A1 output). Default: run A1 from --base-model.")
+    pi2_sft: str | None = option(None, "π2ˢ (an A2 output). Default: run A2 from --base-model.")
+    reward_url: str | None = option(None, "Reward API for B1/B2/C2 (default: start one locally).")
+    c1_reward_url: str | None = option(None, "Reward API whose executor serves π2ʳ-local (cluster).")
+    pi1_pipe_url: str | None = option(None, "Executor serving π1ʳ-pipe for C2's schemas (cluster).")
+    loops: int = option(1, "2: run C1→C2 again if loop 1 gained ≥ --min-gain.", min=1, max=2)
+    min_gain: float = option(1.0, "Loop-2 rule: stop when the end-to-end gain is below this (points).")
+    # = trainer.evaluation.phase_d.DEFAULT_DECISION_METRIC (not imported: the config stays light)
+    decision_metric: str = option("aligned_cell_f1", "Loop-2 rule: the macro metric whose gain decides (as "
+                                  "`evaluate pipeline`).")  # fmt: skip
+    eval_base: bool = option(True, "Phase D also scores the base model (π1 = π2 = --base-model), when one is given.")
+    rft: bool = option(False, "Also train the RFT baseline from π1ˢ/π2ˢ and add it to Phase D.")
+    rft_k: int = option(4, "RFT: samples per prompt.", min=1)
+    rft_threshold: float = option(0.5, "RFT: keep the best sample if reward ≥ this.", min=-1.0, max=1.0)
+    until: str | None = option(None, f"Stop after this part of the loop ({', '.join(PARTS)}); a rerun goes on from "
+                               "there.")  # fmt: skip
+    preflight_min: float | None = option(
+        None, "Before each GRPO phase: stop unless this share of groups has rewards that differ and at least 10% of "
+        "prompts (macro over sources) have a sample that beats the greedy answer (no headroom otherwise).",
+        min=0.0, max=1.0,
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.until is not None and self.until not in PARTS:
+            raise ValueError(f"until: must be one of {list(PARTS)}, got {self.until!r}")
+        check_restricted(self.rl_mix_share, bool(self.rl_sources), "--rl-sources")
+
+
+@dataclass(kw_only=True)
+class ExperimentConfig(RunConfig):
+    sft_from: Path | None = option(None, "Another experiment's folder whose data build and SFT (data/, a1/, a2/) this "
+                                   "one reuses; it must have finished them and built this experiment's data phases.",
+                                   exists=True, file_okay=False)  # fmt: skip
+    data_phases: tuple[str, ...] = csv_option("Comma-separated phases `data build` writes (default: a1,a2 and the arms "
+                                              "built from golden data); add another experiment's (e.g. b2) for its "
+                                              "--sft-from.")  # fmt: skip
+    temps: tuple[float, ...] = option((1.0, 1.3, 1.6), "Comma-separated rollout temperatures the preflight sweeps.",
+                                      cli_type=str, cli_default="1.0,1.3,1.6")  # fmt: skip
+    preflight_phases: tuple[str, ...] = csv_option("Comma-separated RL phases the preflight sweeps (default: b1,c1 for "
+                                                   "pi1-ab, b2 for pi2-ab).")  # fmt: skip
+    preflight_prompts: int = option(64, "Preflight: training prompts per source.", min=1)
+    preflight_sources: tuple[str, ...] = csv_option("Comma-separated sources the preflight samples (default: every "
+                                                    "source of the train split).")  # fmt: skip
+    preflight_n: int = option(16, "Preflight: samples per prompt (rollout.n).", min=2)
+    min_share: float = option(0.10, "The rollout temperature: the lowest swept one at which every swept phase has at "
+                              "least this macro improvable share; a phase below it has no headroom.", min=0.0,
+                              max=1.0)  # fmt: skip
+    force_rl: bool = option(False, "Train even where a swept phase has no headroom (else stop there).")
+    min_source_share: float = option(0.0, "preflight-filter: keep only the sources whose improvable share reaches "
+                                     "this.", min=0.0, max=1.0)  # fmt: skip
+    rl_improvable: bool = option(False, "Train each arm on its phase's improvable prompts where they fill one batch "
+                                 "(else on the train split, with a message).")  # fmt: skip
+    control: ControlMode = option("serial", "Arm A's positive control on its improvable prompts: serial (before RL; a "
+                                  "failed control stops the experiment), parallel (beside RL) or off.",
+                                  cli_type=str)  # fmt: skip
+    control_stagger_s: float = option(150.0, "control parallel: RL starts this long after the control (three rollout "
+                                      "engines starting at once on one GPU lost one).", min=0.0)  # fmt: skip
+    rl_steps: int = option(10, "GRPO steps of each arm.", min=1)
+    rl_test_freq: int = option(5, "Validation (and a checkpoint) every N steps (at most --rl-steps).", min=1)
+    rl_micro: int = option(32, "gpu profile: micro batch (samples) of the actor update and both log-prob passes (the "
+                           "profile's 16 is sized for 8 GPUs; one GPU per arm needs fewer, larger passes).",
+                           min=1)  # fmt: skip
+    rl_stagger_s: float = option(90.0, "The second arm starts this long after the first, only where both share a GPU.",
+                                 min=0.0)  # fmt: skip
+    dry_run: bool = option(False, "Print the plan (stages, phases' commands, GPUs) and run nothing.")
+
+    def __post_init__(self) -> None:
+        if self.control not in CONTROL_MODES:
+            raise ValueError(f"control: must be one of {list(CONTROL_MODES)}, got {self.control!r}")
+        bad = [p for p in self.preflight_phases if p not in GRPO_PHASES]
+        if bad:
+            raise ValueError(f"preflight_phases: {bad} are no GRPO phases {list(GRPO_PHASES)}")
+        bad = [p for p in self.data_phases if p not in (*SFT_PHASES, *GRPO_PHASES) or p == "c2"]
+        if bad:
+            raise ValueError(f"data_phases: {bad} cannot be built from golden data")
+        if not self.temps:
+            raise ValueError("temps: give at least one temperature")
+        super().__post_init__()
+        check_restricted(self.rl_mix_share, bool(self.rl_sources) or self.rl_improvable,
+                         "--rl-sources or --rl-improvable")  # fmt: skip
+
+
+def from_cli(values: dict[str, Any]) -> dict[str, Any]:
+    """The command line's comma-separated and list forms turned into the fields' tuples."""
+    for f in ("data_phases", "preflight_phases", "preflight_sources", "rl_sources"):
+        if f in values:
+            values[f] = csv_values(values[f])
+    if "temps" in values:
+        values["temps"] = tuple(float(t) for t in csv_values(values["temps"]))
+    for f in ("sft_overrides", "rl_extra"):
+        values[f] = tuple(values[f] or ())
+    values["executor_eager"] = not values["executor_eager"]  # the option is --executor-cuda-graphs
+    return values

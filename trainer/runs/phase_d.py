@@ -1,26 +1,28 @@
-"""One Phase D for every recipe: each π1 writes its schemas once (the settings that share a π1 share its
-Stage 1), kept on disk under the key of what produced them so that a Phase D cut short does not redo them
-(:mod:`trainer.evaluation.stage1_cache`), then each setting's π2 writes its tables on them.
-
-The recipe says how its models are served and where the schemas are kept; the loop serves each setting's
-models in turn (one vLLM server at a time on CPU, a GPU each in waves), the A/B experiments on executors they
-keep. Scoring and the report are :func:`trainer.evaluation.phase_d.write_outputs`', shared too.
-"""
+"""One Phase D for every recipe: each π1 writes its schemas once for the settings that share it, kept under
+``stage1_cache/`` with the key of what produced them (:mod:`trainer.evaluation.stage1_cache`: a Phase D cut short
+does not redo them), then each setting's π2 writes its tables on them; scored, written and recorded."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.evaluation import two_stage
-from trainer.runs.parallel import first_error
+from trainer.runs.context import first_error
 
 if TYPE_CHECKING:
     from shared import GoldenExample
     from trainer.evaluation.generation import GenerationConfig
-    from trainer.evaluation.two_stage import ServeModel
+    from trainer.evaluation.phase_d import EvalOutputs
+    from trainer.evaluation.two_stage import PromptStage, ServeModel
+    from trainer.runs.config import RunConfig
+    from trainer.runs.context import RunContext
+    from trainer.serving.endpoint import Endpoint, ServingMode
+    from trainer.serving.executors import ModelSpec
 
 # (the settings that share a π1, that π1) -> where its schemas are kept and the key they are kept under
 Keep = Callable[[Sequence[str], str], tuple[Path, dict[str, Any]]]
@@ -94,3 +96,95 @@ def score_settings(
             on_stage1(each_setting({pi1: f.result() for pi1, f in firsts.items()}))
         first_error(list(seconds.values()))
         return {name: seconds[name].result() for name in settings}
+
+
+def generation(cfg: RunConfig) -> GenerationConfig:
+    """The run's own requests: greedy, ``--eval-max-tokens``, ``--eval-concurrency``, ``--eval-timeout-s``."""
+    from trainer.evaluation.generation import GenerationConfig
+
+    return GenerationConfig(cfg.eval_max_tokens, concurrency=cfg.eval_concurrency, timeout_s=cfg.eval_timeout_s)
+
+
+def test_examples(cfg: RunConfig) -> list[GoldenExample]:
+    from shared import read_golden
+
+    return read_golden(cfg.golden / "common_test_schemas.jsonl", cfg.eval_limit)
+
+
+@dataclass
+class Scored:
+    """Every setting's records, and how its executors served (π1's; π1 and π2 are served alike)."""
+
+    records: dict[str, list[dict[str, Any]]]
+    modes: dict[str, ServingMode | None]
+
+
+def score(
+    ctx: RunContext, settings: Mapping[str, tuple[str, str]], examples: Sequence[GoldenExample],
+    spec: Callable[[str, str], ModelSpec], *, waves: int | None,
+    on_stage1: Callable[[Mapping[str, Sequence[str]]], None] | None = None,
+) -> Scored:  # fmt: skip
+    """The settings' records on the run's servers (``spec(setting, model)``: how to serve a model of a setting).
+    ``waves`` None: one model served at a time, the settings in turn (CPU); else the settings in waves of at most
+    ``waves``, every model of a wave served at once and the wave's stages run together (held until the run's
+    servers stop)."""
+    from trainer.evaluation.stage1_cache import stage1_key
+    from trainer.serving.identity import fingerprint
+
+    gen, modes = generation(ctx.cfg), dict[str, 'ServingMode | None']()
+    test_file = ctx.cfg.golden / "common_test_schemas.jsonl"
+    eps: dict[str, Endpoint] = {}
+
+    def serve(name: str) -> ServeModel:
+        @contextlib.contextmanager
+        def served(model: str, stage: PromptStage) -> Iterator[Endpoint]:
+            if model not in eps:  # one at a time: the one before stops first
+                ctx.servers.pool.stop_except([])
+                eps.clear()
+                eps[model] = ctx.servers.serve([spec(name, model)])[0]
+            modes.setdefault(name, eps[model].mode)
+            yield eps[model]
+
+        return served
+
+    # how the servers serve (every executor of the run alike): schemas repeat only in one mode
+    serving = {"profile": ctx.cfg.profile, "eager": ctx.cfg.executor_eager, "prefix_caching": False}
+
+    def keep(names: Sequence[str], pi1: str) -> tuple[Path, dict[str, Any]]:
+        key = stage1_key(fingerprint(pi1), test_file, ctx.cfg.eval_limit, gen, serving)
+        return ctx.root / "stage1_cache" / f"{names[0]}.json", key
+
+    if waves is None:
+        records = score_settings(settings, examples, gen, serve, keep, together=False, say=ctx.say, on_stage1=on_stage1)
+        ctx.servers.pool.stop_except([])
+        return Scored(records, modes)
+    records = {}
+    names = list(settings)
+    for i in range(0, len(names), waves):
+        wave = {name: settings[name] for name in names[i : i + waves]}
+        wanted = [(name, model) for name, pair in wave.items() for model in dict.fromkeys(pair)]
+        eps.update(zip([m for _n, m in wanted], ctx.servers.serve([spec(n, m) for n, m in wanted]), strict=True))
+        modes.update({name: eps[pi1].mode for name, (pi1, _pi2) in wave.items()})
+        hook = on_stage1 if len(names) <= waves else None  # the schemas of every setting at once: one wave only
+        records.update(score_settings(wave, examples, gen, serve, keep, together=True, say=ctx.say, on_stage1=hook))
+    return Scored(records, modes)
+
+
+def write(
+    ctx: RunContext, tag: str, out: Path, settings: Mapping[str, Any], examples: Sequence[GoldenExample],
+    predictions: Mapping[str, Sequence[Mapping[str, Any]]], modes: Mapping[str, ServingMode | None], title: str,
+    **decide: Any,
+) -> EvalOutputs:  # fmt: skip
+    """Scores, report and plots of ``predictions`` in ``out`` (``decide``: the decision's metric, gain and pair),
+    recorded under ``phase_d[tag]`` and in the run's report."""
+    from trainer.evaluation.phase_d import write_outputs
+
+    cfg = ctx.cfg
+    res = write_outputs(
+        out, examples, predictions, title, max_tokens=cfg.eval_max_tokens, serving=modes,
+        max_truncated_share=cfg.eval_max_truncated_share, concurrency=cfg.eval_concurrency, **decide,
+    )  # fmt: skip
+    ctx.record.phase_d(tag, out, dict(settings), res.decision)
+    ctx.record.write_report()
+    ctx.say(f"{title}: {res.report}")
+    return res

@@ -1,19 +1,11 @@
-"""The one rule for reusing a finished phase, for every recipe (the loop, the A/B experiments, the demo).
-
-A phase's folder is *finished* when its ``phase_result.json`` says ok and its exported model exists. A finished
-phase is reused only if it was trained from the inputs this run would give it: ``phase_inputs.json``, written
-beside the result when the phase ends, holds its start model's content fingerprint, its data files' sha256, the
-profile, the overrides that change what it learns (not those that only place it on GPUs), the content of the
-config files its command composes and, where the reward runs a model (C1's pipeline reward: the frozen π2 in
-the reward API's executor), that model's content: a C1 trained against another π2 learned from other rewards.
-:func:`check` says whether a folder is finished and how its recorded inputs differ from the current ones; the
-loop and the experiments refuse a stale phase (:func:`reuse_or_refuse`, :class:`StaleResultError`, naming each
-difference), the demo trains it again. A finished phase recorded without inputs (a folder from before they were
-recorded) is reused as it is.
-"""
+"""The one rule for reusing a finished phase, for every recipe (docs/trainer.md, "Layout"): a finished phase (its
+result ok, its export there) is reused only if ``phase_inputs.json`` equals what this run would give it; the loop and
+the experiments refuse a stale phase naming each difference (:class:`StaleResultError`), the demo trains it again. A
+phase recorded without inputs is reused as it is."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,10 +14,11 @@ from typing import Any
 
 from shared.golden import sha256_file
 from trainer.phases.launch import CONFIG_DIR, PhaseResult, PhaseRun, read_result
-from trainer.runs.manifest import read_json
+from trainer.runs.record import read_json
 from trainer.serving.identity import fingerprint
 
 PHASE_INPUTS = "phase_inputs.json"
+TRAIN_FILES = "data.train_files="
 
 
 class StaleResultError(RuntimeError):
@@ -59,9 +52,24 @@ def phase_inputs(
 
 def run_inputs(run: PhaseRun) -> dict[str, Any]:
     """:func:`phase_inputs` of a phase run, without its ``placed`` overrides (those its GPU placement added: a
-    resume on another node's GPUs trains the same thing)."""
-    learned = [o for o in run.overrides if o not in run.placed]
-    return phase_inputs(run.phase.name, run.model_path, run.data_dir, run.profile, learned, run.reward_model)
+    resume on another node's GPUs trains the same thing); a ``data.train_files`` override is an input by content
+    (its prompts' ids, in order), not by path, so a folder moved to another node keeps its phases."""
+    learned = [o for o in run.overrides if o not in run.placed and not o.startswith(TRAIN_FILES)]
+    inputs = phase_inputs(run.phase.name, run.model_path, run.data_dir, run.profile, learned, run.reward_model)
+    files = [o.removeprefix(TRAIN_FILES) for o in run.overrides if o.startswith(TRAIN_FILES)]
+    return inputs | ({"train_files": prompt_ids_sha256(Path(files[-1]))} if files else {})
+
+
+def prompt_ids_sha256(path: Path) -> str | None:
+    """The sha256 of a train set's prompt ids in order (None: no such file yet, as in a dry run)."""
+    import pyarrow.parquet as pq
+
+    from trainer.phases.train_set import rl_row_ids
+
+    if not path.is_file():
+        return None
+    ids = rl_row_ids(pq.read_table(path, columns=["extra_info"]), path)
+    return hashlib.sha256(json.dumps(ids).encode()).hexdigest()
 
 
 def inputs_difference(recorded: dict[str, Any], now: dict[str, Any]) -> str:

@@ -5,7 +5,7 @@
 precompute → C2 → Phase D, from the base SmolLM2-135M-Instruct), sampling the peak RSS of the whole process tree and
 every listening socket, and then checks: a checkpoint and an exported HF directory per phase, that
 the executor served the exported models (Phase D's predictions name them and hold their output), the
-Phase-D report comparing sft, local, pipe and rft, and the manifest. Resumable like the loop. Writes
+Phase-D report comparing sft, local, pipe and rft, and the run record. Resumable like the loop. Writes
 ``smoke_loop_result.json``; the last line is ``N passed, N failed``. Wrapped by
 ``scripts/smoke_loop.sh`` (a loopback-only network namespace).
 """
@@ -36,10 +36,10 @@ LOOP_SMOKE_MAX_TOKENS = 256
 
 def check_outputs(out: Path, checks: Checks, rft: bool = True) -> dict[str, Any]:
     """Checks of a finished loop folder; returns the Phase-D metrics (empty if missing)."""
-    manifest = json.loads((out / "loop_manifest.json").read_text()) if (out / "loop_manifest.json").is_file() else {}
+    manifest = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
     hf_dirs: dict[str, str] = {}
     for name in PHASE_DIRS + (RFT_DIRS if rft else ()):
-        rec = manifest.get(f"phase:{name}", {})
+        rec = manifest.get("phases", {}).get(name, {})
         ckpts = sorted((out / name / "checkpoints").glob("global_step_*"))
         hf = rec.get("hf_dir")
         ok = rec.get("status") == "ok" and bool(ckpts) and bool(hf) and (Path(hf) / "config.json").is_file()
@@ -86,7 +86,8 @@ def main(
     overrides: list[str] = typer.Argument(None, help="Hydra overrides for the RL phases."),
 ) -> None:
     from services.executor_vllm.default_model import convert
-    from trainer.loop import Loop, LoopConfig
+    from trainer.runs.config import LoopConfig
+    from trainer.runs.loop import Loop
 
     checks = Checks()
     t0 = time.monotonic()
@@ -101,7 +102,7 @@ def main(
         eval_max_truncated_share=1.0,  # a few SFT steps on CPU write past max tokens: counted, not failed on
         eval_max_tokens=LOOP_SMOKE_MAX_TOKENS,
         reward_max_tokens=LOOP_SMOKE_MAX_TOKENS,
-        overrides=tuple(overrides or ()),
+        rl_extra=tuple(overrides or ()),
         rft=rft,
     )
     error = None

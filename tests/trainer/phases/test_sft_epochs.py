@@ -1,6 +1,6 @@
 """SFT epochs chosen on validation (trainer/phases/sft_epochs.py): an epoch's steps counted as VERL's SFT
 trainer counts them and the lowest validation loss at an epoch's end chosen. A real SFT phase that validates,
-saves and exports that epoch runs in pi1-ab's test (tests/trainer/experiment/test_experiments_cpu.py: A1 and A2
+saves and exports that epoch runs in pi1-ab's test (tests/trainer/runs/test_ab_experiments_cpu.py: A1 and A2
 with epoch selection, two epochs of one step)."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from shared.golden import source_of
-from tests.trainer.test_loop import SAMPLE
+from tests.trainer.runs.test_loop import SAMPLE
 from trainer.phases.train_mix import (
     MIX_SEED,
     TrainMixError,

@@ -62,7 +62,7 @@ def test_a_source_set_keeps_those_sources_rows_whole(tmp_path: Path) -> None:
     """--rl-sources: the rows of a real `data build` RL parquet of the sources asked for, in the same
     Arrow schema (VERL reads it as the train split); a source with no prompt there is named."""
     from shared.golden import source_of
-    from tests.trainer.test_loop import SAMPLE
+    from tests.trainer.runs.test_loop import SAMPLE
     from trainer.data.datasets import build_datasets
     from trainer.phases.train_set import source_prompt_set
 

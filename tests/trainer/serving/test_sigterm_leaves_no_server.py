@@ -163,7 +163,7 @@ def test_sigterm_to_an_experiment_stops_the_executors_it_keeps(tmp_path: Path) -
         PhaseResult(phase, "cpu-smoke", "ok", 0, [], "", "", str(done / phase), "t", 1.0, hf_dir=str(convert())).write(
             done / phase
         )
-    argv = ["experiment", "pi1-ab", "--golden", str(SAMPLE), "--workdir", str(tmp_path / "ab"), "--profile",
+    argv = ["experiment", "pi1-ab", "--golden", str(SAMPLE), "--out", str(tmp_path / "ab"), "--profile",
             "cpu-smoke", "--sft-from", str(done), "--temps", "1.0", "--preflight-prompts", "1",
             "--preflight-n", "2"]  # fmt: skip
     log = tmp_path / "experiment.log"

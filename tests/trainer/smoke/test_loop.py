@@ -19,9 +19,9 @@ def loop_folder(out: Path, skip: str = "") -> None:
         (out / name / "hf").mkdir()
         (out / name / "hf" / "config.json").write_text("{}")
         hf[name] = str(out / name / "hf")
-        manifest[f"phase:{name}"] = {"status": "ok", "hf_dir": hf[name]}
+        manifest.setdefault("phases", {})[name] = {"status": "ok", "hf_dir": hf[name]}  # type: ignore[union-attr]
     manifest["precompute:loop1"] = {"counts": {"train": 12}, "schema_model": hf.get("c1")}
-    (out / "loop_manifest.json").write_text(json.dumps(manifest))
+    (out / "run.json").write_text(json.dumps(manifest))
     ev = out / "eval_loop1"
     ev.mkdir()
     settings = {"sft": ("a1", "a2"), "local": ("b1", "b2"), "pipe": ("c1", "c2"), "rft": RFT_DIRS}

@@ -180,7 +180,7 @@ def test_gpu_path_never_imports_the_shim() -> None:
         """
         import json, sys
         import verl, trainer.phases.launch, trainer.phases.cli, trainer.in_verl.phase_trainer
-        import trainer.loop, trainer.rft
+        import trainer.runs.loop, trainer.runs.ab, trainer.rft
         print(json.dumps({"shim": any(m.startswith("trainer.in_verl.cpu_shim") for m in sys.modules)}))
         """,
         {k: v for k, v in env.items() if k.startswith(("VERL_", "PYTHONPATH"))},

@@ -44,7 +44,7 @@ ARGS = [
     "--sft-override", "data.train_max_samples=8", "--sft-override", "data.train_batch_size=4",
     "--sft-override", "data.micro_batch_size_per_gpu=4", "--sft-override", "data.val_max_samples=4",
     "--sft-override", "checkpoint.save_contents=[model,extra]",
-    "--temps", "1.0", "--preflight-prompts", "2", "--preflight-n", "2", "--preflight-max-tokens", "64",
+    "--temps", "1.0", "--preflight-prompts", "2", "--preflight-n", "2",
     "--min-share", "0", "--control", "off", "--rl-steps", "1", "--rl-extra", "data.max_response_length=128",
     "--reward-max-tokens", "64", "--eval-limit", str(EVAL_DOCS), "--eval-max-tokens", "64",
     "--eval-concurrency", "4",
@@ -55,7 +55,7 @@ ARGS = [
 
 def experiment(workdir: Path, log: Path, name: str = "pi1-ab", *extra: str) -> subprocess.CompletedProcess[bytes]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "trainer", "experiment", name, "--workdir", str(workdir), *ARGS, *extra]
+    cmd = [sys.executable, "-m", "trainer", "experiment", name, "--out", str(workdir), *ARGS, *extra]
     with log.open("ab") as out:
         return subprocess.run(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=2400, check=False)
 
@@ -72,10 +72,12 @@ def pi1_ab(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, int]:
 def test_pi1_ab_on_cpu_end_to_end(pi1_ab: tuple[Path, Path, int]) -> None:
     wd, log, returncode = pi1_ab
     assert returncode == 0, log.read_text()[-4000:]
-    manifest = json.loads((wd / "experiment_manifest.json").read_text())
+    manifest = json.loads((wd / "run.json").read_text())
     for stage in ("sft", "preflight", "choose", "rl", "eval"):
-        assert manifest[f"stage:{stage}"]["status"] == "ok", stage
-        assert manifest[f"stage:{stage}"]["seconds"] >= (0 if stage == "choose" else 1), stage  # choose: pure
+        assert manifest["parts"][stage]["status"] == "ok", stage
+        assert manifest["parts"][stage]["seconds"] >= (0 if stage == "choose" else 1), stage  # choose: pure
+    assert manifest["recipe"] == "pi1-ab" and set(manifest["phases"]) == {"a1", "a2", "b1", "c1"}
+    assert "## Phase D: phase_d" in (wd / "report.md").read_text()
     for phase in ("a1", "a2"):
         check_epoch_selection(wd / phase)
     # the sweep, the choice and the improvable sets
@@ -108,8 +110,8 @@ def test_pi1_ab_on_cpu_end_to_end(pi1_ab: tuple[Path, Path, int]) -> None:
     # a rerun skips every finished stage (the choice is taken again: pure and cheap)
     again = experiment(wd, log, "pi1-ab", "--data-phases", "a1,a2,b1,c1,b2")
     assert again.returncode == 0, log.read_text()[-4000:]
-    manifest = json.loads((wd / "experiment_manifest.json").read_text())
-    assert all(manifest[f"stage:{s}"]["status"].startswith("skipped") for s in ("sft", "preflight", "rl", "eval"))
+    again_record = json.loads((wd / "run.json").read_text())
+    assert all(again_record["parts"][s] == manifest["parts"][s] for s in ("sft", "preflight", "rl", "eval"))
 
 
 def check_epoch_selection(out: Path) -> None:
@@ -160,17 +162,17 @@ def test_pi2_ab_on_cpu_end_to_end(pi1_ab: tuple[Path, Path, int], tmp_path: Path
     if pi1_ab[2] != 0:
         pytest.fail(f"pi1-ab failed, so pi2-ab has no SFT to reuse: {pi1_ab[1]}")
     wd, log = tmp_path / "ab2", tmp_path / "experiment.log"
-    extra = ("--force-rl", "--c2-train-sample", "8", "--rl-sources", "people,product", "--sft-from", str(pi1_ab[0]))
+    extra = ("--force-rl", "--c2-train-prompts", "8", "--rl-sources", "people,product", "--sft-from", str(pi1_ab[0]))
     res = experiment(wd, log, "pi2-ab", *extra)
     assert res.returncode == 0, log.read_text()[-4000:]
-    manifest = json.loads((wd / "experiment_manifest.json").read_text())
-    assert manifest["stage:sft"]["status"].startswith("skipped")  # pi1-ab's SFT, linked by --sft-from
+    manifest = json.loads((wd / "run.json").read_text())
+    assert "sft" not in manifest["parts"]  # pi1-ab's SFT, linked by --sft-from
     assert (wd / "a1").resolve() == (pi1_ab[0] / "a1").resolve()
     for stage in ("preflight", "c2data", "choose", "rl", "eval"):
-        assert manifest[f"stage:{stage}"]["status"] == "ok", stage
+        assert manifest["parts"][stage]["status"] == "ok", stage
     # --rl-sources: C2's documents and both arms' train sets are people and product only (validation whole, but
     # the schemas π1ˢ wrote invalid or cut at the token limit, which c2data skips)
-    c2data = manifest["c2data"]
+    c2data = manifest["precompute:c2data"]
     dropped = c2data["invalid"]["validation"] + len(c2data["truncated_ids"]["validation"])
     assert c2data["counts"]["validation"] == 6 - dropped
     for phase in ("b2", "c2"):
@@ -205,6 +207,6 @@ def test_pi2_ab_on_cpu_end_to_end(pi1_ab: tuple[Path, Path, int], tmp_path: Path
     assert schemas[0] == schemas[1] == schemas[2]
     again = experiment(wd, log, "pi2-ab", *extra)
     assert again.returncode == 0, log.read_text()[-4000:]
-    manifest = json.loads((wd / "experiment_manifest.json").read_text())
-    skipped = ("sft", "preflight", "c2data", "rl", "eval")
-    assert all(manifest[f"stage:{s}"]["status"].startswith("skipped") for s in skipped)
+    again_record = json.loads((wd / "run.json").read_text())
+    skipped = ("preflight", "c2data", "rl", "eval")
+    assert all(again_record["parts"][s] == manifest["parts"][s] for s in skipped) and "sft" not in again_record["parts"]

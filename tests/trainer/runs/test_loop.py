@@ -11,17 +11,18 @@ from typing import Any
 
 import pytest
 
-from trainer.loop import EVAL_KEY, MANIFEST, PRECOMPUTE_KEY, Loop, LoopConfig, phase_done, redecide
-from trainer.loop.manifest import eval_key, precompute_key
-from trainer.loop.phase_d_step import evaluate_phase_d
-from trainer.loop.workspace import Workspace
 from trainer.phases.launch import PhaseResult, PhaseRun
-from trainer.runs.reuse import phase_inputs
+from trainer.runs.c2_data import PRECOMPUTE_KEY, precompute_key
+from trainer.runs.config import LoopConfig
+from trainer.runs.loop import EVAL_KEY, Loop, redecide
+from trainer.runs.record import RECORD
+from trainer.runs.reuse import PHASE_INPUTS, StaleResultError, phase_inputs, run_inputs
+from trainer.runs.reuse import finished as phase_done
 from trainer.serving.endpoint import Endpoint
 from trainer.serving.identity import ServedModelMismatch, fingerprint, short
 from trainer.serving.reward_api import reward_api_process
 
-SAMPLE = Path(__file__).resolve().parents[2] / "trainer" / "data" / "sample"
+SAMPLE = Path(__file__).resolve().parents[3] / "trainer" / "data" / "sample"
 
 
 def recorded(out_dir: Path, phase: str, hf: Path) -> PhaseResult:
@@ -71,7 +72,7 @@ def test_loop_resumes_and_records_manifest(tmp_path: Path) -> None:
     with c1_reward_api(tmp_path, out / "b2" / "hf") as c1_url:
         cfg = LoopConfig(
             golden=SAMPLE, out=out, profile="cpu-smoke", pi1_sft="/pi1s", pi2_sft="/pi2s",
-            reward_url="http://127.0.0.1:9", c1_reward_url=c1_url, overrides=("x=1",),
+            reward_url="http://127.0.0.1:9", c1_reward_url=c1_url, rl_extra=("x=1",),
         )  # fmt: skip
         with pytest.raises(RuntimeError, match=r"phase c1 failed \(exit 1\): reward down"):
             Loop(cfg, runner=runner).run()
@@ -80,18 +81,19 @@ def test_loop_resumes_and_records_manifest(tmp_path: Path) -> None:
     c1 = runner.launched[0]
     assert c1.model_path == str(out / "b1" / "hf") and c1.reward_url == c1_url
     assert c1.overrides == ("x=1",) and c1.data_dir == out / "data"
-    m = json.loads((out / MANIFEST).read_text())
-    assert m["phase:b1"]["status"] == "ok" and m["phase:b2"]["status"] == "ok"
-    assert m["phase:c1"]["status"] == "failed"
+    m = json.loads((out / RECORD).read_text())
+    assert m["phases"]["b1"]["status"] == "ok" and m["phases"]["b2"]["status"] == "ok"
+    assert m["phases"]["c1"]["status"] == "failed"
     assert set(m["inputs"]["golden"]) == {str(p) for p in SAMPLE.glob("common_*_schemas.jsonl")}
-    assert "c1_grpo.yaml" in m["configs"] and "profile/cpu-smoke.yaml" in m["configs"]
+    assert "c1_grpo.yaml" in m["inputs"]["configs"] and "profile/cpu-smoke.yaml" in m["inputs"]["configs"]
     assert m["data"]["counts"]["c1"] == {"train": 12, "validation": 6}
     assert m["served:c1_loop1"]["served_name"].startswith("pi2-")  # what the C1 reward API really served
     # C1 recorded now -> a rerun goes straight to precompute (which needs π1ʳ-pipe served)
     recorded(out / "c1", "c1", out / "c1" / "hf")
     (out / "data" / "c2").mkdir(parents=True)
     (out / "data" / "c2" / "train.parquet").write_bytes(b"")  # precompute output recorded, with its key
-    (out / "data" / "c2" / PRECOMPUTE_KEY).write_text(json.dumps(precompute_key(cfg, str(out / "c1" / "hf"))))
+    key = precompute_key(Loop(cfg).ctx, str(out / "c1" / "hf"), "gold")
+    (out / "data" / "c2" / PRECOMPUTE_KEY).write_text(json.dumps(key))
     runner2 = FaultyPhaseRunner()
     with c1_reward_api(tmp_path, out / "b2" / "hf") as c1_url2, pytest.raises(RuntimeError, match="phase c2 failed"):
         Loop(dataclasses.replace(cfg, c1_reward_url=c1_url2), runner=runner2).run()
@@ -104,7 +106,7 @@ def test_loop_runs_sft_first_without_sft_checkpoints(tmp_path: Path) -> None:
     recorded(out / "a1", "a1", out / "a1" / "hf")
     cfg = LoopConfig(
         golden=SAMPLE, out=out, profile="cpu-smoke", pi1_sft=None, pi2_sft=None, base_model="/base",
-        sft_overrides=("optim.lr=1e-4",), reward_url="http://127.0.0.1:9", overrides=("x=1",),
+        sft_overrides=("optim.lr=1e-4",), reward_url="http://127.0.0.1:9", rl_extra=("x=1",),
     )  # fmt: skip
     runner = FaultyPhaseRunner()
     with pytest.raises(RuntimeError, match=r"phase a2 failed \(exit 1\)"):
@@ -113,9 +115,9 @@ def test_loop_runs_sft_first_without_sft_checkpoints(tmp_path: Path) -> None:
     assert [r.phase.name for r in runner.launched] == ["a2"]
     a2 = runner.launched[0]
     assert (a2.model_path, a2.overrides, a2.reward_url) == ("/base", ("optim.lr=1e-4",), None)
-    m = json.loads((out / MANIFEST).read_text())
+    m = json.loads((out / RECORD).read_text())
     assert m["data"]["counts"]["a1"] == {"train": 12, "validation": 6} and "a2" in m["data"]["counts"]
-    assert m["inputs"]["base_model"] == "/base" and m["phase:a2"]["status"] == "failed"
+    assert m["config"]["base_model"] == "/base" and m["phases"]["a2"]["status"] == "failed"
     # With A2 recorded too, B1 starts from the A1 export with the RL overrides.
     recorded(out / "a2", "a2", out / "a2" / "hf")
     runner2 = FaultyPhaseRunner()
@@ -148,8 +150,9 @@ def test_rft_baseline_trains_from_the_sft_policies_on_kept_samples(tmp_path: Pat
     [a2] = runner.launched
     assert (a2.phase.name, a2.model_path, a2.data_dir) == ("a2", "/pi2s", out / "rft" / "table" / "data")
     assert a2.overrides == ("optim.lr=1e-4",)
-    m = json.loads((out / MANIFEST).read_text())
-    assert m["inputs"]["rft"] == {"k": 4, "threshold": 0.5} and m["phase:rft/schema/sft"]["status"] == "ok"
+    m = json.loads((out / RECORD).read_text())
+    assert (m["config"]["rft_k"], m["config"]["rft_threshold"]) == (4, 0.5)
+    assert m["phases"]["rft/schema/sft"]["status"] == "ok"
 
 
 def test_recorded_phase_d_gets_the_current_decision_rule(tmp_path: Path) -> None:
@@ -181,7 +184,9 @@ def test_c1_reward_url_serving_another_pi2_stops_the_loop_before_c1(tmp_path: Pa
     assert runner.launched == []
 
 
-def test_precompute_and_phase_d_are_reused_only_for_the_same_content(tmp_path: Path) -> None:
+def test_precompute_and_phase_d_are_reused_only_for_the_same_content(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Resume keys on content: a new π1ʳ-pipe (same folder, new weights) or a changed golden file means recompute."""
     out, golden = tmp_path / "loop", tmp_path / "golden"
     golden.mkdir()
@@ -191,17 +196,18 @@ def test_precompute_and_phase_d_are_reused_only_for_the_same_content(tmp_path: P
     pi1.mkdir()
     (pi1 / "model.safetensors").write_bytes(b"v1")
     cfg = LoopConfig(golden=golden, out=out, profile="cpu-smoke", pi1_sft="/a", pi2_sft="/b")
-    key = precompute_key(cfg, str(pi1))
+    loop = Loop(cfg)
+    key = precompute_key(loop.ctx, str(pi1), "gold")
     (pi1 / "model.safetensors").write_bytes(b"v2")  # C1 ran again
-    assert precompute_key(cfg, str(pi1)) != key
+    assert precompute_key(loop.ctx, str(pi1), "gold") != key
     settings = {"pipe": (str(pi1), "/b")}
-    ekey = eval_key(cfg, settings)
-    assert eval_key(cfg, settings) == ekey
+    ekey = loop.eval_key(settings)
+    assert loop.eval_key(settings) == ekey
     # a Phase D served another way (CUDA graphs) is not the same evaluation
-    assert eval_key(dataclasses.replace(cfg, executor_eager=not cfg.executor_eager), settings) != ekey
+    assert Loop(dataclasses.replace(cfg, executor_eager=not cfg.executor_eager)).eval_key(settings) != ekey
     with (golden / "common_test_schemas.jsonl").open("a") as fh:
         fh.write("\n")
-    assert eval_key(cfg, settings) != ekey
+    assert loop.eval_key(settings) != ekey
 
     # a recorded Phase D with a stale key is not reused: evaluation runs again (here: serving π1 fails)
     ev = out / "eval_loop1"
@@ -210,18 +216,18 @@ def test_precompute_and_phase_d_are_reused_only_for_the_same_content(tmp_path: P
     (ev / EVAL_KEY).write_text(json.dumps(ekey))
     calls: list[str] = []
 
-    def score_failing(_ws: object, scored: dict[str, tuple[str, str]], *_a: object) -> Any:
+    def score_failing(_ctx: object, scored: dict[str, tuple[str, str]], *_a: object, **_k: object) -> Any:
         calls.extend(scored)
         raise RuntimeError("re-evaluated")
 
+    monkeypatch.setattr("trainer.runs.phase_d.score", score_failing)
     with pytest.raises(RuntimeError, match="re-evaluated"):
-        evaluate_phase_d(Workspace.open(cfg), settings, "loop1", ("pipe", "pipe"), score=score_failing)
+        loop.evaluate(settings, "loop1", ("pipe", "pipe"))
     assert calls == ["pipe"]
 
 
 def test_a_phase_result_from_other_inputs_is_not_reused(tmp_path: Path) -> None:
     """C2 recorded, then the precompute ran again (new C2 data): the loop stops instead of reusing C2."""
-    from trainer.loop import PHASE_INPUTS, StaleResultError
 
     out = tmp_path / "loop"
     loop = Loop(LoopConfig(golden=SAMPLE, out=out, profile="cpu-smoke", pi1_sft="/a", pi2_sft="/b"),
@@ -240,7 +246,6 @@ def test_a_phase_result_from_other_inputs_is_not_reused(tmp_path: Path) -> None:
 def test_c1_trained_against_another_frozen_pi2_is_not_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """C1's pipeline reward runs π2ʳ-local: a C1 recorded against one π2 stops the pipeline round when B2 has since
     produced another one, before any server starts (the reward API's URL is no input)."""
-    from trainer.loop import PHASE_INPUTS, StaleResultError
 
     out = tmp_path / "loop"
     loop = Loop(LoopConfig(golden=SAMPLE, out=out, profile="cpu-smoke", pi1_sft="/a", pi2_sft="/b"),
@@ -257,23 +262,22 @@ def test_c1_trained_against_another_frozen_pi2_is_not_reused(tmp_path: Path, mon
     with pytest.raises(StaleResultError, match=r"phase c1: .*other inputs \(reward_model: recorded "):
         loop.pipeline_round("/b1", str(pi2), "loop1")
     assert loop.runner.launched == []  # type: ignore[attr-defined]
-    # the round names its frozen π2 to C1 (C1 is recorded: no server starts)
+    # the round names its frozen π2 to C1, as an input of the run it launches
     asked: list[tuple[str, str | None]] = []
 
-    def phase_stopping_the_round(name: str, *_a: object, reward_model: str | None = None, **_k: object) -> str:
-        asked.append((name, reward_model))
-        raise RuntimeError("stop after C1's call")
+    def c1_stopping_the_round(run: PhaseRun, *_a: object) -> str:
+        asked.append((run.phase.name, run.reward_model))
+        raise RuntimeError("stop at C1's launch")
 
-    monkeypatch.setattr(loop, "phase", phase_stopping_the_round)
-    with pytest.raises(RuntimeError, match="stop after C1's call"):
-        loop.pipeline_round("/b1", "/pi2-local", "loop1")
+    monkeypatch.setattr(loop, "c1", c1_stopping_the_round)
+    with pytest.raises(RuntimeError, match="stop at C1's launch"):
+        loop.pipeline_round("/b1", "/pi2-local", "loop2")
     assert asked == [("c1", "/pi2-local")]
 
 
 def test_a_phase_trained_with_other_overrides_profile_or_config_is_not_reused(tmp_path: Path) -> None:
     """A1 recorded with 4 SFT steps; a rerun asking for 6 must not reuse it (the manifest would show 6 beside a
     command that says 4), and neither may a rerun with another profile or an edited config file."""
-    from trainer.loop import PHASE_INPUTS, StaleResultError
     from trainer.runs.reuse import inputs_difference
 
     out = tmp_path / "loop"
@@ -297,16 +301,16 @@ def test_a_phase_trained_with_other_overrides_profile_or_config_is_not_reused(tm
 
 def test_rl_sources_train_a_grpo_phase_on_those_sources_and_key_its_result(tmp_path: Path) -> None:
     """--rl-sources: the phase's train split of those sources (train_sets/, before the user's overrides), in
-    the manifest and in the phase's recorded inputs, so a result trained on every source is not reused."""
+    the run record and in the phase's recorded inputs (the set by content), so a result trained on every source is
+    not reused."""
     import pyarrow.parquet as pq
 
     from shared.golden import source_of
     from trainer.data.datasets import build_datasets
-    from trainer.loop import PHASE_INPUTS, StaleResultError
 
     out = tmp_path / "loop"
     cfg = LoopConfig(golden=SAMPLE, out=out, profile="cpu-smoke", pi1_sft="/a", pi2_sft="/b",
-                     rl_sources=("people", "invoice"), overrides=("x=1",))  # fmt: skip
+                     rl_sources=("people", "invoice"), rl_extra=("x=1",))  # fmt: skip
     loop = Loop(cfg, runner=FaultyPhaseRunner())
     build_datasets(SAMPLE, loop.data, ["b1"])
     with pytest.raises(RuntimeError, match="phase b1 failed"):
@@ -315,7 +319,8 @@ def test_rl_sources_train_a_grpo_phase_on_those_sources_and_key_its_result(tmp_p
     assert loop.runner.launched[0].overrides == (f"data.train_files={train}", "x=1")  # type: ignore[attr-defined]
     ids = [r["id"] for r in pq.read_table(train).column("extra_info").to_pylist()]
     assert len(ids) == 8 and {source_of(i) for i in ids} == {"people", "invoice"}
-    assert json.loads((out / MANIFEST).read_text())["train_set:b1"]["prompts"] == 8
+    assert json.loads((out / RECORD).read_text())["train_set:b1"]["prompts"] == 8
+    assert run_inputs(loop.runner.launched[0])["train_files"]  # type: ignore[attr-defined]  # the set, by content
     recorded(out / "b1", "b1", out / "b1" / "hf")
     every_source = phase_inputs("b1", "/a", loop.data, "cpu-smoke", ("x=1",))
     (out / "b1" / PHASE_INPUTS).write_text(json.dumps(every_source))
@@ -323,9 +328,8 @@ def test_rl_sources_train_a_grpo_phase_on_those_sources_and_key_its_result(tmp_p
         loop.phase("b1", "/a", "http://127.0.0.1:9", out / "b1")
     every = Loop(dataclasses.replace(cfg, rl_sources=()), runner=FaultyPhaseRunner())
     assert every.phase("b1", "/a", "http://127.0.0.1:9", out / "b1") == str(out / "b1" / "hf")  # reused
-    key = precompute_key(cfg, "/c1")
-    assert key["config"]["train_sources"] == ["people", "invoice"]
-    assert "train_sources" not in precompute_key(dataclasses.replace(cfg, rl_sources=()), "/c1")["config"]
+    assert precompute_key(loop.ctx, "/c1", "gold")["config"]["train_sources"] == ["people", "invoice"]
+    assert precompute_key(every.ctx, "/c1", "gold")["config"]["train_sources"] == []
 
 
 class WaitingRunnerForTests:
@@ -400,7 +404,7 @@ def test_abort_file_name_is_the_one_grpo_base_gives_the_trainer() -> None:
 
     from trainer.phases.reward_ready import ABORT_FILE
 
-    base = Path(__file__).resolve().parents[2] / "trainer" / "phases" / "configs" / "grpo_base.yaml"
+    base = Path(__file__).resolve().parents[3] / "trainer" / "phases" / "configs" / "grpo_base.yaml"
     cfg = yaml.safe_load(base.read_text())
     assert cfg["reward_ready"]["abort_file"] == "${oc.env:TRAINER_OUT_DIR}/" + ABORT_FILE
 
@@ -410,16 +414,15 @@ def test_phase_d_serves_without_prefix_caching_and_records_the_mode(
 ) -> None:
     """The loop's Phase-D executors run eager without prefix caching (the mode that repeats); metrics.json and
     report.md record it per setting, and a decision taken again over the recorded scores keeps the line."""
-    from trainer.loop import phase_d_step
     from trainer.serving.endpoint import ServingMode
+    from trainer.serving.executors import ExecutorPool
 
     asked: list[dict[str, object]] = []
     mode = ServingMode("CPU", eager=True, prefix_caching=True, batch_invariant=False)
 
-    @contextlib.contextmanager
-    def serve_model(model: str, _log: Path, _slot: object = None, **kw: object) -> Iterator[Endpoint]:
-        asked.append(kw)
-        yield Endpoint("http://127.0.0.1:9", "policy", mode=mode)
+    def ensure(pool: ExecutorPool, specs: Any) -> list[Endpoint]:
+        asked.append({"eager": pool.eager, "prefix_caching": pool.prefix_caching, "models": [s.model for s in specs]})
+        return [Endpoint("http://127.0.0.1:9", "policy", mode=mode) for _ in specs]
 
     def stage1_schemas(_label: str, pi1: str, examples: Any, serve: Any, *_a: Any) -> list[str]:
         with serve(pi1, "stage1"):
@@ -433,18 +436,21 @@ def test_phase_d_serves_without_prefix_caching_and_records_the_mode(
         return [{"id": ex.id, "schema_prediction": s, "table_prediction": None}
                 for ex, s in zip(examples, schemas, strict=True)]  # fmt: skip
 
-    monkeypatch.setattr(phase_d_step, "serve_model", serve_model)
+    monkeypatch.setattr(ExecutorPool, "ensure", ensure)
     monkeypatch.setattr("trainer.evaluation.two_stage.stage1_schemas", stage1_schemas)
     monkeypatch.setattr("trainer.evaluation.two_stage.run_two_stage", run_two_stage)
     cfg = LoopConfig(golden=SAMPLE, out=tmp_path / "loop", profile="cpu-smoke", pi1_sft="/a", pi2_sft="/b")
     settings = {"sft": ("/a", "/b"), "pipe": ("/c", "/b")}
-    evaluate_phase_d(Workspace.open(cfg), settings, "loop1", ("sft", "pipe"))
-    assert len(asked) == 4 and all(kw["prefix_caching"] is False and kw["eager"] is True for kw in asked)
+    Loop(cfg).evaluate(settings, "loop1", ("sft", "pipe"))
+    # one model at a time on CPU: π1 then π2 of each setting, each served eager without prefix caching
+    assert [a["models"] for a in asked] == [["/a"], ["/b"], ["/c"], ["/b"]]
+    assert all(a["prefix_caching"] is False and a["eager"] is True for a in asked)
     out = tmp_path / "loop" / "eval_loop1"
     serving = json.loads((out / "metrics.json").read_text())["serving"]
-    assert serving["sft"] == serving["pipe"] == {**mode.as_dict(), "concurrency": 16, "max_tokens": cfg.eval_max_tokens}
+    want = {**mode.as_dict(), "concurrency": cfg.eval_concurrency, "max_tokens": cfg.eval_max_tokens}
+    assert serving["sft"] == serving["pipe"] == want
     line = next(ln for ln in (out / "report.md").read_text().splitlines() if ln.startswith("Serving: "))
-    evaluate_phase_d(Workspace.open(cfg), settings, "loop1", ("pipe", "sft"))  # reused, decided again
+    Loop(cfg).evaluate(settings, "loop1", ("pipe", "sft"))  # reused, decided again
     assert len(asked) == 4 and json.loads((out / "metrics.json").read_text())["loop2"]["last"] == "sft"
     assert line in (out / "report.md").read_text().splitlines()
 
@@ -454,8 +460,8 @@ def test_phase_d_cut_in_stage_2_keeps_stage_1_for_the_resumed_loop(
 ) -> None:
     """A Phase D cut during a setting's Stage 2 (the allocation ended) keeps that setting's Stage-1 schemas under
     their key: the resumed loop scores the same schemas without running π1 again; a new π1 runs it again."""
-    from trainer.loop import phase_d_step
     from trainer.serving.endpoint import ServingMode
+    from trainer.serving.executors import ExecutorPool
 
     pi1 = tmp_path / "c1_hf"
     pi1.mkdir()
@@ -463,9 +469,9 @@ def test_phase_d_cut_in_stage_2_keeps_stage_1_for_the_resumed_loop(
     stage1_runs: list[str] = []
     cut = {"on": True}
 
-    @contextlib.contextmanager
-    def serve_model(model: str, _log: Path, _slot: object = None, **_kw: object) -> Iterator[Endpoint]:
-        yield Endpoint("http://127.0.0.1:9", "policy", mode=ServingMode("CPU", eager=True, prefix_caching=False))
+    def ensure(_pool: ExecutorPool, specs: Any) -> list[Endpoint]:
+        mode = ServingMode("CPU", eager=True, prefix_caching=False)
+        return [Endpoint("http://127.0.0.1:9", "policy", mode=mode) for _ in specs]
 
     def stage1_schemas(label: str, pi1_dir: str, examples: Any, serve: Any, *_a: Any) -> list[str]:
         stage1_runs.append(label)
@@ -478,23 +484,23 @@ def test_phase_d_cut_in_stage_2_keeps_stage_1_for_the_resumed_loop(
         return [{"id": ex.id, "schema_prediction": s, "table_prediction": None}
                 for ex, s in zip(examples, schemas, strict=True)]  # fmt: skip
 
-    monkeypatch.setattr(phase_d_step, "serve_model", serve_model)
+    monkeypatch.setattr(ExecutorPool, "ensure", ensure)
     monkeypatch.setattr("trainer.evaluation.two_stage.stage1_schemas", stage1_schemas)
     monkeypatch.setattr("trainer.evaluation.two_stage.run_two_stage", run_two_stage)
     cfg = LoopConfig(golden=SAMPLE, out=tmp_path / "loop", profile="cpu-smoke", pi1_sft="/a", pi2_sft="/b")
     settings = {"pipe": (str(pi1), "/b")}
     with pytest.raises(RuntimeError, match="the allocation ended"):
-        evaluate_phase_d(Workspace.open(cfg), settings, "loop1", ("pipe", "pipe"))
+        Loop(cfg).evaluate(settings, "loop1", ("pipe", "pipe"))
     kept = tmp_path / "loop" / "stage1_cache" / "pipe.json"
     assert stage1_runs == ["pipe"] and kept.is_file()
     cut["on"] = False
-    evaluate_phase_d(Workspace.open(cfg), settings, "loop1", ("pipe", "pipe"))
+    Loop(cfg).evaluate(settings, "loop1", ("pipe", "pipe"))
     assert stage1_runs == ["pipe"]  # Stage 1 did not run again
     preds = (tmp_path / "loop" / "eval_loop1" / "predictions_pipe.jsonl").read_text().splitlines()
     assert preds and all(json.loads(line)["schema_prediction"].endswith(" ") for line in preds)  # the first run's
     (pi1 / "model.safetensors").write_bytes(b"v2")  # π1 trained again: another key
     (tmp_path / "loop" / "eval_loop1" / "metrics.json").unlink()
-    evaluate_phase_d(Workspace.open(cfg), settings, "loop1", ("pipe", "pipe"))
+    Loop(cfg).evaluate(settings, "loop1", ("pipe", "pipe"))
     assert stage1_runs == ["pipe", "pipe"]
 
 
@@ -509,7 +515,6 @@ def test_rl_mix_share_mixes_a_phases_source_set_and_keys_its_result(tmp_path: Pa
 
     from shared.golden import source_of
     from trainer.data.datasets import build_datasets
-    from trainer.loop import PHASE_INPUTS, StaleResultError
     from trainer.phases.train_set import source_prompt_set
 
     out = tmp_path / "loop"
@@ -523,17 +528,17 @@ def test_rl_mix_share_mixes_a_phases_source_set_and_keys_its_result(tmp_path: Pa
     assert loop.runner.launched[0].overrides == (f"data.train_files={mixed}",)  # type: ignore[attr-defined]
     ids = [r["id"] for r in pq.read_table(mixed).column("extra_info").to_pylist()]
     assert Counter(source_of(i) for i in ids) == {"people": 4, "invoice": 2, "product": 2}
-    record = json.loads((out / MANIFEST).read_text())["train_mix:b2"]
+    record = json.loads((out / RECORD).read_text())["train_mix:b2"]
     assert (record["share"], record["seed"], record["prompts"]) == (0.5, 0, {"people": 4, "invoice": 2, "product": 2})
     recorded(out / "b2", "b2", out / "b2" / "hf")
-    half = phase_inputs("b2", "/b", loop.data, "cpu-smoke") | {"train_sources": ["people"]}
-    (out / "b2" / PHASE_INPUTS).write_text(json.dumps(half | {"train_mix": {"share": 0.5, "seed": 0}}))
+    half = run_inputs(loop.runner.launched[0])  # type: ignore[attr-defined]
+    (out / "b2" / PHASE_INPUTS).write_text(json.dumps(half))
     assert loop.phase("b2", "/b", "http://127.0.0.1:9", out / "b2") == str(out / "b2" / "hf")  # same share: reused
     fifth = Loop(dataclasses.replace(cfg, rl_mix_share=0.2), runner=FaultyPhaseRunner())
-    with pytest.raises(StaleResultError, match=r"train_mix: recorded \{'share': 0.5, 'seed': 0\}, now \{'share': 0.2"):
+    with pytest.raises(StaleResultError, match=r"train_files: recorded '[0-9a-f]{64}', now '[0-9a-f]{64}'"):
         fifth.phase("b2", "/b", "http://127.0.0.1:9", out / "b2")
     none = Loop(dataclasses.replace(cfg, rl_mix_share=0.0), runner=FaultyPhaseRunner())
-    with pytest.raises(StaleResultError, match=r"train_mix: recorded \{'share': 0.5, 'seed': 0\}, now None"):
+    with pytest.raises(StaleResultError, match=r"train_files: recorded '[0-9a-f]{64}', now '[0-9a-f]{64}'"):
         none.phase("b2", "/b", "http://127.0.0.1:9", out / "b2")
     with pytest.raises(RuntimeError, match="phase b2_again failed"):
         none.phase("b2", "/b", "http://127.0.0.1:9", out / "b2_again")
@@ -542,4 +547,4 @@ def test_rl_mix_share_mixes_a_phases_source_set_and_keys_its_result(tmp_path: Pa
     source_prompt_set(loop.data / "b2" / "train.parquet", ("people",), tmp_path / "today.parquet")
     digest = [hashlib.sha256(p.read_bytes()).hexdigest() for p in (source_set, tmp_path / "today.parquet")]
     assert digest[0] == digest[1]
-    assert "train_mix:b2_again" not in json.loads((out / MANIFEST).read_text())
+    assert "train_mix:b2_again" not in json.loads((out / RECORD).read_text())

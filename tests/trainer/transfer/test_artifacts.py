@@ -15,13 +15,15 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from tests.trainer.test_loop import SAMPLE, FaultyPhaseRunner
-from trainer.loop import MANIFEST, Loop, LoopConfig, phase_done
-from trainer.loop.artifacts import ARTIFACTS, ArtifactError, pack, unpack
-from trainer.loop.phase_d_step import evaluate_phase_d
-from trainer.loop.workspace import Workspace
+from tests.trainer.runs.test_loop import SAMPLE, FaultyPhaseRunner
 from trainer.phases.launch import PhaseResult, PhaseRun
+from trainer.runs.config import LoopConfig
+from trainer.runs.loop import Loop
+from trainer.runs.record import RECORD as MANIFEST
+from trainer.runs.reuse import finished as phase_done
 from trainer.serving.endpoint import Endpoint, ServingMode
+from trainer.serving.executors import ExecutorPool
+from trainer.transfer.artifacts import ARTIFACTS, ArtifactError, pack, unpack
 
 PHASES = ("a1", "a2", "b1", "b2")
 PIECE = 4096
@@ -59,13 +61,13 @@ class TrainingRunnerForTests:
 
 
 @contextlib.contextmanager
-def fake_phase_d(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Phase D without executors: π1 'writes' the gold schemas, π2 no table (scored for real)."""
-    from trainer.loop import phase_d_step
+def phase_d_without_executors(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Phase D without executors (none on this machine's budget): π1 'writes' the gold schemas, π2 no table
+    (scored for real)."""
 
-    @contextlib.contextmanager
-    def serve_model(_model: str, _log: Path, _slot: object = None, **_kw: object) -> Iterator[Endpoint]:
-        yield Endpoint("http://127.0.0.1:9", "policy", mode=ServingMode("CPU", eager=True, prefix_caching=False))
+    def ensure(_pool: ExecutorPool, specs: Any) -> list[Endpoint]:
+        mode = ServingMode("CPU", eager=True, prefix_caching=False)
+        return [Endpoint("http://127.0.0.1:9", "policy", mode=mode) for _ in specs]
 
     def stage1_schemas(_label: str, _pi1: str, examples: Any, *_a: Any) -> list[str]:
         return [json.dumps(ex.schema_dict()) for ex in examples]
@@ -74,7 +76,7 @@ def fake_phase_d(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         return [{"id": ex.id, "schema_prediction": s, "table_prediction": None}
                 for ex, s in zip(examples, schemas, strict=True)]  # fmt: skip
 
-    monkeypatch.setattr(phase_d_step, "serve_model", serve_model)
+    monkeypatch.setattr(ExecutorPool, "ensure", ensure)
     monkeypatch.setattr("trainer.evaluation.two_stage.stage1_schemas", stage1_schemas)
     monkeypatch.setattr("trainer.evaluation.two_stage.run_two_stage", run_two_stage)
     yield
@@ -89,7 +91,7 @@ def settings(out: Path) -> dict[str, tuple[str, str]]:
 
 def config(out: Path) -> LoopConfig:
     return LoopConfig(golden=SAMPLE, out=out, profile="cpu-smoke", base_model="/base", reward_url="http://127.0.0.1:9",
-                      overrides=("x=1",), until="local")  # fmt: skip
+                      rl_extra=("x=1",), until="local")  # fmt: skip
 
 
 @pytest.fixture
@@ -100,11 +102,11 @@ def finished(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     cfg = config(out)
     loop = Loop(cfg, runner=TrainingRunnerForTests(fail=("c1",)))
     assert loop.run()["stopped_after"] == "local"
-    with monkeypatch.context() as mp, fake_phase_d(mp):
-        evaluate_phase_d(Workspace.open(cfg), settings(out), "loop1", ("sft", "local"))
+    with monkeypatch.context() as mp, phase_d_without_executors(mp):
+        Loop(cfg).evaluate(settings(out), "loop1", ("sft", "local"))
     with pytest.raises(RuntimeError, match="phase c1 failed"):
         loop.phase("c1", str(out / "b1" / "hf"), "http://127.0.0.1:9", out / "c1")
-    loop._link_c1_data(out / "loop2" / "data")
+    loop.link_c1_data(out / "loop2" / "data")
     (out / "logs").mkdir(exist_ok=True)
     (out / "logs" / "reward_api_local.log").write_text("served\n")
     return out
@@ -170,7 +172,9 @@ def test_pack_takes_finished_work_in_pieces_and_leaves_checkpoints_and_logs(fini
         pack(finished, finished / "pieces")
 
 
-def test_unpacked_folder_is_the_same_and_the_loop_reuses_every_finished_phase(finished: Path, tmp_path: Path) -> None:
+def test_unpacked_folder_is_the_same_and_the_loop_reuses_every_finished_phase(
+    finished: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     old = finished
     incoming, before = moved(old, tmp_path)
     new = tmp_path / "node2" / "loop"
@@ -199,15 +203,16 @@ def test_unpacked_folder_is_the_same_and_the_loop_reuses_every_finished_phase(fi
     cfg = dataclasses.replace(config(old), out=new)
     manifest = Loop(cfg, runner=runner).run()
     assert runner.launched == [] and manifest["stopped_after"] == "local"
-    assert {manifest[f"phase:{p}"]["hf_dir"] for p in PHASES} == {str(new / p / "hf") for p in PHASES}
+    assert {manifest["phases"][p]["hf_dir"] for p in PHASES} == {str(new / p / "hf") for p in PHASES}
     assert Loop(cfg, runner=runner).phase("b2", str(new / "a2" / "hf"), "http://127.0.0.1:9", new / "b2") == str(
         new / "b2" / "hf"
     )
 
-    def not_again(*_a: object) -> Any:
+    def not_again(*_a: object, **_k: object) -> Any:
         raise AssertionError("Phase D ran again")
 
-    decision = evaluate_phase_d(Workspace.open(cfg), settings(new), "loop1", ("sft", "local"), score=not_again)
+    monkeypatch.setattr("trainer.runs.phase_d.score", not_again)
+    decision = Loop(cfg).evaluate(settings(new), "loop1", ("sft", "local"))
     assert decision == json.loads((new / "eval_loop1" / "metrics.json").read_text())["loop2"]
     assert runner.launched == []
 

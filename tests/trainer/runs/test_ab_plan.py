@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.trainer.test_loop import SAMPLE, recorded
-from trainer.experiment.config import ExperimentConfig
-from trainer.experiment.design import DESIGNS
-from trainer.experiment.plan import ExecutorStep, executor_timeline, stages
-from trainer.experiment.workdir import Workdir
+from tests.trainer.runs.test_loop import SAMPLE, recorded
+from trainer.runs.ab_plan import DESIGNS, ExecutorStep, Workdir, executor_timeline, stages
+from trainer.runs.config import ExperimentConfig
 
 PI1, PI2 = DESIGNS["pi1-ab"], DESIGNS["pi2-ab"]
 
 
 def cfg(tmp_path: Path, **kw: object) -> ExperimentConfig:
-    return ExperimentConfig(golden=SAMPLE, workdir=tmp_path, **kw)  # type: ignore[arg-type]
+    return ExperimentConfig(golden=SAMPLE, out=tmp_path, **kw)  # type: ignore[arg-type]
 
 
 def test_the_designs_say_what_each_experiment_compares() -> None:

@@ -1,5 +1,5 @@
-"""The loop's config is declared once: every LoopConfig field is an option of ``trainer loop`` (with its
-help text) and the manifest records the config whole."""
+"""The recipes' configs are declared once: every LoopConfig field is an option of ``trainer loop`` (with its help
+text), and the run record holds the config whole."""
 
 from __future__ import annotations
 
@@ -11,12 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.trainer.test_loop import SAMPLE
-from trainer.loop import MANIFEST, LoopConfig, Manifest
-from trainer.loop.manifest import record_inputs
-
-# Not options, and why: the Hydra overrides of the RL phases are the command's trailing arguments.
-NOT_OPTIONS = {"overrides"}
+from tests.trainer.runs.test_loop import SAMPLE
+from trainer.runs.config import LoopConfig
+from trainer.runs.record import RECORD, RunRecord
 
 
 def option_names() -> dict[str, str]:
@@ -33,9 +30,6 @@ def test_every_config_field_is_an_option_with_help() -> None:
     options = option_names()
     for f in dataclasses.fields(LoopConfig):
         assert f.metadata.get("help"), f"LoopConfig.{f.name} has no help text"
-        if f.name in NOT_OPTIONS:
-            assert f.metadata["cli"] is False and (f.metadata["option"] or f.name) not in options
-            continue
         name = f.metadata["option"] or f.name
         assert name in options, f"LoopConfig.{f.name} is no option of `trainer loop`"
         assert options[name] == f.metadata["help"], f.name
@@ -47,13 +41,14 @@ def test_every_config_field_is_an_option_with_help() -> None:
         "executor_cuda_graphs",
     }  # fmt: skip
     added = {"decision_metric", "reward_max_tokens", "eval_max_tokens", "eval_max_truncated_share", "rl_sources",
-             "eval_base", "sft_mix", "rl_mix_share", "rl_seed"}  # fmt: skip
+             "eval_base", "sft_mix", "rl_mix_share", "rl_seed", "rl_extra", "eval_concurrency",
+             "eval_timeout_s"}  # fmt: skip
     assert before | added == set(options)
 
 
 def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each option lands in its field, the fields unreachable before included; the defaults are the config's."""
-    from trainer import loop_cli
+    from trainer import run_cli
     from trainer.cli import app
 
     seen: list[LoopConfig] = []
@@ -65,7 +60,7 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         def run(self) -> dict[str, object]:
             return {}
 
-    monkeypatch.setattr(loop_cli, "Loop", CapturingLoop)
+    monkeypatch.setattr(run_cli, "Loop", CapturingLoop)
     base = ["loop", "--golden", str(SAMPLE), "--out", str(tmp_path), "--profile", "cpu-smoke"]
     res = CliRunner().invoke(app, [*base, "--pi1-sft", "/p1", "--pi2-sft", "/p2"])
     assert res.exit_code == 0, res.output
@@ -79,19 +74,20 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         "0.5", "--no-eval-base", "--rft",
         "--rft-k", "2", "--rft-threshold", "0.25", "--until", "c1", "--reward-workers", "2", "--preflight-min", "0.3",
         "--c2-train-prompts", "7", "--rl-sources", "wikitabletext", "--rl-mix-share", "0.25", "--sft-mix", "e2e=2",
-        "--executor-cuda-graphs", "--rl-seed", "3",
-        "x=1", "y=2",
+        "--executor-cuda-graphs", "--rl-seed", "3", "--rl-extra", "w=0", "--eval-concurrency", "8",
+        "--eval-timeout-s", "60", "x=1", "y=2",
     ]  # fmt: skip
     res = CliRunner().invoke(app, [*base, *given])
     assert res.exit_code == 0, res.output
     assert seen[-1] == LoopConfig(
         golden=SAMPLE, out=tmp_path, profile="cpu-smoke", pi1_sft="/p1", pi2_sft="/p2", base_model="/b",
         sft_overrides=("a=1", "b=2"), reward_url="http://r", c1_reward_url="http://c1", pi1_pipe_url="http://p",
-        limit=5, eval_limit=3, loops=2, min_gain=0.5, decision_metric="cell_accuracy", overrides=("x=1", "y=2"),
+        limit=5, eval_limit=3, loops=2, min_gain=0.5, decision_metric="cell_accuracy", rl_extra=("w=0", "x=1", "y=2"),
         reward_max_tokens=384, eval_max_tokens=128, eval_max_truncated_share=0.5, eval_base=False, rft=True,
         rft_k=2, rft_threshold=0.25, gpus=(),
         until="c1", reward_workers=2, preflight_min=0.3, executor_eager=False, c2_train_prompts=7,
-        rl_sources=("wikitabletext",), rl_mix_share=0.25, sft_mix="e2e=2", rl_seed=3,
+        rl_sources=("wikitabletext",), rl_mix_share=0.25, sft_mix="e2e=2", rl_seed=3, eval_concurrency=8,
+        eval_timeout_s=60.0,
     )  # fmt: skip
     # every field was given something other than its default above (gpus: the cpu-smoke profile has none)
     changed = {f.name for f in dataclasses.fields(LoopConfig) if getattr(seen[-1], f.name) != getattr(defaults, f.name)}
@@ -105,13 +101,14 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         assert bad.exit_code == 2 and "--rl-mix-share" in flat and why in flat, bad.output
 
 
-def test_the_manifest_records_the_config_whole(tmp_path: Path) -> None:
+def test_the_run_record_holds_the_config_whole(tmp_path: Path) -> None:
     cfg = LoopConfig(
         golden=SAMPLE, out=tmp_path, profile="gpu", pi1_sft="/p1", pi2_sft="/p2", sft_overrides=("a=1",),
         decision_metric="cell_accuracy", eval_max_tokens=128, gpus=("0", "1"), rft=True, rft_k=3,
     )  # fmt: skip
-    record_inputs(Manifest.open(tmp_path / MANIFEST), cfg)
-    m = json.loads((tmp_path / MANIFEST).read_text())
+    RunRecord.open(tmp_path, "loop", cfg).set("parts", {})  # the config is written with the first entry
+    m = json.loads((tmp_path / RECORD).read_text())
+    assert m["recipe"] == "loop"
     config = m["config"]
     assert set(config) == {f.name for f in dataclasses.fields(LoopConfig)}
     # read back, it is the same config
@@ -119,10 +116,4 @@ def test_the_manifest_records_the_config_whole(tmp_path: Path) -> None:
     tuples = {f.name for f in dataclasses.fields(LoopConfig) if isinstance(f.default, tuple)}
     back = {k: hints[k](v) if k in hints else tuple(v) if k in tuples else v for k, v in config.items()}
     assert LoopConfig(**back) == cfg
-    # inputs keep the keys earlier manifests had: the golden files by content, the RFT settings as one entry
-    inputs = m["inputs"]
-    assert set(inputs["golden"]) == {str(p) for p in SAMPLE.glob("common_*_schemas.jsonl")}
-    assert inputs["rft"] == {"k": 3, "threshold": 0.5}
-    for key in ("pi1_sft", "pi2_sft", "base_model", "sft_overrides", "profile", "limit", "overrides",
-                "reward_url", "c1_reward_url", "pi1_pipe_url"):  # fmt: skip
-        assert inputs[key] == config[key], key
+

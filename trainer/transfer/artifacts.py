@@ -1,13 +1,14 @@
-"""Resume on another node: a loop folder's finished work packed into checked pieces, and unpacked into a new
-folder that ``trainer loop`` goes on from (a preempted or time-limited allocation continues elsewhere).
+"""Resume on another node: a loop folder's finished work packed into checked pieces, and unpacked into a new folder
+that ``trainer loop`` goes on from (a preempted or time-limited allocation continues elsewhere).
 
-What travels (:func:`pack`): ``loop_manifest.json``; of every finished phase (:func:`~trainer.loop.phase_step.
-phase_done`: its result says ok and its exported model is there) the exported model (``hf/``), the files at the top
-of its folder but its logs (``phase_result.json``, ``phase_inputs.json``, ``metrics.jsonl``, ``preflight.json``)
-and the state records at the top of ``checkpoints/`` (early stopping, length filters, the SFT epoch plan); every
-other file of the folder: the built data (``data/``, ``loop2/data/``, ``rft/*/data/``, with the C2 precompute's
-key), ``train_sets/``, Phase D's outputs (``eval_*/``: metrics, report, per-document predictions and scores, key)
-and the kept Stage-1 schemas (``stage1_cache/``). Symbolic links inside the folder travel as relative links.
+What travels (:func:`pack`): the run record (``run.json``, ``report.md``); of every finished phase
+(:func:`trainer.runs.reuse.finished`: its result says ok and its exported model is there) the exported model
+(``hf/``), the files at the top of its folder but its logs (``phase_result.json``, ``phase_inputs.json``,
+``metrics.jsonl``, ``preflight.json``) and the state records at the top of ``checkpoints/`` (early stopping, length
+filters, the SFT epoch plan); every other file of the folder: the built data (``data/``, ``loop2/data/``,
+``rft/*/data/``, with the C2 precompute's key), ``train_sets/``, Phase D's outputs (``eval_*/``: metrics, report,
+per-document predictions and scores, key) and the kept Stage-1 schemas (``stage1_cache/``). Symbolic links inside
+the folder travel as relative links.
 
 What does not: the checkpoints (``checkpoints/*/``: weights and optimizer states), ``*.log`` and ``logs/``,
 hidden and ``*.tmp`` files, the folders of phases that did not finish (they train again from their start), and
@@ -44,10 +45,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from shared.golden import sha256_file
-from trainer.loop.manifest import MANIFEST
-from trainer.loop.phase_step import phase_done
 from trainer.phases.launch import REPO_ROOT, RESULT_FILE
-from trainer.runs.manifest import Manifest, read_json
+from trainer.runs.record import RECORD as MANIFEST
+from trainer.runs.record import RunRecord, read_json
+from trainer.runs.reuse import finished as phase_done
 
 ARTIFACTS = "artifacts.json"
 FORMAT = 1
@@ -387,7 +388,8 @@ def unpack(pieces_dir: Path, workdir: Path, progress: Progress | None = None) ->
         "pieces": len(record["pieces"]),
         "rewritten": rewritten,
     }
-    manifest = Manifest.open(root / MANIFEST)
+    record_file = root / MANIFEST
+    manifest = RunRecord(record_file, read_json(record_file) or {})
     manifest.set("unpacked", [*manifest.data.get("unpacked", []), entry])
     return entry
 

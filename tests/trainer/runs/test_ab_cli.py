@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from tests.trainer.test_loop import SAMPLE
-from trainer.experiment import ExperimentConfig
+from tests.trainer.runs.test_loop import SAMPLE
+from trainer.runs.config import ExperimentConfig
 
 
 def options(command: str) -> dict[str, str]:
@@ -45,57 +45,56 @@ def test_help_lists_every_option() -> None:
 
 
 def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer import run_cli
     from trainer.cli import app
-    from trainer.experiment import cli
 
     seen: list[tuple[str, ExperimentConfig]] = []
 
     class Capturing:
         def __init__(self, design: Any, cfg: ExperimentConfig, **_: Any) -> None:
             seen.append((design.name, cfg))
-            self.wd = type("W", (), {"manifest": tmp_path / "m.json"})()
+            self.ctx = type("C", (), {"root": tmp_path})()
 
         def run(self) -> dict[str, Any]:
             return {}
 
-    monkeypatch.setattr(cli, "Experiment", Capturing)
-    base = ["experiment", "pi2-ab", "--golden", str(SAMPLE), "--workdir", str(tmp_path)]
+    monkeypatch.setattr(run_cli, "Experiment", Capturing)
+    base = ["experiment", "pi2-ab", "--golden", str(SAMPLE), "--out", str(tmp_path)]
     given = [
         "--profile", "gpu", "--gpus", "2,3", "--base-model", "/b", "--sft-from", str(tmp_path), "--data-phases",
         "a1,a2,b1,c1,b2", "--limit", "5", "--sft-mix", "e2e=2", "--sft-override", "a=1", "--sft-override", "b=2",
         "--temps", "0.8,1.2",
         "--preflight-phases", "b2,c2", "--preflight-prompts", "8", "--preflight-sources", "wikitabletext,e2e",
-        "--preflight-n", "4", "--preflight-max-tokens",
-        "128", "--min-share", "0.2", "--force-rl", "--min-source-share", "0.3", "--rl-improvable",
+        "--preflight-n", "4", "--min-share", "0.2", "--force-rl", "--min-source-share", "0.3", "--rl-improvable",
         "--rl-sources", "wikitabletext", "--rl-mix-share", "0.25", "--control", "parallel", "--control-stagger-s", "10",
-        "--c2-train-sample", "99", "--rl-steps", "3", "--rl-test-freq", "1",
+        "--c2-train-prompts", "99", "--rl-steps", "3", "--rl-test-freq", "1",
         "--rl-micro", "8", "--rl-seed", "4", "--rl-extra", "x=1", "--rl-extra", "y=2", "--rl-stagger-s", "5",
         "--reward-max-tokens", "96",
         "--eval-limit", "4",
         "--eval-max-tokens", "64", "--eval-max-truncated-share", "0.5", "--eval-concurrency", "2",
-        "--eval-timeout-s", "30",
+        "--eval-timeout-s", "30", "--reward-workers", "3", "--executor-cuda-graphs",
     ]  # fmt: skip
     res = CliRunner().invoke(app, [*base, *given])
     assert res.exit_code == 0, res.output
     name, cfg = seen[-1]
     assert name == "pi2-ab"
     assert cfg == ExperimentConfig(
-        golden=SAMPLE, workdir=tmp_path, profile="gpu", gpus=("2", "3"), base_model="/b", sft_from=tmp_path,
+        golden=SAMPLE, out=tmp_path, profile="gpu", gpus=("2", "3"), base_model="/b", sft_from=tmp_path,
         data_phases=("a1", "a2", "b1", "c1", "b2"), limit=5, sft_mix="e2e=2", sft_overrides=("a=1", "b=2"),
         temps=(0.8, 1.2),
         preflight_phases=("b2", "c2"), preflight_prompts=8, preflight_sources=("wikitabletext", "e2e"), preflight_n=4,
-        preflight_max_tokens=128, min_share=0.2,
+        min_share=0.2,
         force_rl=True, min_source_share=0.3, rl_improvable=True, rl_sources=("wikitabletext",), rl_mix_share=0.25,
         control="parallel", control_stagger_s=10.0,
-        c2_train_sample=99, rl_steps=3, rl_test_freq=1, rl_micro=8, rl_seed=4, rl_extra=("x=1", "y=2"),
+        c2_train_prompts=99, rl_steps=3, rl_test_freq=1, rl_micro=8, rl_seed=4, rl_extra=("x=1", "y=2"),
         rl_stagger_s=5.0,
         reward_max_tokens=96, eval_limit=4, eval_max_tokens=64, eval_max_truncated_share=0.5, eval_concurrency=2,
-        eval_timeout_s=30.0,
+        eval_timeout_s=30.0, reward_workers=3, executor_eager=False,
     )  # fmt: skip
     # every field but the dry run was given something other than its default
-    default = ExperimentConfig(golden=SAMPLE, workdir=tmp_path)
+    default = ExperimentConfig(golden=SAMPLE, out=tmp_path)
     changed = {f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != getattr(default, f.name)}
-    assert changed | {"golden", "workdir", "profile", "dry_run"} == {f.name for f in dataclasses.fields(cfg)}
+    assert changed | {"golden", "out", "profile", "dry_run"} == {f.name for f in dataclasses.fields(cfg)}
     bad = CliRunner().invoke(app, [*base, "--profile", "cpu-smoke", "--control", "later"], env={"COLUMNS": "400"})
     assert bad.exit_code == 2 and "--control" in bad.output and "'later'" in bad.output
     for share, why in (("1", "at least 0 and below 1"), ("0.2", "needs --rl-sources or --rl-improvable")):
@@ -108,7 +107,7 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 @pytest.mark.parametrize(
     ("args", "placement", "stagger"),
     [
-        (["--profile", "cpu-smoke"], "CPU: every process", "(then arm B: in turn on CPU)"),
+        (["--profile", "cpu-smoke"], "CPU: every process", "(the arms in turn on CPU)"),
         (["--gpus", "0"], "arm A on GPU 0, arm B on GPU 0 (one card shared: arm B staggered)", "arm B starts 90 s"),
         (["--gpus", "0,1"], "arm A on GPU 0, arm B on GPU 1", None),
         (["--gpus", "0,1,2,3"], "arm A on GPU 0,1, arm B on GPU 2,3", None),
@@ -118,10 +117,10 @@ def test_dry_run_prints_the_plan_and_starts_nothing(
     tmp_path: Path, args: list[str], placement: str, stagger: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from trainer.cli import app
-    from trainer.experiment.recipe import Experiment
+    from trainer.runs.ab import Experiment
 
     monkeypatch.setattr(Experiment, "run", lambda self: pytest.fail("--dry-run ran the experiment"))
-    cmd = ["experiment", "pi1-ab", "--golden", str(SAMPLE), "--workdir", str(tmp_path / "ab"), "--base-model", "/b"]
+    cmd = ["experiment", "pi1-ab", "--golden", str(SAMPLE), "--out", str(tmp_path / "ab"), "--base-model", "/b"]
     res = CliRunner().invoke(app, [*cmd, *args, "--dry-run"])
     assert res.exit_code == 0, res.output
     out = res.output
@@ -144,7 +143,7 @@ def test_dry_run_does_not_convert_the_default_model(tmp_path: Path, monkeypatch:
     from trainer.cli import app
 
     monkeypatch.setattr("services.executor_vllm.default_model.convert", lambda: pytest.fail("converted"))
-    cmd = ["experiment", "pi2-ab", "--golden", str(SAMPLE), "--workdir", str(tmp_path / "ab"), "--profile", "cpu-smoke"]
+    cmd = ["experiment", "pi2-ab", "--golden", str(SAMPLE), "--out", str(tmp_path / "ab"), "--profile", "cpu-smoke"]
     res = CliRunner().invoke(app, [*cmd, "--dry-run"])
     assert res.exit_code == 0, res.output
     assert "model <SmolLM2-135M-Instruct, converted on the first run>" in res.output
@@ -154,9 +153,9 @@ def test_dry_run_does_not_convert_the_default_model(tmp_path: Path, monkeypatch:
 def test_dry_run_names_the_mixed_arms(tmp_path: Path) -> None:
     from trainer.cli import app
 
-    cmd = ["experiment", "pi2-ab", "--golden", str(SAMPLE), "--workdir", str(tmp_path / "ab"), "--base-model", "/b",
+    cmd = ["experiment", "pi2-ab", "--golden", str(SAMPLE), "--out", str(tmp_path / "ab"), "--base-model", "/b",
            "--profile", "cpu-smoke", "--rl-sources", "people", "--rl-mix-share", "0.3", "--dry-run"]  # fmt: skip
     res = CliRunner().invoke(app, cmd, env={"COLUMNS": "400"})
     assert res.exit_code == 0, res.output
-    assert "train mixes of b2 (C2: its split has no other source): 0.3 of the prompts" in res.output
+    assert "b2: 0.3 of its prompts from the other sources" in res.output and "c2: not mixed" in res.output
     assert not (tmp_path / "ab").exists()

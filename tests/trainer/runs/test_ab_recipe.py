@@ -1,5 +1,5 @@
-"""The recipe end to end with its servers, phases and clients faked (the real run on CPU is
-``test_experiments_cpu.py``): which phases run where and when, which executors start and which are reused,
+"""The recipe end to end with its servers, phases and clients recorded instead of run (no GPU here; the real run
+on CPU is ``test_ab_experiments_cpu.py``): which phases run where and when, which executors start and which are reused,
 the temperature choice and the no-headroom stop, the positive control, resumability, the stage times."""
 
 from __future__ import annotations
@@ -18,12 +18,14 @@ import pytest
 
 from shared import read_golden
 from shared.golden import source_of
-from tests.trainer.test_loop import SAMPLE
+from tests.trainer.runs.test_loop import SAMPLE
 from trainer.data.precompute import PrecomputeReport
-from trainer.experiment import DESIGNS, Experiment, ExperimentConfig, ExperimentStopped
 from trainer.phases.launch import PhaseResult, PhaseRun
 from trainer.phases.positive_control import ControlConfig, ControlVerdict
 from trainer.phases.preflight import PromptOutcome, build_report
+from trainer.runs.ab import Experiment, ExperimentStopped
+from trainer.runs.ab_plan import DESIGNS
+from trainer.runs.config import ExperimentConfig
 from trainer.runs.reuse import PHASE_INPUTS, StaleResultError
 from trainer.serving.endpoint import Endpoint
 from trainer.serving.gpus import ExecutorSlot
@@ -31,7 +33,7 @@ from trainer.serving.gpus import ExecutorSlot
 
 @dataclass
 class Node:
-    """What the fakes saw: executors launched and stopped, phases run, reward APIs, sleeps, evaluations."""
+    """What the recording stand-ins saw: executors launched and stopped, phases run, reward APIs, sleeps, scores."""
 
     events: list[tuple[str, ...]] = field(default_factory=list)
     runs: list[PhaseRun] = field(default_factory=list)
@@ -48,7 +50,7 @@ class Node:
         return [e[1] for e in self.events if e[0] == "launch"]
 
 
-class FakeExecutor:
+class RecordingExecutorForTests:
     def __init__(self, node: Node, model: str, slot: ExecutorSlot | None, served_name: str) -> None:
         self.node, self.model, self.slot, self.served_name = node, model, slot, served_name
         self.url = f"http://{served_name}"
@@ -56,7 +58,7 @@ class FakeExecutor:
     def launch(self) -> None:
         self.node.events.append(("launch", self.served_name, ",".join(self.slot.gpus) if self.slot else "cpu"))
 
-    def wait_ready(self, _timeout: float) -> FakeExecutor:
+    def wait_ready(self, _timeout: float) -> RecordingExecutorForTests:
         return self
 
     def stop(self) -> None:
@@ -67,9 +69,9 @@ class FakeExecutor:
 def node(monkeypatch: pytest.MonkeyPatch) -> Node:
     n = Node()
 
-    def executor_for(model: str, _log: Path, slot: ExecutorSlot | None = None, **kw: Any) -> FakeExecutor:
+    def executor_for(model: str, _log: Path, slot: ExecutorSlot | None = None, **kw: Any) -> RecordingExecutorForTests:
         n.prefix_caching.append(kw["prefix_caching"])
-        return FakeExecutor(n, model, slot, kw["served_name"])
+        return RecordingExecutorForTests(n, model, slot, kw["served_name"])
 
     @contextmanager
     def reward_api_process(
@@ -92,14 +94,15 @@ def node(monkeypatch: pytest.MonkeyPatch) -> Node:
         ]
         return build_report(reward, outcomes, t, min_informative=0.0, min_improvable=0.0)
 
-    def write_c2_data(golden: Path, data: Path, pi1: Endpoint, _gen: Any, **kw: Any) -> PrecomputeReport:
-        """RL rows of the split's documents (of ``train_sources`` in train, as the real one draws them)."""
-        n.events.append(("c2data", pi1.served_name, str(kw["train_sample"]), ",".join(kw["train_sources"])))
+    def precompute_c2(golden: Path, data: Path, _predict: Any, served_name: str, **kw: Any) -> PrecomputeReport:
+        """RL rows of the split's documents (of the train sources in train, as the real one draws them)."""
+        sources = (kw["sources"] or {}).get("train", ())
+        n.events.append(("c2data", served_name, str(kw["sample"]["train"]), ",".join(sources)))
         counts = {}
         for split in ("train", "validation"):
             ids = [ex.id for ex in read_golden(golden / f"common_{split}_schemas.jsonl")]
-            if split == "train" and kw["train_sources"]:
-                ids = [i for i in ids if source_of(i) in kw["train_sources"]]
+            if split == "train" and sources:
+                ids = [i for i in ids if source_of(i) in sources]
             (data / "c2").mkdir(parents=True, exist_ok=True)
             pq.write_table(pa.table({"extra_info": [{"id": i} for i in ids]}), data / "c2" / f"{split}.parquet")
             counts[split] = len(ids)
@@ -134,13 +137,14 @@ def node(monkeypatch: pytest.MonkeyPatch) -> Node:
         return recs
 
     monkeypatch.setattr("trainer.serving.executors.executor_for", executor_for)
-    monkeypatch.setattr("trainer.experiment.services.reward_api_process", reward_api_process)
+    monkeypatch.setattr("trainer.runs.servers.reward_api_process", reward_api_process)
+    monkeypatch.setattr("trainer.serving.reward_api.reward_api_process", reward_api_process)
     monkeypatch.setattr("trainer.phases.preflight.advantage_check", advantage_check)
-    monkeypatch.setattr("trainer.loop.c2_precompute.write_c2_data", write_c2_data)
+    monkeypatch.setattr("trainer.data.precompute.precompute_c2", precompute_c2)
     monkeypatch.setattr("trainer.evaluation.two_stage.run_two_stage", run_two_stage)
     monkeypatch.setattr("trainer.evaluation.two_stage.stage1_schemas", stage1_schemas)
     monkeypatch.setattr("trainer.evaluation.inference.infer", infer)
-    monkeypatch.setattr("trainer.experiment.recipe.time.sleep", n.sleeps.append)
+    monkeypatch.setattr("time.sleep", n.sleeps.append)
     return n
 
 
@@ -172,7 +176,7 @@ def control_runner(node: Node) -> Any:
 
 
 def experiment(node: Node, tmp_path: Path, name: str = "pi1-ab", **kw: Any) -> Experiment:
-    cfg = ExperimentConfig(golden=SAMPLE, workdir=tmp_path / name, base_model="/base", temps=(1.0, 1.3), **kw)
+    cfg = ExperimentConfig(golden=SAMPLE, out=tmp_path / name, base_model="/base", temps=(1.0, 1.3), **kw)
     return Experiment(DESIGNS[name], cfg, runner=runner(node), control_runner=control_runner(node), say=lambda _m: None)
 
 
@@ -212,18 +216,20 @@ def test_pi1_on_one_gpu(node: Node, tmp_path: Path) -> None:
     stage1 = json.loads((wd.stage1_eval / "metrics.json").read_text())
     assert list(stage1["settings"]) == ["sft", "local", "pipe"]
     assert {t["metric"] for t in stage1["paired_tests"]} == {"schema_f1"}
-    assert all(
-        manifest[f"stage:{s}"]["status"] == "ok" for s in ("sft", "preflight", "choose", "control", "rl", "eval")
-    )
-    assert all(isinstance(manifest[f"stage:{s}"]["seconds"], float) for s in ("sft", "rl", "eval"))
+    parts = manifest["parts"]
+    assert all(parts[s]["status"] == "ok" for s in ("sft", "preflight", "choose", "control", "rl", "eval"))
+    assert all(isinstance(parts[s]["seconds"], float) for s in ("sft", "rl", "eval"))
+    n_test = len(read_golden(SAMPLE / "common_test_schemas.jsonl"))
+    assert manifest["phase_d"]["phase_d"]["headline"]["pipe"]["n"] == n_test
+    assert "## Phase D: phase_d" in (wd.root / "report.md").read_text()
     # every server ended with the experiment
     assert sorted(e[1] for e in node.events if e[0] == "stop") == ["pi1-pipe", "pi1-sft", "pi2-sft"]
 
     # a rerun skips every stage whose result exists: nothing is launched or served again
-    before = len(node.events)
+    before, rl = len(node.events), dict(parts["rl"])
     manifest = exp.run()
     assert [e for e in node.events[before:] if e[0] in ("launch", "phase", "control", "preflight")] == []
-    assert manifest["stage:rl"]["status"].startswith("skipped") and manifest["stage:choose"]["status"] == "ok"
+    assert manifest["parts"]["rl"] == rl and manifest["parts"]["choose"]["status"] == "ok"  # skipped: its time kept
 
 
 def test_pi1_on_two_gpus_each_arm_its_own_and_no_stagger(node: Node, tmp_path: Path) -> None:
@@ -279,7 +285,7 @@ def test_a_failed_serial_control_stops_also_on_a_rerun(node: Node, tmp_path: Pat
 
 def test_pi2_c2data_gold_schemas_and_the_improvable_fallback(node: Node, tmp_path: Path) -> None:
     exp = experiment(node, tmp_path, "pi2-ab", gpus=("0", "1"), control="parallel", rl_improvable=True,
-                     c2_train_sample=7)  # fmt: skip
+                     c2_train_prompts=7)  # fmt: skip
     exp.run()
     # the preflight's π2ˢ on arm A's GPU and c2data's π1ˢ on arm B's start together; eval keeps both
     launched = [e for e in node.events if e[0] == "launch"]
@@ -320,7 +326,7 @@ def test_pi2_gold_schema_eval_is_written_before_phase_d_ends(
     gold = json.loads((exp.wd.gold_schema_eval / "metrics.json").read_text())
     assert set(gold["settings"]) == {"sft", "local", "pipe"}
     assert not (exp.wd.phase_d / "metrics.json").exists()
-    assert exp.ctx.manifest.data["stage:eval"]["status"] == "failed"
+    assert exp.ctx.record.data["parts"]["eval"]["status"] == "failed"
 
 
 def test_pi1_schemas_alone_are_scored_before_phase_d_ends(
@@ -338,7 +344,7 @@ def test_pi1_schemas_alone_are_scored_before_phase_d_ends(
         m["macro"]["schema_f1"] == 1.0 and "aligned_cell_f1" not in m["macro"] for m in stage1["settings"].values()
     )
     assert not (exp.wd.phase_d / "metrics.json").exists() and not exp.wd.gold_schema_eval.exists()
-    assert exp.ctx.manifest.data["stage:eval"]["status"] == "failed"
+    assert exp.ctx.record.data["parts"]["eval"]["status"] == "failed"
 
 
 def test_a_rerun_after_a_cut_eval_takes_pi1s_schemas_from_the_first(
@@ -386,7 +392,7 @@ def test_settings_that_share_a_pi1_share_one_stage1(node: Node, tmp_path: Path) 
     schemas = {name: [r["schema_prediction"] for r in recs] for name, recs in records.items()}
     assert schemas["sft"] == schemas["local"] == schemas["pipe"] and schemas["sft"]
     for name, recs in records.items():  # each setting's records are still its own
-        assert {(r["setting"], r["schema_model"]) for r in recs} == {(name, exp.ctx.output("a1"))}
+        assert {(r["setting"], r["schema_model"]) for r in recs} == {(name, exp.ctx.output(exp.wd.phase("a1")))}
 
     node.stage1.clear()
     experiment(node, tmp_path, gpus=("0", "1"), control="off").run()
@@ -463,7 +469,7 @@ def test_rl_sources_train_each_arm_on_those_sources_and_validate_on_all(node: No
     """--rl-sources: c2data draws C2's documents from them, each arm trains on its train split of them (the
     improvable set is too small here: 12 prompts against a batch of 64), validation files stay whole."""
     exp = experiment(node, tmp_path, "pi2-ab", gpus=("0", "1"), control="off", rl_improvable=True,
-                     rl_sources=("people", "product"), c2_train_sample=7)  # fmt: skip
+                     rl_sources=("people", "product"), c2_train_prompts=7)  # fmt: skip
     manifest = exp.run()
     assert ("c2data", "pi1-sft", "7", "people,product") in node.events
     for arm in ("b2", "c2"):
@@ -494,11 +500,9 @@ def test_rl_sources_without_a_document_there_stop_before_training(node: Node, tm
 
 def test_rl_mix_share_adds_the_other_sources_to_b2s_set_and_refuses_another_share(node: Node, tmp_path: Path) -> None:
     """--rl-mix-share: B2 trains on its people prompts with invoice and product added evenly to make the share,
-    recorded in the manifest; C2's split holds only people documents (c2data drew them) and is not mixed; a
-    rerun of the arms with another share refuses the set built with the first, naming both."""
+    recorded in the run record; C2's split holds only people documents (c2data drew them) and is not mixed; a
+    rerun with another share refuses the arm trained on the first (its train set by content)."""
     from collections import Counter
-
-    from trainer.phases.train_mix import TrainMixError
 
     kw: dict[str, Any] = {"gpus": ("0", "1"), "control": "off", "rl_sources": ("people",)}
     exp = experiment(node, tmp_path, "pi2-ab", rl_mix_share=0.5, **kw)
@@ -512,12 +516,14 @@ def test_rl_mix_share_adds_the_other_sources_to_b2s_set_and_refuses_another_shar
     assert (record["share"], record["seed"], record["drawn"]) == (0.5, 0, {"invoice": 2, "product": 2})
     assert f"data.train_files={exp.wd.source_set('c2', ('people',))}" in c2.overrides
     assert "train_mix:c2" not in manifest
-    for arm in ("b2", "c2"):  # the arms cut short: the rerun trains them again
-        (exp.wd.phase(arm) / "phase_result.json").unlink()
     again = experiment(node, tmp_path, "pi2-ab", rl_mix_share=0.2, **kw)
-    with pytest.raises(TrainMixError, match=r"b2_people\+mix.parquet was built otherwise \(share: built with 0.5, "
-                                            r"asked for 0.2\)"):  # fmt: skip
-        again.run()
+    with pytest.raises(StaleResultError, match=r"phase b2: .*other inputs \(train_files: recorded '[0-9a-f]{64}'"):
+        again.run()  # B2 finished on the 0.5 mix: another share is another train set, by content
+    n = len(node.runs)
+    for arm in ("b2", "c2"):  # the arms cut short: the rerun trains them again, B2 on the 0.2 mix
+        (exp.wd.phase(arm) / "phase_result.json").unlink()
+    manifest = experiment(node, tmp_path, "pi2-ab", rl_mix_share=0.2, **kw).run()
+    assert [r.phase.name for r in node.runs[n:]] == ["b2", "c2"] and manifest["train_mix:b2"]["share"] == 0.2
 
 
 def test_rl_mix_share_without_a_chosen_set_stops_before_training(node: Node, tmp_path: Path) -> None:

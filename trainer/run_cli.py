@@ -1,14 +1,10 @@
-"""``python -m trainer loop``: the loop's command, beside the loop (``trainer/loop/``).
+"""The recipes' commands: ``python -m trainer loop`` (with ``loop pack`` / ``loop unpack``: resume on another node,
+:mod:`trainer.transfer.artifacts`) and ``python -m trainer experiment pi1-ab|pi2-ab``.
 
-Its options are :class:`~trainer.loop.config.LoopConfig`'s fields, built from the field declarations by
-:mod:`trainer.config_cli` (help text, Typer's checks, and where the command line differs from the field,
-its name, type and default): a field added to the config is an option without a line here. Hydra overrides after the
-options go to every RL phase (``overrides``, the one field that is not an option). Mounted on the main
-app by :func:`register` (``trainer/cli.py``).
-
-``loop pack`` and ``loop unpack`` (:mod:`trainer.loop.artifacts`: resume on another node) are the commands of
-:data:`artifacts_app`; ``loop`` hands the command line to them when its first argument names one
-(:class:`LoopCommand`), so ``loop``'s own options and trailing overrides stay as they are.
+Their options are the config's fields (:mod:`trainer.runs.config`, built by :mod:`trainer.config_cli`): a field
+added to a config is an option without a line here. Hydra overrides after the loop's options go to every RL phase
+(after ``--rl-extra``'s). ``loop`` hands the command line to :data:`artifacts_app` when its first argument names one
+of its commands (:class:`LoopCommand`). Mounted on the main app by :func:`register` (``trainer/cli.py``).
 """
 
 from __future__ import annotations
@@ -25,41 +21,48 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from typer.core import TyperCommand, TyperGroup
 
-from trainer.config_cli import command_signature, csv_values, given_values, set_signature
-from trainer.loop import PARTS, Loop, LoopConfig
-from trainer.loop import artifacts as loop_artifacts
+from trainer.config_cli import command_signature, given_values, set_signature
 from trainer.phases.cli import bad_param, default_model
 from trainer.phases.launch import check_profile
 from trainer.phases.train_mix import TrainMixError
+from trainer.runs.ab import Experiment, ExperimentStopped
+from trainer.runs.ab_plan import DESIGNS, Design
+from trainer.runs.config import ExperimentConfig, LoopConfig, RunConfig, from_cli
+from trainer.runs.loop import Loop
+from trainer.runs.record import RECORD
+from trainer.runs.reuse import StaleResultError
 from trainer.serving.gpus import GpuPlanError, visible_gpus
+from trainer.transfer import artifacts as loop_artifacts
 
 console = Console()
 app = typer.Typer(help="The RL loop.", no_args_is_help=True)
+experiment_app = typer.Typer(help="The A/B experiments of the RL phases (resumable; --dry-run prints the plan).")
 
 
-def to_config(ctx: typer.Context, given: dict[str, Any]) -> LoopConfig:
-    """The config of the options given; the command line's own forms are turned into the fields' values."""
-    values = given_values(LoopConfig, given)
+def to_config(config: type[RunConfig], given: dict[str, Any], **extra: Any) -> Any:
+    """The config of the options given; the command line's own forms turned into the fields' values."""
+    values = given_values(config, given)
     try:
         values["profile"] = check_profile(values["profile"])
     except ValueError as exc:
         raise bad_param("--profile", exc) from None
-    until = values["until"]
-    if until is not None and until not in PARTS:
-        raise bad_param("--until", ValueError(f"must be one of {list(PARTS)}, got {until!r}"))
     try:
         values["gpus"] = visible_gpus(values["gpus"]) if values["profile"] == "gpu" else ()
     except GpuPlanError as exc:
         raise bad_param("--gpus", exc) from None
-    if not values["base_model"] and not (values["pi1_sft"] and values["pi2_sft"]):
+    values = from_cli(values)
+    if config is LoopConfig and not values["base_model"] and not (values["pi1_sft"] and values["pi2_sft"]):
         values["base_model"] = default_model(values["profile"], "--base-model")
-    values["sft_overrides"] = tuple(values["sft_overrides"])
-    values["rl_sources"] = csv_values(values["rl_sources"])
-    values["executor_eager"] = not values["executor_eager"]  # the option is --executor-cuda-graphs
+    values["rl_extra"] = (*values["rl_extra"], *extra.pop("trailing", ()))
     try:
-        return LoopConfig(**values, overrides=tuple(ctx.args))
-    except TrainMixError as exc:
-        raise bad_param("--rl-mix-share", exc) from None
+        return config(**values, **extra)
+    except ValueError as exc:  # "field: why" (TrainMixError: "--rl-mix-share: ...")
+        name = "--rl-mix-share" if isinstance(exc, TrainMixError) else str(exc).split(":", 1)[0]
+        raise bad_param("--" + name.lstrip("-").replace("_", "-"), exc) from None
+
+
+def say(line: str) -> None:
+    console.print(line, markup=False, highlight=False)
 
 
 def loop_cmd(ctx: typer.Context, **given: Any) -> None:
@@ -67,12 +70,40 @@ def loop_cmd(ctx: typer.Context, **given: Any) -> None:
 
     To go on on another node: `loop pack` the folder's finished work into pieces, `loop unpack` them there
     (see `loop pack --help`, `loop unpack --help`)."""
-    cfg = to_config(ctx, given)
-    manifest = Loop(cfg).run()
-    if manifest.get("stopped_after"):
-        console.print(f"stopped after {manifest['stopped_after']!r} (--until); rerun to go on")
-    console.print(f"manifest: {cfg.out / 'loop_manifest.json'}")
-    console.print_json(json.dumps(manifest.get("final_decision", {})))
+    cfg = to_config(LoopConfig, given, trailing=tuple(ctx.args))
+    record = Loop(cfg).run()
+    if record.get("stopped_after"):
+        console.print(f"stopped after {record['stopped_after']!r} (--until); rerun to go on")
+    console.print(f"record: {cfg.folder('loop') / RECORD}")
+    console.print_json(json.dumps(record.get("final_decision", {})))
+
+
+def experiment_cmd(design: Design) -> Any:
+    def run(**given: Any) -> None:
+        cfg = to_config(ExperimentConfig, given)
+        exp = Experiment(design, cfg, say=say)
+        if cfg.dry_run:
+            typer.echo(exp.describe())
+            return
+        try:
+            exp.run()
+        except (ExperimentStopped, StaleResultError) as stop:
+            say(f"stopped: {stop}")
+            raise typer.Exit(1) from None
+        console.print(f"record: {exp.ctx.root / RECORD}")
+
+    set_signature(run, command_signature(ExperimentConfig))
+    return run
+
+
+EXPERIMENT_HELP = {
+    "pi1-ab": "From one π1ˢ: B1 (schema reward) vs C1 (pipeline reward, π2ˢ frozen in an executor), then Phase D "
+    "(sft, local, pipe) on the test split.",
+    "pi2-ab": "From one π2ˢ: B2 (gold schemas) vs C2 (schemas π1ˢ wrote), then π2 on gold schemas and Phase D "
+    "end to end with π1ˢ.",
+}
+for _name, _design in DESIGNS.items():
+    experiment_app.command(_name, help=EXPERIMENT_HELP[_name])(experiment_cmd(_design))
 
 
 artifacts_app = typer.Typer(help="Resume the loop on another node from its folder's finished work.")
@@ -80,7 +111,7 @@ artifacts_app = typer.Typer(help="Resume the loop on another node from its folde
 
 @contextlib.contextmanager
 def byte_progress(what: str) -> Iterator[loop_artifacts.Progress]:
-    """A progress bar over bytes: the callback :func:`~trainer.loop.artifacts.pack` and ``unpack`` call."""
+    """A progress bar over bytes: the callback :func:`~trainer.transfer.artifacts.pack` and ``unpack`` call."""
     columns = (TextColumn(what), BarColumn(), DownloadColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task(what, total=None)
@@ -155,5 +186,6 @@ app.command("loop", cls=LoopCommand, context_settings={"allow_extra_args": True,
 
 
 def register(main_app: typer.Typer) -> None:
-    """Add ``loop`` (with ``loop pack`` and ``loop unpack``) to the main ``python -m trainer`` app."""
+    """Add ``loop`` (with ``loop pack`` and ``loop unpack``) and ``experiment`` to the main ``python -m trainer``."""
     main_app.registered_commands.extend(app.registered_commands)
+    main_app.add_typer(experiment_app, name="experiment")

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.test_loop import SAMPLE, recorded
-from trainer.loop import MANIFEST, PRECOMPUTE_KEY, Loop, LoopConfig
-from trainer.loop.manifest import precompute_key
+from tests.trainer.runs.test_loop import SAMPLE, recorded
 from trainer.phases.launch import PhaseResult, PhaseRun
+from trainer.runs.c2_data import PRECOMPUTE_KEY, precompute_key
+from trainer.runs.config import LoopConfig
+from trainer.runs.loop import Loop
+from trainer.runs.record import RECORD
 
 
 class RecordingRunnerForTests:
@@ -47,7 +49,7 @@ class RecordingRunnerForTests:
 def config(out: Path, gpus: tuple[str, ...], until: str | None = None) -> LoopConfig:
     return LoopConfig(
         golden=SAMPLE, out=out, profile="gpu", pi1_sft=None, pi2_sft=None, base_model="/base",
-        reward_url="http://127.0.0.1:9", c1_reward_url="http://127.0.0.1:10", overrides=("x=1",),
+        reward_url="http://127.0.0.1:9", c1_reward_url="http://127.0.0.1:10", rl_extra=("x=1",),
         gpus=gpus, until=until,
     )  # fmt: skip
 
@@ -86,24 +88,22 @@ def test_four_gpus_run_pairs_side_by_side_on_disjoint_halves(tmp_path: Path, mon
     # ... then (the precompute recorded with its content key) C2 on the whole node
     (out / "data" / "c2").mkdir(parents=True)
     (out / "data" / "c2" / "train.parquet").write_bytes(b"")
-    key = precompute_key(cfg_c1, str(out / "c1" / "hf"))
+    key = precompute_key(Loop(cfg_c1).ctx, str(out / "c1" / "hf"), "gold")
     (out / "data" / "c2" / PRECOMPUTE_KEY).write_text(json.dumps(key))
     runner3 = RecordingRunnerForTests(0.01)
     manifest = Loop(config(out, ("0", "1", "2", "3"), until="c2"), runner=runner3).run()
     assert list(runner3.runs) == ["c2"] and manifest["stopped_after"] == "c2"
     assert runner3.runs["c2"].gpus == ("0", "1", "2", "3")
-    m = json.loads((out / MANIFEST).read_text())
-    assert m["done:sft"] and m["done:local"] and m["done:c1"] and m["done:c2"]
+    m = json.loads((out / RECORD).read_text())
+    assert all(m["parts"][p]["status"] == "ok" for p in ("sft", "local", "c1", "c2"))
     # ... and Phase D scores the base model beside sft, local and pipe (one wave on four GPUs)
-    from trainer.loop import recipe
-
     asked: list[dict[str, tuple[str, str]]] = []
 
-    def phase_d_recorded(_ws: object, settings: dict[str, tuple[str, str]], *_a: object) -> dict[str, str]:
+    def phase_d_recorded(_loop: object, settings: dict[str, tuple[str, str]], *_a: object) -> dict[str, str]:
         asked.append(settings)
         return {"decision": "stop"}
 
-    monkeypatch.setattr(recipe, "evaluate_phase_d", phase_d_recorded)
+    monkeypatch.setattr(Loop, "evaluate", phase_d_recorded)
     Loop(config(out, ("0", "1", "2", "3")), runner=RecordingRunnerForTests(0.01)).run()
     assert list(asked[0]) == ["base", "sft", "local", "pipe"] and asked[0]["base"] == ("/base", "/base")
     assert asked[0]["pipe"] == (str(out / "c1" / "hf"), str(out / "c2" / "hf"))
@@ -153,11 +153,9 @@ def test_loop_cli_names_bad_gpu_options(tmp_path: Path, monkeypatch: pytest.Monk
 def test_preflight_stops_the_loop_before_a_phase_whose_groups_teach_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import contextlib
-
-    from trainer.loop import phase_step
     from trainer.phases import preflight
     from trainer.serving.endpoint import Endpoint
+    from trainer.serving.executors import ExecutorPool
 
     out = tmp_path / "loop"
     for p in ("a1", "a2"):
@@ -170,7 +168,7 @@ def test_preflight_stops_the_loop_before_a_phase_whose_groups_teach_nothing(
 
     monkeypatch.setattr(preflight, "advantage_check", fake_check)
     served = Endpoint("http://127.0.0.1:1", "policy")
-    monkeypatch.setattr(phase_step, "serve_model", lambda *a, **k: contextlib.nullcontext(served))
+    monkeypatch.setattr(ExecutorPool, "ensure", lambda _pool, specs: [served for _ in specs])
     cfg = config(out, ("0",))
     cfg = LoopConfig(**{**cfg.__dict__, "preflight_min": 0.25})
     runner = RecordingRunnerForTests(0.01)
@@ -195,7 +193,7 @@ def test_preflight_stops_the_loop_before_a_phase_whose_groups_teach_nothing(
 def test_loop_cli_passes_the_c2_sample_and_executor_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    from trainer import loop_cli
+    from trainer import run_cli
     from trainer.cli import app
 
     seen: list[LoopConfig] = []
@@ -207,16 +205,16 @@ def test_loop_cli_passes_the_c2_sample_and_executor_mode(tmp_path: Path, monkeyp
         def run(self) -> dict[str, object]:
             return {}
 
-    monkeypatch.setattr(loop_cli, "Loop", CapturingLoop)
+    monkeypatch.setattr(run_cli, "Loop", CapturingLoop)
     base = ["loop", "--golden", str(SAMPLE), "--out", str(tmp_path), "--profile", "gpu", "--base-model", "/b"]
     res = CliRunner().invoke(app, [*base, "--gpus", "0,1", "--c2-train-prompts", "4096", "trainer.x=1"])
     assert res.exit_code == 0, res.output
-    assert seen[-1].c2_train_prompts == 4096 and seen[-1].executor_eager and seen[-1].overrides == ("trainer.x=1",)
+    assert seen[-1].c2_train_prompts == 4096 and seen[-1].executor_eager and seen[-1].rl_extra == ("trainer.x=1",)
     assert seen[-1].rl_sources == ()
     res = CliRunner().invoke(app, [*base, "--gpus", "0", "--rl-sources", "wikitabletext, e2e"])
     assert res.exit_code == 0 and seen[-1].rl_sources == ("wikitabletext", "e2e")
     res = CliRunner().invoke(app, [*base, "--gpus", "0", "--executor-cuda-graphs"])
-    assert res.exit_code == 0 and seen[-1].executor_eager is False and seen[-1].c2_train_prompts is None
+    assert res.exit_code == 0 and seen[-1].executor_eager is False and seen[-1].c2_train_prompts == 4096
     res = CliRunner().invoke(app, [*base, "--gpus", "0", "--c2-train-prompts", "0"])
     assert res.exit_code == 2 and "--c2-train-prompts" in res.output
 
@@ -224,7 +222,8 @@ def test_loop_cli_passes_the_c2_sample_and_executor_mode(tmp_path: Path, monkeyp
 def test_parts_record_their_wall_time_once(tmp_path: Path) -> None:
     out = tmp_path / "loop"
     Loop(config(out, ("0", "1"), until="sft"), runner=RecordingRunnerForTests(0.2)).run()
-    first = json.loads((out / MANIFEST).read_text())["time:sft"]
-    assert 0.2 <= first["seconds"] < 30 and first["ended"] <= time.time() + 0.1  # rounded to 0.1 s
+    first = json.loads((out / RECORD).read_text())["parts"]["sft"]
+    assert 0.2 <= first["seconds"] < 30 and first["status"] == "ok"
     Loop(config(out, ("0", "1"), until="sft"), runner=RecordingRunnerForTests(0.2)).run()  # skipped: kept
-    assert json.loads((out / MANIFEST).read_text())["time:sft"] == first
+    assert json.loads((out / RECORD).read_text())["parts"]["sft"] == first
+    assert "| sft | ok |" in (out / "report.md").read_text()

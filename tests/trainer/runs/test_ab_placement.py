@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.experiment.placement import EXECUTOR_MEMORY, ROLLOUT_MEMORY, ArmPlacement
+from trainer.runs.ab_plan import EXECUTOR_MEMORY, ROLLOUT_MEMORY, ArmPlacement
 from trainer.serving.gpus import ExecutorSlot
 
 
 def test_cpu_runs_everything_on_cpu_and_the_arms_in_turn() -> None:
     p = ArmPlacement.of(())
-    assert p.on_cpu and not p.arms_side_by_side and not p.shared_gpu
+    assert p.on_cpu and p.on_cpu and not p.shared_gpu
     assert p.arm(0) is None and p.arm(1) is None
     assert p.executor_slot(0) is None and p.executor_slot(1) is None
     assert p.sft(0) is None and p.sft(1) is None
@@ -18,14 +18,14 @@ def test_cpu_runs_everything_on_cpu_and_the_arms_in_turn() -> None:
 
 def test_one_gpu_is_shared_by_both_arms_which_stagger() -> None:
     p = ArmPlacement.of(("0",))
-    assert p.shared_gpu and p.arms_side_by_side
+    assert p.shared_gpu and not p.on_cpu
     assert p.a == p.b and p.a is not None and p.a.gpus == ("0",) and p.a.rollout_memory == ROLLOUT_MEMORY
     assert p.executor_slot(0) == p.executor_slot(1) == ExecutorSlot(("0",), EXECUTOR_MEMORY)
 
 
 def test_two_gpus_give_each_arm_its_own() -> None:
     p = ArmPlacement.of(("0", "1"))
-    assert not p.shared_gpu and p.arms_side_by_side
+    assert not p.shared_gpu and not p.on_cpu
     assert p.a is not None and p.b is not None
     assert (p.a.gpus, p.b.gpus) == (("0",), ("1",))
     assert p.a.grpo_overrides() == (

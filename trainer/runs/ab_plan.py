@@ -1,0 +1,310 @@
+"""What an A/B experiment compares and its plan, pure over the config, the GPUs and the folder (``--dry-run`` prints
+it; the tests check it without starting anything). ``pi1-ab``: from π1ˢ, arm A = B1 (schema reward) beside arm B =
+C1 (pipeline reward, π2ˢ frozen); ``pi2-ab``: from π2ˢ, B2 (gold schemas) beside C2 (schemas π1ˢ wrote). The start
+policy and the frozen partner stay fixed, so the arms differ only in the reward or the prompts' schemas. Stages:
+sft → preflight (pi2-ab: c2data beside it) → choose → control → rl → eval; one whose result exists is skipped.
+Placement: on CPU the arms in turn; one GPU shared (arm B staggered); two, one each; four, two each. SFT takes each
+arm's first GPU (a 135M SFT is bound by per-step overhead, ``bench/results/gpu_sft_speed.md``); executors a small
+share of the GPU of the arm whose model they serve (docs/training.md, "The A/B experiments")."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.phases.launch import PhaseRun
+from trainer.phases.registry import SFT_PHASES, get_phase
+from trainer.phases.train_set import count_prompts, train_batch_size
+from trainer.runs import reuse
+from trainer.runs.config import ExperimentConfig
+from trainer.serving.gpus import ExecutorSlot, GpuPlan, Placement
+
+SETTINGS = ("sft", "local", "pipe")  # each phase's output under these names: served names, logs, the report
+LOCAL, PIPE = "local", "pipe"  # the reward APIs: without executor, and with the frozen π2ˢ behind it
+ROLLOUT_MEMORY = 0.2  # shares of one GPU where two trainers and several executors share it (135M policy)
+EXECUTOR_MEMORY = 0.08
+TRAIN_MAX_SAMPLES = 2048  # a random subset of the train split (VERL's seed): the dataset is not tokenised whole
+EPOCHS = 100  # the step count ends the run (an improvable set of 152 prompts ran out after 6 steps at 3 epochs)
+
+
+@dataclass(frozen=True)
+class Design:
+    name: str
+    arms: tuple[str, str]  # arm A (local reward or gold schemas), arm B (pipeline reward or predicted schemas)
+    preflight: tuple[str, ...]  # the phases swept by default (C2 has no golden prompts of its own)
+
+    @property
+    def start(self) -> str:
+        """The SFT phase whose output both arms train from (π1ˢ: A1, π2ˢ: A2)."""
+        return get_phase(self.arms[0]).sft_partner
+
+    @property
+    def partner(self) -> str:
+        """The other SFT phase: the frozen policy (π2ˢ in C1's reward, π1ˢ writing C2's schemas)."""
+        (other,) = [p for p in SFT_PHASES if p != self.start]
+        return other
+
+    @property
+    def policy(self) -> str:
+        return get_phase(self.start).policy
+
+    @property
+    def c2_data(self) -> bool:
+        return any(get_phase(a).prompt == "stage2_predicted" for a in self.arms)
+
+    @property
+    def data_phases(self) -> tuple[str, ...]:
+        return (*SFT_PHASES, *(a for a in self.arms if get_phase(a).built_from_golden))
+
+    @property
+    def gold_schema_eval(self) -> bool:
+        return self.policy == "pi2"
+
+    @property
+    def stage1_eval(self) -> bool:
+        return self.policy == "pi1"
+
+    def served_name(self, phase: str) -> str:
+        """``pi1-sft``, ``pi2-local``, ``pi1-pipe`` ..."""
+        setting = {self.arms[0]: "local", self.arms[1]: "pipe"}.get(phase, "sft")
+        return f"{get_phase(phase).policy}-{setting}"
+
+    def settings(self) -> dict[str, tuple[str, str]]:
+        """Phase D: setting → (π1, π2), each named by the phase whose output it is."""
+        out = {}
+        for name, trained in zip(SETTINGS, (self.start, *self.arms), strict=True):
+            pair = {self.start: trained, self.partner: self.partner}
+            out[name] = (pair["a1"], pair["a2"])
+        return out
+
+
+DESIGNS: dict[str, Design] = {
+    d.name: d
+    for d in (
+        Design("pi1-ab", arms=("b1", "c1"), preflight=("b1", "c1")),
+        Design("pi2-ab", arms=("b2", "c2"), preflight=("b2",)),
+    )
+}
+
+
+@dataclass(frozen=True)
+class ArmPlacement:
+    """The two arms' GPUs, or CPU (both None)."""
+
+    a: Placement | None
+    b: Placement | None
+
+    @classmethod
+    def of(cls, gpus: tuple[str, ...]) -> ArmPlacement:
+        if not gpus:
+            return cls(None, None)
+        pair = GpuPlan(gpus).pair()
+        if pair is None:
+            one = Placement(gpus[:1], ROLLOUT_MEMORY)
+            return cls(one, one)
+        return cls(Placement(pair[0].gpus, ROLLOUT_MEMORY), Placement(pair[1].gpus, ROLLOUT_MEMORY))
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.a is None
+
+    @property
+    def shared_gpu(self) -> bool:
+        return self.a is not None and self.b is not None and bool(set(self.a.gpus) & set(self.b.gpus))
+
+    def arm(self, index: int) -> Placement | None:
+        return self.a if index == 0 else self.b
+
+    def sft(self, index: int) -> Placement | None:
+        arm = self.arm(index)
+        return Placement(arm.gpus[:1]) if arm else None
+
+    def executor_slot(self, index: int) -> ExecutorSlot | None:
+        arm = self.arm(index)
+        return ExecutorSlot(arm.gpus[:1], EXECUTOR_MEMORY) if arm else None
+
+    def describe(self) -> str:
+        if self.a is None or self.b is None:
+            return "CPU: every process on vLLM-CPU / the CPU profile; the arms run in turn"
+        shared = " (one card shared: arm B staggered)" if self.shared_gpu else ""
+        return f"arm A on GPU {','.join(self.a.gpus)}, arm B on GPU {','.join(self.b.gpus)}{shared}"
+
+
+@dataclass(frozen=True)
+class Workdir:
+    """Where each stage's result lands, so a rerun can tell what is done."""
+
+    root: Path
+
+    def phase(self, name: str) -> Path:
+        return self.root / name
+
+    def report(self, phase: str, temperature: float) -> Path:
+        return self.root / "preflight" / f"{phase}_t{temperature}.json"
+
+    def improvable(self, phase: str) -> Path:
+        return self.root / "preflight" / f"{phase}_improvable.parquet"
+
+    def control(self, phase: str) -> Path:
+        return self.root / f"{phase}_control"
+
+    def source_set(self, phase: str, sources: tuple[str, ...]) -> Path:
+        from trainer.phases.train_set import source_set_path
+
+        return source_set_path(self.train_sets, phase, sources)
+
+    data = property(lambda self: self.root / "data")
+    preflight = property(lambda self: self.root / "preflight")
+    choice = property(lambda self: self.root / "preflight" / "choice.json")
+    train_sets = property(lambda self: self.root / "train_sets")
+    phase_d = property(lambda self: self.root / "phase_d")
+    gold_schema = property(lambda self: self.root / "gold_schema")
+    gold_schema_eval = property(lambda self: self.root / "gold_schema_eval")
+    stage1_cache = property(lambda self: self.root / "stage1_cache")
+    stage1_eval = property(lambda self: self.root / "stage1_eval")
+    logs = property(lambda self: self.root / "logs")
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    done: bool  # its result exists: a rerun skips it
+    executors: tuple[str, ...] = ()  # phases whose outputs it needs served
+    reward_apis: tuple[str, ...] = ()
+    beside: str | None = None  # runs at the same time as this stage
+    trains: bool = False  # it runs VERL phases (on CPU: the memory other servers must give up)
+
+
+def phase_ok(out: Path) -> bool:
+    return reuse.finished(out) is not None
+
+
+def reward_api_of(phase: str) -> str:
+    return PIPE if get_phase(phase).reward == "pipeline" else LOCAL
+
+
+def preflight_phases(cfg: ExperimentConfig, design: Design) -> tuple[str, ...]:
+    return cfg.preflight_phases or design.preflight
+
+
+def stages(cfg: ExperimentConfig, design: Design, wd: Workdir) -> list[Stage]:
+    swept = preflight_phases(cfg, design)
+    out = [
+        Stage("sft", all(phase_ok(wd.phase(p)) for p in SFT_PHASES), trains=True),
+        Stage(
+            "preflight",
+            all(wd.report(p, t).is_file() for p in swept for t in cfg.temps),
+            executors=(design.start, *((design.partner,) if PIPE in map(reward_api_of, swept) else ())),
+            reward_apis=tuple(dict.fromkeys(map(reward_api_of, swept))),
+        ),
+    ]
+    if design.c2_data:
+        done = all((wd.data / "c2" / f"{s}.parquet").is_file() for s in ("train", "validation"))
+        out.append(Stage("c2data", done, executors=(design.partner,), beside="preflight"))
+    out.append(Stage("choose", False))
+    if cfg.control != "off":
+        done = (wd.control(design.arms[0]) / "positive_control.json").is_file()
+        beside = "rl" if cfg.control == "parallel" else None
+        out.append(Stage("control", done, reward_apis=(LOCAL,), beside=beside, trains=True))
+    apis = tuple(dict.fromkeys(map(reward_api_of, design.arms)))
+    done = all(phase_ok(wd.phase(a)) for a in design.arms)
+    out.append(Stage("rl", done, executors=(design.partner,) if PIPE in apis else (), reward_apis=apis, trains=True))
+    done = (
+        (wd.phase_d / "metrics.json").is_file()
+        and (not design.gold_schema_eval or (wd.gold_schema_eval / "metrics.json").is_file())
+        and (not design.stage1_eval or (wd.stage1_eval / "metrics.json").is_file())
+    )
+    evaluated = tuple(dict.fromkeys(p for pair in design.settings().values() for p in pair))
+    out.append(Stage("eval", done, executors=evaluated))
+    return out
+
+
+@dataclass(frozen=True)
+class ExecutorStep:
+    """What happens to the executors as a stage starts: started, reused (up since an earlier stage), stopped."""
+
+    stage: str
+    start: tuple[str, ...]
+    reuse: tuple[str, ...]
+    stop: tuple[str, ...]
+
+
+def executor_timeline(plan: Sequence[Stage], on_cpu: bool) -> list[ExecutorStep]:
+    """Executors by the phase whose output they serve, over the stages that run. A stage beside another starts
+    with it; on GPUs nothing stops before the end, on CPU a stage that trains first stops what it (and the stage
+    beside it) does not need."""
+    up: list[str] = []
+    steps = []
+    todo = [s for s in plan if not s.done]
+    for stage in todo:
+        together = [s for s in todo if s.beside == stage.name or stage.beside == s.name]
+        need = list(dict.fromkeys([*stage.executors, *(p for s in together for p in s.executors)]))
+        trains = stage.trains or any(s.trains for s in together)
+        stop = tuple(p for p in up if p not in need) if on_cpu and trains else ()
+        up = [p for p in up if p not in stop]
+        start = tuple(p for p in stage.executors if p not in up)
+        steps.append(ExecutorStep(stage.name, start, tuple(p for p in stage.executors if p in up), stop))
+        up += list(start)
+    return steps
+
+
+def rl_settings(cfg: ExperimentConfig, temperature: float | str, gpu: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Both arms' GRPO settings, and those that only place them on GPUs (eager rollout: no compile at start; Ray on
+    loopback: the node has no network; micro batches of ``--rl-micro`` samples: the profile's 16, sized for 8 GPUs,
+    left one GPU nearly idle in 64 passes a step)."""
+    every = min(cfg.rl_test_freq, cfg.rl_steps)
+    settings = (
+        f"trainer.total_training_steps={cfg.rl_steps}", f"trainer.test_freq={every}", f"trainer.save_freq={every}",
+        f"data.train_max_samples={TRAIN_MAX_SAMPLES}", f"trainer.total_epochs={EPOCHS}",
+        f"actor_rollout_ref.rollout.temperature={temperature}",
+    )  # fmt: skip
+    placed = () if not gpu else (
+        "actor_rollout_ref.rollout.enforce_eager=true", "+ray_kwargs.ray_init._node_ip_address=127.0.0.1",
+        *(f"{k}={cfg.rl_micro}" for k in ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+          "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+          "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu")),
+    )  # fmt: skip
+    return settings, placed
+
+
+def improvable_set(cfg: ExperimentConfig, phase: str, improvable: Path) -> tuple[Path | None, str]:
+    """``--rl-improvable``: ``phase``'s improvable prompts where they fill one batch (VERL drops a partial batch:
+    an epoch of no step), else None and why it trains on its train split (or ``--rl-sources`` set)."""
+    if not cfg.rl_improvable:
+        return None, ""
+    instead = f"training on its {','.join(cfg.rl_sources)} prompts" if cfg.rl_sources else "training on the train split"
+    if not improvable.is_file():
+        return None, f"{phase}: no improvable prompt set (not swept); {instead}"
+    n, batch = count_prompts(str(improvable)), train_batch_size(cfg.profile, cfg.rl_extra)
+    if n < batch:
+        return None, f"{phase}: {n} improvable prompts in {improvable}, fewer than a batch of {batch}; {instead}"
+    return improvable, f"{phase}: training on its {n} improvable prompts ({improvable})"
+
+
+def command_line(run: PhaseRun) -> str:
+    where = f"CUDA_VISIBLE_DEVICES={','.join(run.gpus)} " if run.gpus else ""
+    reward = f" [reward API {run.reward_url}]" if run.reward_url else ""
+    return f"{where}{shlex.join(run.command())}  # {run.phase.name}: model {run.model_path} -> {run.out_dir}{reward}"
+
+
+def describe(
+    cfg: ExperimentConfig, design: Design, placement: ArmPlacement, plan: Sequence[Stage], details: dict[str, list[str]]
+) -> str:
+    """The ``--dry-run`` text: placement, then each stage with what it serves and runs."""
+    timeline = {s.stage: s for s in executor_timeline(plan, placement.on_cpu)}
+    lines = [f"experiment {design.name} in {cfg.folder(design.name)} (profile {cfg.profile}): {placement.describe()}"]
+    for stage in plan:
+        beside = f" (beside {stage.beside})" if stage.beside else ""
+        lines.append(f"\n[{stage.name}]{beside}" + (" done: skipped (its result exists)" if stage.done else ""))
+        if stage.done:
+            continue
+        step = timeline[stage.name]
+        for verb, phases in (("stop", step.stop), ("start", step.start), ("reuse", step.reuse)):
+            if phases:
+                lines.append(f"  executors {verb}: " + ", ".join(design.served_name(p) for p in phases))
+        if stage.reward_apis:
+            lines.append(f"  reward APIs: {', '.join(stage.reward_apis)}")
+        lines += [f"  {line}" for line in details.get(stage.name, [])]
+    return "\n".join(lines)
