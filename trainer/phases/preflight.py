@@ -275,16 +275,18 @@ def advantage_check(
     min_informative: float = 0.25,
     min_improvable: float = MIN_IMPROVABLE,
     sources: Sequence[str] | None = None,
+    limit: int | None = None,
     seed: int = 0,
     sample_in_flight: int = SAMPLE_REQUESTS_IN_FLIGHT,
     greedy_in_flight: int = GREEDY_IN_FLIGHT,
 ) -> PreflightReport:
-    """Sample ``n`` outputs and one greedy answer for ``prompts`` random training prompts of each source
-    (at most ``sample_in_flight`` sampling and ``greedy_in_flight`` greedy requests at once); score them all
-    through reward_api; report what GRPO can use (:func:`build_report`)."""
+    """Sample ``n`` outputs and one greedy answer for ``prompts`` random training prompts of each source (of the
+    first ``limit`` training documents: those a data build with ``--limit`` kept) (at most ``sample_in_flight``
+    sampling and ``greedy_in_flight`` greedy requests at once); score them all through reward_api; report what GRPO
+    can use (:func:`build_report`)."""
     if n < 2:
         raise ValueError(f"n must be >= 2 (a group of one has no spread), got {n}")
-    picked = sample_per_source(read_golden(golden / "common_train_schemas.jsonl"), prompts, seed, sources)
+    picked = sample_per_source(read_golden(golden / "common_train_schemas.jsonl", limit), prompts, seed, sources)
     messages = [prompt_for(reward, ex) for ex in picked]
     hot = GenerationConfig(max_tokens=max_tokens, temperature=temperature, seed=seed, concurrency=sample_in_flight)
     samples = asyncio.run(GenerationClient(policy_url, model, hot).sample(messages, n))

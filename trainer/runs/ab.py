@@ -288,7 +288,7 @@ class Experiment:
                 rep = advantage_check(
                     cfg.golden, reward_of(phase), policy.url, policy.served_name, url, n=cfg.preflight_n,
                     prompts=cfg.preflight_prompts, temperature=t, max_tokens=cfg.eval_max_tokens,
-                    min_informative=0.0, min_improvable=0.0, sources=cfg.preflight_sources or None,
+                    min_informative=0.0, min_improvable=0.0, sources=cfg.preflight_sources or None, limit=cfg.limit,
                 )  # fmt: skip
                 write_report(rep, self.wd.report(phase, t))
                 self.say(f"preflight {phase} T {t}: {rep.verdict()}")

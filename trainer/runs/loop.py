@@ -224,7 +224,7 @@ class Loop:
         rep = advantage_check(
             cfg.golden, reward_of(run.phase.name), ep.url, ep.served_name, run.reward_url,
             min_informative=float(cfg.preflight_min or 0.0), max_tokens=cfg.eval_max_tokens,
-            sources=cfg.rl_sources or None,
+            sources=cfg.rl_sources or None, limit=cfg.limit,
         )  # fmt: skip
         self.ctx.servers.pool.stop_except([])
         write_report(rep, run.out_dir / "preflight.json")

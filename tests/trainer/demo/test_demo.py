@@ -177,10 +177,13 @@ def test_demo_end_to_end_at_toy_scale(tmp_path: Path) -> None:
         overall = metrics["settings"][name]["overall"]
         for key in ("schema_valid", "schema_f1", "table_valid", "aligned_cell_f1"):
             assert 0.0 <= overall[key] <= 1.0, (name, key)
-    assert list(summary["part_seconds"]) == [
+    assert list(summary["parts"]) == [
         "prepare", "Phase D: base", "A1 SFT", "A2 SFT", "Phase D: sft π1", "Phase D: sft π2 + /reward/pipeline",
         "C1 GRPO", "Phase D: pipe", "report",
     ]  # fmt: skip
+    record = json.loads((tmp_path / "run.json").read_text())  # the run record every recipe writes
+    assert record["recipe"] == "demo" and record["parts"] == summary["parts"] and record["phase_d"]["demo"]["headline"]
+    assert "| C1 GRPO | ok |" in (tmp_path / "report.md").read_text()
     debug = json.loads((tmp_path / "pipeline_debug.json").read_text())["results"][0]
     assert "debug" in debug and debug["id"].startswith("e2e-")
     for phase, model in (("a1", "pi1_sft"), ("a2", "pi2_sft"), ("c1", "pi1_pipe")):

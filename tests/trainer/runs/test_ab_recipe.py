@@ -43,6 +43,7 @@ class Node:
     schemas_from: dict[tuple[str, ...], str] = field(default_factory=dict)  # a Stage 1's schemas -> its URL
     keep_step0: set[str] = field(default_factory=set)  # arms whose early stopping keeps step 0
     preflight_sources: list[Any] = field(default_factory=list)  # the sources each preflight sweep was given
+    preflight_limits: list[int | None] = field(default_factory=list)  # the --limit each sweep drew its prompts under
     control_passes: bool = True
     prefix_caching: list[bool] = field(default_factory=list)  # how each executor was asked to serve
 
@@ -87,9 +88,10 @@ def node(monkeypatch: pytest.MonkeyPatch) -> Node:
         t, sources = kw["temperature"], kw.get("sources")
         n.events.append(("preflight", reward, model, reward_url, str(t)))
         n.preflight_sources.append(sources)
+        n.preflight_limits.append(kw["limit"])
         outcomes = [
             PromptOutcome(ex.id, 0.0, (0.0, 1.0 if t >= 1.3 else 0.0), (True, True))
-            for ex in read_golden(golden / "common_train_schemas.jsonl")
+            for ex in read_golden(golden / "common_train_schemas.jsonl", kw["limit"])
             if sources is None or source_of(ex.id) in sources
         ]
         return build_report(reward, outcomes, t, min_informative=0.0, min_improvable=0.0)
@@ -535,3 +537,14 @@ def test_rl_mix_share_without_a_chosen_set_stops_before_training(node: Node, tmp
     with pytest.raises(TrainMixError, match=r"--rl-mix-share: 0.2: b2 trains on its whole train split"):
         exp.run()
     assert sorted(r.phase.name for r in node.runs) == ["a1", "a2"]
+
+
+def test_the_preflight_draws_from_the_documents_the_data_build_kept(node: Node, tmp_path: Path) -> None:
+    """--limit N builds the train split from the first N documents: the preflight samples those, so every
+    improvable id is a prompt of the arm's train split (else choose fails: none of the ids is in the file)."""
+    exp = experiment(node, tmp_path, profile="cpu-smoke", control="off", rl_improvable=True, limit=6)
+    exp.run()
+    assert set(node.preflight_limits) == {6}
+    kept = {ex.id for ex in read_golden(SAMPLE / "common_train_schemas.jsonl", 6)}
+    rows = pq.read_table(exp.wd.improvable("b1")).column("extra_info").to_pylist()
+    assert rows and {r["id"] for r in rows} <= kept
