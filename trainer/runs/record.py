@@ -90,7 +90,7 @@ def render(data: dict[str, Any], root: Path) -> str:
                   "| setting | n | " + " | ".join(HEADLINE) + " |", "|---|---|" + "---|" * len(HEADLINE)]  # fmt: skip
         for name, h in pd.get("headline", {}).items():
             lines.append(f"| {name} | {h.get('n')} | " + " | ".join(fmt(h.get(k)) for k in HEADLINE) + " |")
-        if pd.get("decision"):
+        if (pd.get("decision") or {}).get("decision") in ("continue", "stop"):
             lines.append(f"\ndecision: {pd['decision'].get('decision')} ({pd['decision'].get('reason', '')})")
         lines.append("")
     return "\n".join(lines)
