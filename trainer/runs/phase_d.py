@@ -126,8 +126,7 @@ def score(
 ) -> Scored:  # fmt: skip
     """The settings' records on the run's servers (``spec(setting, model)``: how to serve a model of a setting).
     ``waves`` None: one model served at a time, the settings in turn (CPU); else the settings in waves of at most
-    ``waves``, every model of a wave served at once and the wave's stages run together (held until the run's
-    servers stop)."""
+    ``waves``, every model of a wave served at once and its stages run together (the last wave's held on)."""
     from trainer.evaluation.stage1_cache import stage1_key
     from trainer.serving.identity import fingerprint
 
@@ -161,6 +160,9 @@ def score(
     records = {}
     names = list(settings)
     for i in range(0, len(names), waves):
+        if i:  # the wave before gives its GPUs back
+            ctx.servers.pool.stop_except([])
+            eps.clear()
         wave = {name: settings[name] for name in names[i : i + waves]}
         wanted = [(name, model) for name, pair in wave.items() for model in dict.fromkeys(pair)]
         eps.update(zip([m for _n, m in wanted], ctx.servers.serve([spec(n, m) for n, m in wanted]), strict=True))

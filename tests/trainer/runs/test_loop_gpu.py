@@ -227,3 +227,49 @@ def test_parts_record_their_wall_time_once(tmp_path: Path) -> None:
     Loop(config(out, ("0", "1"), until="sft"), runner=RecordingRunnerForTests(0.2)).run()  # skipped: kept
     assert json.loads((out / RECORD).read_text())["parts"]["sft"] == first
     assert "| sft | ok |" in (out / "report.md").read_text()
+
+
+def test_phase_d_on_gpus_serves_the_settings_in_waves_that_give_their_gpus_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two GPUs, four settings: two waves of two settings, a GPU each; a wave's executors start together and stop
+    before the next wave's start (they would share its GPUs); each setting's Stage 2 sees its own π2."""
+    from typing import Any
+
+    from trainer.serving.endpoint import Endpoint
+    from trainer.serving.executors import ExecutorPool
+
+    events: list[tuple[str, ...]] = []
+
+    def ensure(pool: ExecutorPool, specs: Any) -> list[Endpoint]:
+        events.append(("start", *(f"{s.model}@{','.join(s.slot.gpus)}" for s in specs)))
+        return [Endpoint(f"http://{s.model.strip('/')}", "policy") for s in specs]
+
+    def stop_except(pool: ExecutorPool, keep: Any = ()) -> list[str]:
+        events.append(("stop",))
+        return []
+
+    def stage1_schemas(_label: str, pi1: str, examples: Any, serve: Any, *_a: Any) -> list[str]:
+        with serve(pi1, "stage1") as ep:
+            return [ep.url for _ in examples]
+
+    tables_by: dict[str, str] = {}
+
+    def run_two_stage(name: str, _p1: str, pi2: str, examples: Any, serve: Any, *_a: Any, schemas: Any) -> Any:
+        with serve(pi2, "stage2") as ep:
+            tables_by[name] = ep.url
+            return [{"id": ex.id, "schema_prediction": "{}", "table_prediction": None} for ex in examples]
+
+    monkeypatch.setattr(ExecutorPool, "ensure", ensure)
+    monkeypatch.setattr(ExecutorPool, "stop_except", stop_except)
+    monkeypatch.setattr("trainer.evaluation.two_stage.stage1_schemas", stage1_schemas)
+    monkeypatch.setattr("trainer.evaluation.two_stage.run_two_stage", run_two_stage)
+    cfg = dataclasses.replace(config(tmp_path / "loop", ("0", "1")), eval_limit=2)
+    settings = {name: (f"/{name}1", f"/{name}2") for name in ("base", "sft", "local", "pipe")}
+    Loop(cfg).evaluate(settings, "loop1", ("local", "pipe"))
+    assert events == [
+        ("start", "/base1@0", "/base2@0", "/sft1@1", "/sft2@1"), ("stop",),
+        ("start", "/local1@0", "/local2@0", "/pipe1@1", "/pipe2@1"), ("stop",),
+    ]  # fmt: skip
+    assert tables_by == {n: f"http://{n}2" for n in settings}
+    assert set(json.loads((tmp_path / "loop" / "eval_loop1" / "metrics.json").read_text())["settings"]) == set(settings)
