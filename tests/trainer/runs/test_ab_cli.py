@@ -34,9 +34,12 @@ def test_every_config_field_is_an_option_with_its_help(command: str) -> None:
     assert len(opts) == len(dataclasses.fields(ExperimentConfig))
 
 
-def test_help_lists_every_option() -> None:
+def test_help_lists_every_option(monkeypatch: pytest.MonkeyPatch) -> None:
     from trainer.cli import app
 
+    # wide enough that no option's name is cut: typer's own width setting (read once, from TERMINAL_WIDTH), since
+    # COLUMNS did not reach rich in CI's light lane (its help came out 80 columns wide)
+    monkeypatch.setattr("typer.rich_utils.MAX_WIDTH", 400)
     res = CliRunner().invoke(app, ["experiment", "pi1-ab", "--help"], env={"COLUMNS": "400"})
     assert res.exit_code == 0, res.output
     for f in dataclasses.fields(ExperimentConfig):
