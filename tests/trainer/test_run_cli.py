@@ -46,10 +46,9 @@ def test_every_config_field_is_an_option_with_help() -> None:
     assert before | added == set(options)
 
 
-def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each option lands in its field, the fields unreachable before included; the defaults are the config's."""
+def capture_loop_configs(monkeypatch: pytest.MonkeyPatch) -> list[LoopConfig]:
+    """``trainer loop``'s command with the loop replaced by one that keeps its config and runs nothing."""
     from trainer import run_cli
-    from trainer.cli import app
 
     seen: list[LoopConfig] = []
 
@@ -61,6 +60,14 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
             return {}
 
     monkeypatch.setattr(run_cli, "Loop", CapturingLoop)
+    return seen
+
+
+def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each option lands in its field, the fields unreachable before included; the defaults are the config's."""
+    from trainer.cli import app
+
+    seen = capture_loop_configs(monkeypatch)
     base = ["loop", "--golden", str(SAMPLE), "--out", str(tmp_path), "--profile", "cpu-smoke"]
     res = CliRunner().invoke(app, [*base, "--pi1-sft", "/p1", "--pi2-sft", "/p2"])
     assert res.exit_code == 0, res.output

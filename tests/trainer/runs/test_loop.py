@@ -409,6 +409,19 @@ def test_abort_file_name_is_the_one_grpo_base_gives_the_trainer() -> None:
     assert cfg["reward_ready"]["abort_file"] == "${oc.env:TRAINER_OUT_DIR}/" + ABORT_FILE
 
 
+def phase_d_on_recorded_stages(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ensure: Any, stage1_schemas: Any, run_two_stage: Any
+) -> LoopConfig:
+    """The loop's Phase D with the executors' start and both prompt stages replaced by the test's recorders; the
+    loop's config."""
+    from trainer.serving.executors import ExecutorPool
+
+    monkeypatch.setattr(ExecutorPool, "ensure", ensure)
+    monkeypatch.setattr("trainer.evaluation.two_stage.stage1_schemas", stage1_schemas)
+    monkeypatch.setattr("trainer.evaluation.two_stage.run_two_stage", run_two_stage)
+    return LoopConfig(golden=SAMPLE, out=tmp_path / "loop", profile="cpu-smoke", pi1_sft="/a", pi2_sft="/b")
+
+
 def test_phase_d_serves_without_prefix_caching_and_records_the_mode(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -436,10 +449,7 @@ def test_phase_d_serves_without_prefix_caching_and_records_the_mode(
         return [{"id": ex.id, "schema_prediction": s, "table_prediction": None}
                 for ex, s in zip(examples, schemas, strict=True)]  # fmt: skip
 
-    monkeypatch.setattr(ExecutorPool, "ensure", ensure)
-    monkeypatch.setattr("trainer.evaluation.two_stage.stage1_schemas", stage1_schemas)
-    monkeypatch.setattr("trainer.evaluation.two_stage.run_two_stage", run_two_stage)
-    cfg = LoopConfig(golden=SAMPLE, out=tmp_path / "loop", profile="cpu-smoke", pi1_sft="/a", pi2_sft="/b")
+    cfg = phase_d_on_recorded_stages(monkeypatch, tmp_path, ensure, stage1_schemas, run_two_stage)
     settings = {"sft": ("/a", "/b"), "pipe": ("/c", "/b")}
     Loop(cfg).evaluate(settings, "loop1", ("sft", "pipe"))
     # one model at a time on CPU: π1 then π2 of each setting, each served eager without prefix caching
@@ -484,10 +494,7 @@ def test_phase_d_cut_in_stage_2_keeps_stage_1_for_the_resumed_loop(
         return [{"id": ex.id, "schema_prediction": s, "table_prediction": None}
                 for ex, s in zip(examples, schemas, strict=True)]  # fmt: skip
 
-    monkeypatch.setattr(ExecutorPool, "ensure", ensure)
-    monkeypatch.setattr("trainer.evaluation.two_stage.stage1_schemas", stage1_schemas)
-    monkeypatch.setattr("trainer.evaluation.two_stage.run_two_stage", run_two_stage)
-    cfg = LoopConfig(golden=SAMPLE, out=tmp_path / "loop", profile="cpu-smoke", pi1_sft="/a", pi2_sft="/b")
+    cfg = phase_d_on_recorded_stages(monkeypatch, tmp_path, ensure, stage1_schemas, run_two_stage)
     settings = {"pipe": (str(pi1), "/b")}
     with pytest.raises(RuntimeError, match="the allocation ended"):
         Loop(cfg).evaluate(settings, "loop1", ("pipe", "pipe"))

@@ -193,19 +193,10 @@ def test_preflight_stops_the_loop_before_a_phase_whose_groups_teach_nothing(
 def test_loop_cli_passes_the_c2_sample_and_executor_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    from trainer import run_cli
+    from tests.trainer.test_run_cli import capture_loop_configs
     from trainer.cli import app
 
-    seen: list[LoopConfig] = []
-
-    class CapturingLoop:
-        def __init__(self, cfg: LoopConfig) -> None:
-            seen.append(cfg)
-
-        def run(self) -> dict[str, object]:
-            return {}
-
-    monkeypatch.setattr(run_cli, "Loop", CapturingLoop)
+    seen = capture_loop_configs(monkeypatch)
     base = ["loop", "--golden", str(SAMPLE), "--out", str(tmp_path), "--profile", "gpu", "--base-model", "/b"]
     res = CliRunner().invoke(app, [*base, "--gpus", "0,1", "--c2-train-prompts", "4096", "trainer.x=1"])
     assert res.exit_code == 0, res.output
