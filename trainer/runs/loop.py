@@ -33,7 +33,7 @@ class Loop:
         self.cfg = cfg = dataclasses.replace(cfg, out=cfg.folder("loop"))
         self.ctx = RunContext("loop", cfg, runner)
         self.out, self.data, self.record, self.plan = self.ctx.root, self.ctx.data, self.ctx.record, self.ctx.plan
-        self.runner = runner
+        self.runner = self.ctx.runner
 
     def run(self) -> dict[str, Any]:
         """The whole loop, or up to ``--until``'s part; a rerun goes on from the last finished part."""
