@@ -35,7 +35,10 @@ stop the phase past ``algorithm.filter_groups.max_num_gen_batches`` batches (VER
 that key and would refill for ever); ``_balance_batch`` (first call after sampling) logs the share of
 the step's samples whose reward reported ``valid_json``.
 
-Sampling: ``_build_replay_buffer`` sets the buffer's poll interval from ``replay_buffer.poll_s``.
+Sampling: ``_build_replay_buffer`` sets the buffer's poll interval from ``replay_buffer.poll_s``; under dynamic
+sampling ``prepare_step`` sends the step's expected shortfall with its first batch
+(:mod:`trainer.in_verl.prefetch`, ``replay_buffer.prefetch_max_factor``) and the buffer's ``sample`` reports each
+step's evictions back to it.
 
 Failures: ``on_sample_end`` (right after ``ReplayBuffer.sample``, before the update and the
 checkpoint) counts the failed rollouts of the step; in mask mode (:mod:`trainer.phases.failure_mask`)
@@ -63,6 +66,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from trainer.in_verl import advantages  # registers grpo_masked and greedy_baseline in this process
 from trainer.in_verl.greedy_baseline import GREEDY_SAMPLING, GreedyPrompt, GreedyRewards, greedy_rewards
+from trainer.in_verl.prefetch import GroupPrefetch
 from trainer.phases.early_stopping import STATE_FILE, Decision, EarlyStopper, EarlyStoppingConfig, prune_checkpoints
 from trainer.phases.failure_mask import MaskPlan, group_of, plan_training_mask, split_validation
 from trainer.phases.monitors import (
@@ -148,6 +152,14 @@ def wait_for_reward_api_of(config: DictConfig) -> float:
     }
     (ckpt_dir / READY_FILE).write_text(json.dumps(record) + "\n")
     return waited
+
+
+def prefetch_from_config(config: DictConfig) -> GroupPrefetch:
+    """``replay_buffer.prefetch_max_factor`` / ``prefetch_smoothing``; off without dynamic sampling."""
+    block = config.get("replay_buffer") or {}
+    filter_groups = (config.get("algorithm") or {}).get("filter_groups") or {}
+    factor = float(block.get("prefetch_max_factor") or 1.0) if filter_groups.get("enable", False) else 1.0
+    return GroupPrefetch(max_factor=factor, smoothing=float(block.get("prefetch_smoothing") or 0.5))
 
 
 def apply_decision(trainer: Any, decision: Decision) -> None:
@@ -303,6 +315,7 @@ class PhaseTrainer(PPOTrainerSync):
         self._sampled: Any = None  # the step's batch (greedy_baseline)
         self._greedy: GreedyRewards | None = None
         self.dynamic_sampling = DynamicSamplingBudget.from_config(config)
+        self.prefetch = prefetch_from_config(config)
         self._step_prompts = 0
         monitors = config.get("monitors") or {}
         write_monitor_config(ckpt_dir, float(monitors.get("kl_floor", DEFAULT_KL_FLOOR)))
@@ -317,15 +330,18 @@ class PhaseTrainer(PPOTrainerSync):
             if float(poll) <= 0:
                 raise ValueError(f"replay_buffer.poll_s must be positive, got {poll}")
             buffer.poll_interval = float(poll)
-        if uses_greedy_baseline(self.config):
-            sample = buffer.sample
+        sample = buffer.sample
 
-            def sample_and_keep(*args: Any, **kwargs: Any) -> Any:
-                out = sample(*args, **kwargs)
+        def sample_and_keep(*args: Any, **kwargs: Any) -> Any:
+            out = sample(*args, **kwargs)
+            if uses_greedy_baseline(self.config):
                 self._sampled = out[0]  # the step's batch, for its greedy answers (on_sample_end)
-                return out
+            if kwargs.get("partition_id", "train") == "train":
+                evicted = int((out[1] or {}).get("training/filter_groups/evicted_samples", 0))
+                self.prefetch.observe(self._step_prompts, evicted)
+            return out
 
-            buffer.sample = sample_and_keep
+        buffer.sample = sample_and_keep
         return buffer
 
     # -- resume -------------------------------------------------------------------------------------
@@ -344,8 +360,18 @@ class PhaseTrainer(PPOTrainerSync):
 
     # -- dynamic sampling and monitors ---------------------------------------------------------------
     def prepare_step(self) -> dict[Any, Any]:
-        self._step_prompts = int(self.config.data.train_batch_size)  # the batch VERL submits first
+        batch = int(self.config.data.train_batch_size)
+        self._step_prompts = batch  # the batch VERL submits first
         out: dict[Any, Any] = super().prepare_step()
+        extra = self.prefetch.first_dispatch(batch) - batch
+        cap = self.dynamic_sampling.max_prompts
+        if cap is not None:
+            extra = min(extra, cap - self._step_prompts)  # the prefetch never spends the refills' budget alone
+        if extra > 0:
+            # the expected shortfall, sent now rather than after the first round's evictions
+            self._step_prompts += extra
+            PPOTrainerSync._add_prompts_to_generate(self, extra)
+            out["training/dynamic_sampling/prefetched_prompts"] = float(extra)
         return out
 
     def _add_prompts_to_generate(self, num_prompts: int) -> int:

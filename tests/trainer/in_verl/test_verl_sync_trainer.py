@@ -408,3 +408,46 @@ def test_dynamic_sampling_past_its_budget_stops_the_phase(tmp_path: Path, monkey
     assert sum(tq.refills) == 4  # 2 + 4 = 6 prompts, then the budget ends the step instead of sampling for ever
     record = json.loads((Path(t.config.trainer.default_local_dir) / FAILURE_FILE).read_text())
     assert record["cause"] == "dynamic_sampling_exhausted" and "max_num_gen_batches=3" in record["message"]
+
+
+def test_prefetch_sends_the_expected_shortfall_with_the_first_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # step 1: a is informative, c all-equal (evicted, refilled twice); the prefetch learns a share of 3/4
+    tq = DapoTransferQueue({"a": [0.2, 0.8], "c": [1.0, 1.0]})
+    tq.next_groups = [[0.1, 0.9], [0.3, 0.4]]
+    t, _ = dapo_trainer(tmp_path, tq, monkeypatch, "replay_buffer.prefetch_max_factor=2.0")
+    assert t.prefetch.enabled and t.prefetch.first_dispatch(2) == 2  # nothing observed yet: one batch
+    with pytest.raises(ReachedUpdate):  # 2 first + 2 refills: 4 prompts, 1 evicted
+        t._step_once({}, {}, sample_batch_size=2)
+    assert t.prefetch.informative_share == pytest.approx(3 / 4)
+    # step 2: the first batch of 64 carries ceil(64 / 0.75) - 64 = 22 more prompts, counted in the step
+    sent: list[int] = []
+    monkeypatch.setattr("verl.trainer.ppo.v1.trainer_base.PPOTrainer._add_batch_to_generate", lambda self: None)
+    monkeypatch.setattr("verl.trainer.ppo.v1.trainer_base.PPOTrainer._add_prompts_to_generate",
+                        lambda self, k: sent.append(k) or k)  # fmt: skip
+    t.config.data.train_batch_size = 64
+    out = t.prepare_step()
+    assert sent == [22] and t._step_prompts == 86
+    assert out["training/dynamic_sampling/prefetched_prompts"] == 22.0
+
+
+def test_prefetch_is_off_at_factor_one_and_never_passes_the_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainer.in_verl.prefetch import GroupPrefetch
+    from trainer.phases.monitors import DynamicSamplingBudget
+
+    t, _ = dapo_trainer(tmp_path, DapoTransferQueue({"a": [0.2, 0.8]}), monkeypatch)
+    assert not t.prefetch.enabled  # grpo_base's default: VERL's own rounds
+    t.prefetch = GroupPrefetch(max_factor=4.0, informative_share=0.1)
+    t.dynamic_sampling = DynamicSamplingBudget(enabled=True, train_batch_size=64, max_num_gen_batches=2)
+    sent: list[int] = []
+    monkeypatch.setattr("verl.trainer.ppo.v1.trainer_base.PPOTrainer._add_batch_to_generate", lambda self: None)
+    monkeypatch.setattr("verl.trainer.ppo.v1.trainer_base.PPOTrainer._add_prompts_to_generate",
+                        lambda self, k: sent.append(k) or k)  # fmt: skip
+    t.config.data.train_batch_size = 64
+    t.prepare_step()
+    assert sent == [64] and t._step_prompts == 128  # 4 x 64 capped at the budget of 2 x 64
+    with pytest.raises(ValueError, match=r"prefetch_max_factor must be at least 1\.0"):
+        GroupPrefetch(max_factor=0.5)
