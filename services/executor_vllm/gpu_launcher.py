@@ -52,9 +52,15 @@ def gpu_env(gpus: Sequence[str], base: Mapping[str, str] | None = None) -> dict[
     return env
 
 
+# CUDA graphs of the decode steps, captured without torch.compile (vLLM's compilation mode NONE): the
+# capture takes seconds where compiling takes a minute or more, and a small model's decode step, bound by
+# kernel launches when eager, runs as one graph replay.
+GRAPHS_WITHOUT_COMPILE = '{"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}'
+
+
 class GpuExecutor(CpuExecutor):
-    """A vLLM server on ``gpus`` (bf16, CUDA graphs unless ``enforce_eager``, prefix caching unless
-    ``prefix_caching`` is False)."""
+    """A vLLM server on ``gpus`` (bf16, CUDA graphs unless ``enforce_eager``, compiled unless ``compile_graphs``
+    is False, prefix caching unless ``prefix_caching`` is False)."""
 
     def __init__(
         self,
@@ -70,6 +76,7 @@ class GpuExecutor(CpuExecutor):
         extra_args: Sequence[str] = (),
         prefix_caching: bool = True,
         extra_env: Mapping[str, str] | None = None,
+        compile_graphs: bool = True,
     ) -> None:
         super().__init__(
             model, served_model_name, port, log_path=log_path, max_model_len=max_model_len, seed=seed,
@@ -82,6 +89,7 @@ class GpuExecutor(CpuExecutor):
             raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {gpu_memory_utilization}")
         self.gpu_memory_utilization = gpu_memory_utilization
         self.enforce_eager = enforce_eager
+        self.compile_graphs = compile_graphs
         self.prefix_caching = prefix_caching
         self.extra_args = list(extra_args)
 
@@ -95,6 +103,8 @@ class GpuExecutor(CpuExecutor):
         ]  # fmt: skip
         if self.enforce_eager:
             cmd.append("--enforce-eager")
+        elif not self.compile_graphs:
+            cmd += ["--compilation-config", GRAPHS_WITHOUT_COMPILE]
         return cmd + self.extra_args
 
     def env(self) -> dict[str, str]:

@@ -50,6 +50,12 @@ def start_cmd(
     mem: float = typer.Option(0.3, min=0.01, max=1.0, help="--gpu-memory-utilization of each."),
     prefix_cache: bool = typer.Option(True, "--prefix-cache/--no-prefix-cache", help="vLLM's prefix caching."),
     eager: bool = typer.Option(False, "--eager", help="No CUDA graphs / torch.compile: starts sooner, runs slower."),
+    compile_graphs: bool = typer.Option(
+        True,
+        "--compile/--graphs-only",
+        help="With CUDA graphs: torch.compile the model first (vLLM's default), or capture the decode steps' "
+        "graphs without compiling (starts in seconds; a small model's decode is launch-bound, not kernel-bound).",
+    ),
     batch_invariant: bool = typer.Option(
         False,
         "--batch-invariant",
@@ -60,7 +66,7 @@ def start_cmd(
     wait: bool = typer.Option(False, "--wait", help="Return once every executor lists its model."),
 ) -> None:
     """Start executors detached: they outlive this command; ``stop`` ends them."""
-    ports = detached.start(model, name, gpu_list(gpus), port, mem, prefix_cache, eager, batch_invariant)
+    ports = detached.start(model, name, gpu_list(gpus), port, mem, prefix_cache, eager, batch_invariant, compile_graphs)
     if wait:
         detached.wait(ports)
 

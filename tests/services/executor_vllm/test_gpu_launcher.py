@@ -32,6 +32,17 @@ def test_prefix_caching_and_eager_are_switches() -> None:
     assert cmd.count("--enforce-eager") == 1
 
 
+def test_graphs_without_compile_capture_decode_graphs_in_compilation_mode_none() -> None:
+    import json
+
+    cmd = GpuExecutor("/m", gpus=["0"], port=1, compile_graphs=False).command()
+    assert "--enforce-eager" not in cmd
+    assert json.loads(_flag(cmd, "--compilation-config")) == {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
+    assert "--compilation-config" not in GpuExecutor("/m", gpus=["0"], port=1).command()  # compiled: vLLM's default
+    eager = GpuExecutor("/m", gpus=["0"], port=1, enforce_eager=True, compile_graphs=False).command()
+    assert "--enforce-eager" in eager and "--compilation-config" not in eager  # eager wins: no graphs at all
+
+
 def test_env_sets_the_gpus_and_keeps_multicast_off_whatever_the_caller_set() -> None:
     env = gpu_env(["1"], {"NCCL_NVLS_ENABLE": "1", "CUDA_VISIBLE_DEVICES": "0,1,2,3", "PATH": "/bin"})
     assert env["CUDA_VISIBLE_DEVICES"] == "1"

@@ -78,9 +78,10 @@ class Launched:
     calls: ClassVar[list[tuple[object, ...]]] = []
 
     def __init__(
-        self, model: str, name: str, gpu: str | None, port: int, mem: float, prefix: bool, eager: bool, bi: bool
+        self, model: str, name: str, gpu: str | None, port: int, mem: float, prefix: bool, eager: bool, bi: bool,
+        compile_graphs: bool = True,
     ):
-        self.args = (model, gpu, port, mem, prefix, eager, bi)
+        self.args = (model, gpu, port, mem, prefix, eager, bi, compile_graphs)
         self.url = f"http://127.0.0.1:{port}"
         Launched.calls.append((name, *self.args))
 
@@ -96,13 +97,17 @@ def test_serve_start_passes_its_options_and_leaves_pid_files(monkeypatch: pytest
     result = CliRunner().invoke(app, [*args, "--mem", "0.08", "--eager", "--no-prefix-cache", "--batch-invariant"])
     assert result.exit_code == 0, result.output
     assert Launched.calls == [
-        ("pi1", "/m", "0", 18201, 0.08, False, True, True),
-        ("pi1", "/m", "2", 18202, 0.08, False, True, True),
+        ("pi1", "/m", "0", 18201, 0.08, False, True, True, True),
+        ("pi1", "/m", "2", 18202, 0.08, False, True, True, True),
     ]
     assert {p.name for p in run_dir.glob("*.pid")} == {"stx-vllm-18201.pid", "stx-vllm-18202.pid"}
     Launched.calls = []
     cpu = CliRunner().invoke(app, ["serve", "start", "--model", "/m", "--name", "pi1", "--port", "18301"])
-    assert cpu.exit_code == 0 and Launched.calls == [("pi1", "/m", None, 18301, 0.3, True, False, False)]  # on CPU
+    on_cpu = ("pi1", "/m", None, 18301, 0.3, True, False, False, True)
+    assert cpu.exit_code == 0 and Launched.calls == [on_cpu]
+    Launched.calls = []
+    graphs = CliRunner().invoke(app, [*args, "--graphs-only"])
+    assert graphs.exit_code == 0 and Launched.calls[0][-1] is False  # decode graphs without torch.compile
 
 
 @pytest.mark.parametrize(
