@@ -1,10 +1,11 @@
-"""A GRPO step, an SFT epoch and a phase start-up, before and after the speed settings, against the floor.
+"""A GRPO step, an SFT epoch and a phase start-up, against the floor and against VERL's own trainer.
 
 ``python -m bench rl-step --collected DIR [--collected DIR ...] [--notes FILE]`` reads the runs of unpacked
 ``scripts/gpu_node/job.sh collect`` archives (``scripts/gpu_node/rl_step.sh`` makes them on a GPU node) and
 writes ``bench/results/rl_step.{json,md,png}``.
 
-A run is a job named ``<phase>_<setting>`` (``b1_before``, ``c1_after``, ``a1_before`` …) whose phase folder
+A run is a job named ``<phase>_<setting>`` (``b1_fast``, ``b1_stock``, ``c1_fast``, ``a1_fast``, ``b1_small`` …; the
+setting ``stock`` is VERL's own trainer, :mod:`bench.verl_stock`, reported as ``verl_stock``) whose phase folder
 ``<path>/<name>/`` came back with ``metrics.jsonl``, ``train.log`` and ``command.sh``; ``runs.json`` (written
 by the node script) gives each run's GPUs, and ``gpu_util.csv`` (``nvidia-smi`` every 0.5 s) their use.
 
@@ -25,6 +26,11 @@ the means where later ones exist, since it carries one-off warm-up):
 
 The reward's share of a C1 step is C1's generation time beyond B1's at the same settings, over C1's step
 (the reward of B1 is computed in-process in milliseconds; C1's waits for the π2 executor).
+
+Every GRPO run is also a row of ``rows`` (``phase``, ``setting``, ``gpus``, ``batch``, ``n``, ``step_s``,
+``split_s``, ``floor_s``, ``startup_s`` and its ``startup_split``); a job ``exec_<name>`` (``trainer serve start
+--wait``) gives an executor's ready time; ``targets`` compares the ``fast`` rows with the one-GPU goals
+(:data:`TARGETS`), each with its number, and names a miss's largest part.
 
 Per SFT run: the epoch's seconds (``tqdm``'s elapsed time of the training loop, extrapolated to the whole
 epoch where a run stopped after ``trainer.total_training_steps``), the job's wall time and the last
@@ -49,6 +55,12 @@ STAGES = ("gen", "old_log_prob", "ref", "adv", "update_actor", "update_weights")
 # Dense bf16 peak per GPU (NVIDIA's datasheets, SXM parts, no sparsity)
 PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12}
 SMOLLM2_135M_PARAMS = 134_479_872
+# The one-GPU goals (64 x 16): B1 and C1 steps, C1's pipeline reward share, a phase's start to its first
+# generation, an executor's ready time, two SFT epochs of A1 and A2 side by side, and B1 against VERL's own.
+TARGETS = {"b1_step_s": 6.0, "c1_step_s": 8.0, "c1_reward_share": 0.15, "startup_s": 60.0, "executor_ready_s": 30.0,
+           "sft_two_epochs_side_by_side_s": 240.0, "b1_over_verl_stock": 1.0}  # fmt: skip
+SETTING_NAMES = {"stock": "verl_stock"}
+MET = {True: "yes", False: "**no**", None: "not run"}
 _TQDM = re.compile(r"Epoch \d+/\d+:\s+\d+%\|[^|]*\|\s*(\d+)/(\d+) \[(\d+:)?(\d+):(\d+)<")
 
 
@@ -163,7 +175,59 @@ def busy_share(samples: list[tuple[float, int, float]], gpus: Sequence[int], sta
 
 def _phase_setting(name: str) -> tuple[str, str]:
     phase, _, setting = name.partition("_")
-    return phase, setting or "run"
+    setting = setting or "run"
+    return phase, SETTING_NAMES.get(setting, setting)
+
+
+def override_of(command: str, key: str) -> int | None:
+    """An integer ``key=value`` override of a command line (None where it is not given)."""
+    for tok in shlex.split(command):
+        if tok.lstrip("+").startswith(f"{key}="):
+            return int(tok.split("=", 1)[1])
+    return None
+
+
+def reward_share(c1: dict[str, Any], b1: dict[str, Any]) -> float | None:
+    """C1's generation beyond B1's (the pipeline reward's wait), over C1's step."""
+    if not c1.get("step_s"):
+        return None
+    extra = (c1["split_s"].get("gen") or 0) - (b1["split_s"].get("gen") or 0)
+    return round(max(extra, 0.0) / c1["step_s"], 3)
+
+
+def largest_part(row: dict[str, Any]) -> str:
+    split = {k: v for k, v in row.get("split_s", {}).items() if v}
+    if not split:
+        return "-"
+    k = max(split, key=lambda key: split[key])
+    return f"{k} {split[k]:.2f} s"
+
+
+def targets(out: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each one-GPU goal beside its measured number (None: not run), met or not, and a miss's largest part."""
+    fast = {r["phase"]: r for r in out["rows"] if r["setting"] == "fast" and r.get("batch") in (64, None)}
+    stock = next((r for r in out["rows"] if r["setting"] == "verl_stock"), None)
+    b1, c1 = fast.get("b1"), fast.get("c1")
+    sft = [out["sft"][n]["epoch_s"] for n in ("a1_fast", "a2_fast") if n in out["sft"]]
+    starts = [r["startup_s"] for r in fast.values() if r.get("startup_s") is not None]
+    ready = list(out.get("executor_ready_s", {}).values())
+    measured: dict[str, tuple[float | None, str]] = {
+        "b1_step_s": (b1["step_s"] if b1 else None, largest_part(b1) if b1 else "-"),
+        "c1_step_s": (c1["step_s"] if c1 else None, largest_part(c1) if c1 else "-"),
+        "c1_reward_share": (reward_share(c1, b1) if b1 and c1 else None, "the π2 executor's tables"),
+        "startup_s": (max(starts) if starts else None, "see the start-up split"),
+        "executor_ready_s": (max(ready) if ready else None, "vLLM's start"),
+        "sft_two_epochs_side_by_side_s": (round(2 * max(sft), 1) if len(sft) == 2 and all(sft) else None,
+                                          "VERL's SFT step"),
+        "b1_over_verl_stock": (round(b1["step_s"] / stock["step_s"], 3) if b1 and stock and stock["step_s"] else None,
+                               "the step's split beside VERL's"),
+    }  # fmt: skip
+    rows = []
+    for key, goal in TARGETS.items():
+        value, part = measured[key]
+        met = None if value is None else value <= goal
+        rows.append({"target": key, "goal": goal, "measured": value, "met": met, "largest_part": None if met else part})
+    return rows
 
 
 def build(
@@ -174,6 +238,7 @@ def build(
     from bench.learning_gpu import read_stages
 
     runs: dict[str, dict[str, Any]] = {}
+    executors: dict[str, float] = {}
     card, util, layout = None, [], {}
     versions: dict[str, Any] = {}
     for root in collected:
@@ -190,6 +255,10 @@ def build(
             if runs_json.is_file():
                 layout.update(json.loads(runs_json.read_text()))
         stages = read_stages(root / "jobs" / "stages.tsv") if (root / "jobs" / "stages.tsv").is_file() else {}
+        for job, times in stages.items():  # `trainer serve start --wait` jobs: command to model listed
+            rc_file = root / "jobs" / f"{job}.rc"
+            if job.startswith("exec_") and rc_file.is_file() and rc_file.read_text().strip() == "0":
+                executors[job.removeprefix("exec_")] = float(times["seconds"])
         for log in sorted(root.glob("*/*/train.log")):
             name = log.parent.name
             if name not in stages:
@@ -206,7 +275,8 @@ def build(
         )
     peak = card_peak(card)
     out: dict[str, Any] = {"benchmark": NAME, "card": card, "versions": versions, "params": params,
-                           "peak_bf16_flops": peak, "before": {}, "after": {}, "sft": {}, "runs": {}}  # fmt: skip
+                           "peak_bf16_flops": peak, "before": {}, "after": {}, "sft": {}, "runs": {}, "rows": [],
+                           "executor_ready_s": executors}  # fmt: skip
     for name, r in sorted(runs.items()):
         phase, setting = _phase_setting(name)
         folder: Path = r["dir"]
@@ -227,14 +297,19 @@ def build(
             n_gpus = gpus_of(command)
             rec.update(grpo_summary(step_rows(folder / "metrics.jsonl"), n_gpus, peak, params))
             rec["n_gpus"] = n_gpus
-            rec["startup_s"] = rec["busy_share"] = None
+            rec["batch"] = override_of(command, "data.train_batch_size")
+            rec["n"] = override_of(command, "actor_rollout_ref.rollout.n")
+            rec["startup_s"] = rec["busy_share"] = rec["startup_split"] = None
             if t is not None:
                 timed = timed_run(name, t["start"], t["end"], r["rc"], folder / "train.log")
                 rec["startup_s"] = timed["seconds_to_first_generation"]
+                rec["startup_split"] = [st for st in timed["stages"] if st["to"] != "end"]
                 first = timed["markers"].get("first_generation")
                 rec["busy_share"] = busy_share(util, gpu_ids, t["start"] + first, t["end"]) if first else None
             if setting in ("before", "after"):
                 out[setting][phase] = rec
+            out["rows"].append({k: v for k, v in rec.items() if k not in ("command", "gpus")} | {"gpus": n_gpus,
+                               "name": name})  # fmt: skip
         out["runs"][name] = {k: v for k, v in rec.items() if k != "command"} | {"command": rec["command"]}
     after = out["after"]
     if "c1" in after and "b1" in after and after["c1"]["step_s"]:
@@ -252,8 +327,47 @@ def build(
     starts = [rec["startup_s"] for rec in after.values() if rec.get("startup_s") is not None]
     out["startup_s"] = max(starts) if starts else None
     out["startup_s_by_phase"] = {ph: rec.get("startup_s") for ph, rec in after.items()}
+    b1_fast = next((r for r in out["rows"] if r["phase"] == "b1" and r["setting"] == "fast"), None)
+    for r in out["rows"]:
+        if r["phase"] == "c1" and b1_fast is not None:
+            r["reward_share"] = reward_share(r, b1_fast)
+    out["targets"] = targets(out)
     out["notes"] = notes
     return out
+
+
+def rows_md(p: dict[str, Any]) -> str:
+    """The rows of every setting (ours, VERL's own, other sizes), the targets and the start-up split."""
+    rows = [r for r in p.get("rows", []) if r["setting"] not in ("before", "after")]
+    if not rows:
+        return ""
+    md = "## GRPO steps\n\n" + md_table(
+        ["phase", "setting", "GPUs", "batch x n", "steps", "step s", "floor s", "x floor", *STAGES, "other",
+         "tokens/step", "GPU busy", "s to 1st gen"],
+        [[r["phase"], r["setting"], r["gpus"], f"{r.get('batch') or '-'} x {r.get('n') or '-'}",
+          f"{r['steps_averaged']}{' (unfinished)' if r.get('unfinished') else ''}", _f(r["step_s"]),
+          _f(r["floor_s"], 3),
+          _f(round(r["step_s"] / r["floor_s"], 1) if r["step_s"] and r["floor_s"] else None, 1),
+          *[_f(r["split_s"].get(k)) for k in (*STAGES, "other")], _f(r["tokens_per_step"], 0), _f(r["busy_share"]),
+          _f(r["startup_s"], 0)] for r in rows],
+    )  # fmt: skip
+    shares = [f"{r['name']} {r['reward_share']:.1%}" for r in rows if r.get("reward_share") is not None]
+    if shares:
+        md += "\nC1's pipeline reward share (its generation beyond B1's fast row, over its step): "
+        md += ", ".join(shares) + ".\n"
+    if p.get("executor_ready_s"):
+        md += "\nExecutors ready (`trainer serve start --wait`, command to model listed): " + ", ".join(
+            f"{k} {v:.0f} s" for k, v in sorted(p["executor_ready_s"].items())) + ".\n"  # fmt: skip
+    if p.get("targets"):
+        md += "\n## Targets (one GPU, 64 x 16)\n\n" + md_table(
+            ["target", "goal", "measured", "met", "largest part of a miss"],
+            [[t["target"], _f(t["goal"]), _f(t["measured"], 3), MET[t["met"]], t["largest_part"] or ""]
+             for t in p["targets"]],
+        )  # fmt: skip
+    split_rows = [[r["name"], st["stage"], _f(st["seconds"], 1)] for r in rows for st in (r.get("startup_split") or [])]
+    if split_rows:
+        md += "\n## Start-up: command to first generation, by stage\n\n" + md_table(["run", "stage", "s"], split_rows)
+    return md + "\n"
 
 
 def _f(x: Any, nd: int = 2) -> str:
@@ -262,13 +376,14 @@ def _f(x: Any, nd: int = 2) -> str:
 
 def render_md(p: dict[str, Any], command: str) -> str:
     v = p["versions"]
-    md = ("# RL at the speed of the hardware: a GRPO step, an SFT epoch and a start-up, before and after\n\n"
+    md = ("# RL at the speed of the hardware: a GRPO step, an SFT epoch and a start-up\n\n"
           f"- card: {'; '.join((p['card'] or 'unknown').splitlines())}\n"
           f"- versions: {', '.join(f'{k} {x}' for k, x in v.items()) or 'unknown'}\n"
           f"- policy: {p['params'] / 1e6:.1f}M parameters; floor = 8 N T / (bf16 peak "
           f"{(p['peak_bf16_flops'] or 0) / 1e12:.1f} TFLOP/s x GPUs), T the step's prompt + response tokens\n"
           "- on the node: `scripts/gpu_node/rl_step.sh` (jobs of `scripts/gpu_node/job.sh`); this report: "
           f"`{command}`\n\n")  # fmt: skip
+    md += rows_md(p)
     rows = []
     for phase in sorted(set(p["before"]) | set(p["after"])):
         for setting in ("before", "after"):
@@ -280,9 +395,11 @@ def render_md(p: dict[str, Any], command: str) -> str:
             rows.append([phase, setting, r["n_gpus"], steps, _f(r["step_s"]), _f(r["floor_s"], 3),
                          *[_f(s.get(k)) for k in (*STAGES, "other")], _f(r["tokens_per_s"], 0), _f(r["busy_share"]),
                          _f(r["startup_s"], 0)])  # fmt: skip
-    md += "## GRPO steps (64 prompts x 16 samples)\n\n" + md_table(
+    if rows:
+        md += "## GRPO steps, before and after (64 prompts x 16 samples)\n\n" + md_table(
         ["phase", "setting", "GPUs", "steps", "step s", "floor s", *STAGES, "other", "tokens/s", "GPU busy",
          "s to 1st gen"], rows)  # fmt: skip
+        md += "\n"
     c1 = p["after"].get("c1", {})
     if "reward_share" in c1:
         md += (f"\nC1's reward share (its generation beyond B1's, over its step): after {c1['reward_share']:.1%}"
@@ -316,6 +433,11 @@ def plot(p: dict[str, Any], path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     labels, splits, floors = [], [], []
+    for r in p.get("rows", []):
+        if r["setting"] not in ("before", "after") and r["step_s"]:
+            labels.append(f"{r['phase']} {r['setting']} {r.get('batch') or ''}x{r.get('n') or ''}")
+            splits.append(r["split_s"])
+            floors.append(r["floor_s"])
     for phase in sorted(set(p["before"]) | set(p["after"])):
         for setting in ("before", "after"):
             r = p[setting].get(phase)

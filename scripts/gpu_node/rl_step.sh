@@ -1,32 +1,40 @@
 #!/usr/bin/env bash
-# The runs of `python -m bench rl-step` on one 4-GPU node, before and after the speed settings, side by side:
-#   wave 1, SFT, one GPU each:      a1_after a2_after  (SFT_STEPS steps each; the epoch is extrapolated)
-#   wave 2, B1, two GPUs each:      b1_before (0,1)  b1_after (2,3)        (RL_STEPS steps, no validation)
-#   wave 3, C1, two GPUs each:      c1_before (0,1)  c1_after (2,3), each with its own π2 executor + reward API
-#   wave 4, B2, two GPUs each:      b2_before (0,1)  b2_after (2,3)
-# "before" is the gpu profile as it was (BEFORE puts every setting back); "after" is the profile.
-# π1/π2 for RL are a1_after's and a2_after's exports. Run it as a job after node_setup.sh:
+# The runs of `python -m bench rl-step` on one node of any GPU count (every run on all its GPUs), in turn:
+#   sft    a1_fast ‖ a2_fast: SFT side by side on the node's GPUs (SFT_STEPS steps each; the epoch is extrapolated)
+#   b1     exec_pi2 (π2's executor for C1, decode graphs without torch.compile, started beside B1: its ready
+#          time is measured there) and b1_fast: B1 at BATCH x N, the gpu profile
+#   c1     c1_fast: C1 at BATCH x N, π2's executor behind a reward API on the same GPUs
+#   stock  b1_stock: VERL's own trainer on B1's work (python -m bench.verl_stock)
+#   before b1_before: B1 with BEFORE, the gpu profile without its newest speed settings (eager rollout, no prefetch)
+#   b2     b2_fast: B2 at BATCH x N
+#   small  b1_small: B1 at SMALL_BATCH x SMALL_N
+# π1/π2 for RL are a1_fast's and a2_fast's exports unless PI1/PI2 are given. Run it as a job after node_setup.sh:
 #   MODEL_DIR=/tmp/model scripts/gpu_node/job.sh start rl_step -- bash scripts/gpu_node/rl_step.sh
-# then `job.sh wait rl_step 560` and `job.sh collect rl /tmp/rl` from later calls; runs.json and gpu_util.csv
-# (nvidia-smi every 0.5 s) land in /tmp/rl beside the run folders. A failed run leaves its wave's others going.
+# then `job.sh wait rl_step 540` and `job.sh collect rl /tmp/rl` from later calls; runs.json and gpu_util.csv
+# (nvidia-smi every 0.5 s) land in /tmp/rl beside the run folders. A failed run leaves the next ones going.
 set -uo pipefail
 J=scripts/gpu_node/job.sh
 R=${RL_OUT:-/tmp/rl}
 DATA=${RL_DATA:-/tmp/rl_data}
-SFT_STEPS=${SFT_STEPS:-300}
-RL_STEPS=${RL_STEPS:-5}
-WAVES=${WAVES:-sft,b1,c1,b2}
+SFT_STEPS=${SFT_STEPS:-100}
+RL_STEPS=${RL_STEPS:-6}
+BATCH=${BATCH:-64} N=${N:-16} SMALL_BATCH=${SMALL_BATCH:-32} SMALL_N=${SMALL_N:-8}
+WAVES=${WAVES:-sft,b1,c1,stock,before,b2,small}
 : "${MODEL_DIR:?MODEL_DIR (the base model) must be set}" "${GOLDEN_DIR:?GOLDEN_DIR must be set}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+NG=$(nvidia-smi -L | wc -l)
+GPUS=$(seq -s, 0 $((NG - 1)))
+LAST=$((NG - 1))
+export CUDA_VISIBLE_DEVICES=$GPUS
 mkdir -p "$R"
 [[ -f $R/runs.json ]] || echo '{}' > "$R/runs.json"  # a rerun of some waves adds to it
 setsid nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader,nounits -lms 500 \
   >> "$R/gpu_util.csv" 2>/dev/null < /dev/null &
 SMI=$!
-trap 'kill "$SMI" 2>/dev/null' EXIT
+trap 'kill "$SMI" 2>/dev/null; python3 -m trainer serve stop --ports 18500 > /dev/null 2>&1' EXIT
 
-note() {  # NAME GPUS: the run's GPUs, for the busy share
-  python3 - "$R/runs.json" "$1" "$2" <<'PY'
+note() {  # NAME: the run's GPUs, for the busy share
+  python3 - "$R/runs.json" "$1" "$GPUS" <<'PY'
 import json, sys
 path, name, gpus = sys.argv[1:]
 d = json.load(open(path)); d[name] = {"gpus": gpus}; json.dump(d, open(path, "w"), indent=1)
@@ -34,63 +42,63 @@ PY
 }
 wait_all() { for n in "$@"; do until $J wait "$n" 60 > /dev/null; [[ $? != 3 ]]; do :; done; echo "$n: $($J status | grep "^$n ")"; done; }
 on() { [[ ,$WAVES, == *,$1,* ]]; }
-
-# The gpu profile before the speed settings, setting by setting (SFT: the sft profile is unchanged).
+# The gpu profile without its newest speed settings (checked by tests/trainer/phases/test_gpu_profile.py).
 BEFORE=(
-  actor_rollout_ref.actor.use_kl_loss=true algorithm.rollout_correction.bypass_mode=false
-  actor_rollout_ref.actor.calculate_entropy=false replay_buffer.poll_s=2.0 prompt_filter.enabled=false
-  sizing.auto=false actor_rollout_ref.model.enable_gradient_checkpointing=true
-  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32
-  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32
+  actor_rollout_ref.rollout.enforce_eager=true actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config=null
+  replay_buffer.prefetch_max_factor=1.0
 )
-RL=(--profile gpu --data "$DATA" --no-export trainer.n_gpus_per_node=2 "trainer.total_training_steps=$RL_STEPS"
+RL=(--profile gpu --data "$DATA" --no-export "trainer.n_gpus_per_node=$NG" "trainer.total_training_steps=$RL_STEPS"
     trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=-1 early_stopping.enabled=false
     +ray_kwargs.ray_init._node_ip_address=127.0.0.1)
+rl() {  # NAME PHASE URL MODEL BATCH N [OVERRIDE...]
+  local name=$1 phase=$2 url=$3 model=$4 batch=$5 n=$6
+  shift 6
+  note "$name"
+  $J start "$name" -- python3 -m trainer run "$phase" --out "$R/$name" --reward-url "$url" --model "$model" \
+    "${RL[@]}" "data.train_batch_size=$batch" "actor_rollout_ref.rollout.n=$n" "$@"
+  wait_all "$name"
+}
 
 [[ -d $DATA/b1 ]] || python3 -m trainer data build --golden "$GOLDEN_DIR" --out "$DATA" --phases a1,a2,b1,b2,c1 \
   > "$R/data_build.log" 2>&1 || { echo "data build failed"; tail -20 "$R/data_build.log"; exit 1; }
 
 if on sft; then
-  for s in a1_after:0 a2_after:1; do
-    name=${s%:*}; gpu=${s#*:}; phase=${name%_*}
-    note "$name" "$gpu"
-    CUDA_VISIBLE_DEVICES=$gpu $J start "$name" -- python3 -m trainer run "$phase" --profile gpu --data "$DATA" \
-      --out "$R/$name" --model "$MODEL_DIR" trainer.n_gpus_per_node=1 "trainer.total_training_steps=$SFT_STEPS"
+  for phase in a1 a2; do
+    note "${phase}_fast"
+    $J start "${phase}_fast" -- python3 -m trainer run "$phase" --profile gpu --data "$DATA" --out "$R/${phase}_fast" \
+      --model "$MODEL_DIR" "trainer.n_gpus_per_node=$NG" "trainer.total_training_steps=$SFT_STEPS" \
+      epoch_selection.enabled=false
   done
-  wait_all a1_after a2_after
+  wait_all a1_fast a2_fast
 fi
-PI1=${PI1:-$R/a1_after/hf}
-PI2=${PI2:-$R/a2_after/hf}
+PI1=${PI1:-$R/a1_fast/hf}
+PI2=${PI2:-$R/a2_fast/hf}
 
 $J start api_local -- python3 -m services.reward_api --host 127.0.0.1 --port 18410 --workers 4
-pair() {  # PHASE URL_BEFORE URL_AFTER MODEL: the phase before on GPUs 0,1 and after on GPUs 2,3, then wait
-  note "$1_before" 0,1; note "$1_after" 2,3
-  CUDA_VISIBLE_DEVICES=0,1 $J start "$1_before" -- python3 -m trainer run "$1" --out "$R/$1_before" --reward-url "$2" \
-    --model "$4" "${RL[@]}" "${BEFORE[@]}"
-  CUDA_VISIBLE_DEVICES=2,3 $J start "$1_after" -- python3 -m trainer run "$1" --out "$R/$1_after" --reward-url "$3" \
-    --model "$4" "${RL[@]}"
-  wait_all "$1_before" "$1_after"
-}
-sleep 5
-on b1 && pair b1 http://127.0.0.1:18410 http://127.0.0.1:18410 "$PI1"
-if on c1; then
-  # One π2 executor per arm, on the arm's second GPU (a small share of it), each behind its own reward API.
-  # They start beside the trainers, as the loop starts C1's: a trainer waits for its reward API (and the
-  # API's executor) before its first rollout (reward_ready), and the executors take their memory first.
-  $J start exec_before -- python3 -m trainer serve start --model "$PI2" --name pi2 --gpus 1 --port 18500 --mem 0.12 --eager --wait
-  $J start exec_after -- python3 -m trainer serve start --model "$PI2" --name pi2 --gpus 3 --port 18510 --mem 0.12 --eager --wait
-  (
-    wait_all exec_before exec_after > /dev/null
-    REWARD_API_EXECUTOR_URLS=http://127.0.0.1:18500 REWARD_API_EXECUTOR_MODEL=pi2 \
-      $J start api_c1_before -- python3 -m services.reward_api --host 127.0.0.1 --port 18420 --workers 4
-    REWARD_API_EXECUTOR_URLS=http://127.0.0.1:18510 REWARD_API_EXECUTOR_MODEL=pi2 \
-      $J start api_c1_after -- python3 -m services.reward_api --host 127.0.0.1 --port 18421 --workers 4
-  ) &
-  apis=$!
-  sleep 20
-  pair c1 http://127.0.0.1:18420 http://127.0.0.1:18421 "$PI1"
-  wait "$apis"  # this one only: the GPU sampler is a child too
-  python3 -m trainer serve stop --ports 18500,18510 || true
+sleep 3
+if on b1; then
+  # C1's executor starts beside B1, as the loop starts it beside C1's trainer: its ready time is a row
+  $J start exec_pi2 -- python3 -m trainer serve start --model "$PI2" --name pi2 --gpus "$LAST" --port 18500 --mem 0.12 \
+    --graphs-only --wait
+  rl b1_fast b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N"
 fi
-on b2 && pair b2 http://127.0.0.1:18410 http://127.0.0.1:18410 "$PI2"
+if on c1; then
+  $J status | grep -q '^exec_pi2 ' || $J start exec_pi2 -- python3 -m trainer serve start --model "$PI2" --name pi2 \
+    --gpus "$LAST" --port 18500 --mem 0.12 --graphs-only --wait
+  wait_all exec_pi2
+  REWARD_API_EXECUTOR_URLS=http://127.0.0.1:18500 REWARD_API_EXECUTOR_MODEL=pi2 \
+    $J start api_c1 -- python3 -m services.reward_api --host 127.0.0.1 --port 18420 --workers 4
+  sleep 3
+  rl c1_fast c1 http://127.0.0.1:18420 "$PI1" "$BATCH" "$N"
+  python3 -m trainer serve stop --ports 18500 || true
+fi
+if on stock; then
+  note b1_stock
+  $J start b1_stock -- python3 -m bench.verl_stock --data "$DATA" --model "$PI1" --out "$R/b1_stock" \
+    --steps "$RL_STEPS" --batch "$BATCH" --n "$N" --gpus "$NG"
+  wait_all b1_stock
+fi
+on before && rl b1_before b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${BEFORE[@]}"
+on b2 && rl b2_fast b2 http://127.0.0.1:18410 "$PI2" "$BATCH" "$N"
+on small && rl b1_small b1 http://127.0.0.1:18410 "$PI1" "$SMALL_BATCH" "$SMALL_N"
 echo "rl_step: done"

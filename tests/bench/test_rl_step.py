@@ -125,3 +125,47 @@ def test_gpu_count_and_card() -> None:
     assert rl_step.gpus_of("python -m x") == 8  # the profile's default
     assert rl_step.card_peak("NVIDIA H200") == rl_step.card_peak("NVIDIA H100 80GB HBM3") == 989.4e12
     assert rl_step.card_peak("Tesla T4") is None and rl_step.floor_s(3e5, 2, None, 1) is None
+
+
+def test_one_gpu_rows_beside_verl_stock_with_targets(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(rl_step, "RESULTS_DIR", tmp_path / "results")
+    monkeypatch.setattr("bench.common.RESULTS_DIR", tmp_path / "results")
+    root = tmp_path / "one"
+    batch = " data.train_batch_size=64 actor_rollout_ref.rollout.n=16"
+    _grpo_run(root, "b1_fast", [_step(20, 9, 0, 0, 6), _step(7, 3, 0, 0, 3), _step(5, 2, 0, 0, 2)], 1, 55)
+    _grpo_run(root, "b1_stock", [_step(30, 10, 2, 0, 8), _step(12, 5, 2, 0, 4)], 1, 120)
+    _grpo_run(root, "c1_fast", [_step(25, 12, 0, 0, 6), _step(9, 5, 0, 0, 3)], 1, 70)
+    for name in ("b1_fast", "b1_stock", "c1_fast"):
+        cmd = root / "rl" / name / "command.sh"
+        cmd.write_text(cmd.read_text().strip() + batch + "\n")
+    for name in ("a1_fast", "a2_fast"):
+        sft = root / "rl" / name
+        sft.mkdir(parents=True)
+        (sft / "train.log").write_text("Epoch 1/1:  36%|███ | 100/280 [00:40<01:12, 2.5it/s]\n")
+        (sft / "command.sh").write_text("torchrun ...\n")
+    jobs = root / "jobs"
+    jobs.mkdir()
+    names = ["b1_fast", "b1_stock", "c1_fast", "a1_fast", "a2_fast", "exec_pi2"]
+    jobs.joinpath("stages.tsv").write_text("".join(f"{n}\t{T0}\t{T0 + 300}\t{25 if n == 'exec_pi2' else 300}\n"
+                                                   for n in names))  # fmt: skip
+    for n in names:
+        (jobs / f"{n}.rc").write_text("0\n")
+    (root / "card.txt").write_text("0, NVIDIA H200, 143771 MiB, 580.159.04\n")
+    p = rl_step.run([root])
+    rows = {r["name"]: r for r in p["rows"]}
+    assert rows["b1_stock"]["setting"] == "verl_stock" and rows["b1_fast"]["setting"] == "fast"
+    assert rows["b1_fast"]["step_s"] == pytest.approx(6.0) and rows["b1_fast"]["batch"] == 64
+    assert rows["b1_fast"]["n"] == 16 and rows["b1_fast"]["gpus"] == 1 and rows["b1_fast"]["startup_s"] == 55
+    assert rows["b1_fast"]["startup_split"][0]["to"] == "ray_started"
+    assert rows["c1_fast"]["reward_share"] == pytest.approx((5 - 2.5) / 9, abs=1e-3)
+    assert p["executor_ready_s"] == {"pi2": 25.0}
+    t = {x["target"]: x for x in p["targets"]}
+    assert t["b1_step_s"]["measured"] == 6.0 and t["b1_step_s"]["met"] is True
+    assert t["c1_step_s"]["met"] is False and t["c1_step_s"]["largest_part"] == "gen 5.00 s"
+    assert t["b1_over_verl_stock"]["measured"] == pytest.approx(0.5) and t["b1_over_verl_stock"]["met"] is True
+    assert t["startup_s"]["measured"] == 70 and t["startup_s"]["met"] is False
+    assert t["executor_ready_s"]["met"] is True
+    assert t["sft_two_epochs_side_by_side_s"]["measured"] == pytest.approx(2 * 40 * 280 / 100, abs=0.2)
+    md = (tmp_path / "results" / "rl_step.md").read_text()
+    assert "| b1 | verl_stock | 1 | 64 x 16 |" in md and "## Targets (one GPU, 64 x 16)" in md
+    assert "| c1_step_s | 8.00 | 9.000 | **no** | gen 5.00 s |" in md
