@@ -46,7 +46,8 @@ def test_unpack_tampered_piece(tmp_path: Path, record_property: Any) -> None:
     piece.write_bytes(bytes(data))
     code, lines = unpack_cli(pieces, tmp_path / "new")
     record_property("expected", "exit 1, one line naming the piece and its sha256; nothing written")
-    record_property("observed", f"exit {code}: {lines[0][:90]}...; written: {beside(tmp_path)}")
+    said = lines[0].replace(str(pieces), "PIECES")
+    record_property("observed", f"exit {code}: {said[:150]}...; written: {beside(tmp_path)}")
     assert code == 1 and len(lines) == 1 and "piece piece-00001" in lines[0] and "is not the recorded" in lines[0]
     assert beside(tmp_path) == []
 
@@ -82,16 +83,17 @@ def test_unpack_pieces_of_another_run(tmp_path: Path, record_property: Any) -> N
 @pytest.mark.parametrize(
     ("kind", "files", "links", "named"),
     [
-        ("absolute file path", {"/tmp/loop_victim.json": b"{}"}, {}, "path '/tmp/loop_victim.json' would leave"),
-        ("file path with ..", {"data/../../victim.json": b"{}"}, {}, "path 'data/../../victim.json' would leave"),
-        ("link target with ..", {}, {"data/up": "../../.."}, "link 'data/up': its target '../../..' would leave"),
+        ("an absolute file path", {"/tmp/loop_victim.json": b"{}"}, {}, "path '/tmp/loop_victim.json' would leave"),
+        ("a file path with ..", {"data/../../victim.json": b"{}"}, {}, "path 'data/../../victim.json' would leave"),
+        ("a link target with ..", {}, {"data/up": "../../.."}, "link 'data/up': its target '../../..' would leave"),
         (
-            "links that escape together (run.tmp → p/victim.json, p → q/.., q → d/../.., d → a1/hf)",
+            "links that each point inside but escape together "
+            "(run.tmp → p/victim.json, p → q/.., q → d/../.., d → a1/hf)",
             {},
             {"d": "a1/hf", "run.tmp": "p/victim.json", "p": "q/..", "q": "d/../.."},
             "link 'run.tmp': its target 'p/victim.json' passes through the link p",
         ),
-        ("file under a recorded link", {"lnk/x.json": b"{}"}, {"lnk": "data"}, "through the link lnk"),
+        ("a file under a recorded link", {"lnk/x.json": b"{}"}, {"lnk": "data"}, "through the link lnk"),
     ],
 )
 def test_unpack_paths_that_leave_the_folder(
@@ -100,7 +102,7 @@ def test_unpack_paths_that_leave_the_folder(
     """`loop unpack` of a well-formed pack whose artifacts.json holds a path that leaves the new folder."""
     pieces = forged_pack(tmp_path / "pieces", {**FILES, **files}, links)
     code, lines = unpack_cli(pieces, tmp_path / "new")
-    record_property("tried", f"`loop unpack` of a pack (pieces intact) whose artifacts.json holds a {kind}")
+    record_property("tried", f"`loop unpack` of a pack (pieces intact) whose artifacts.json holds {kind}")
     record_property("expected", "exit 1, one line naming the path; nothing written inside or outside the folder")
     said = lines[0].split(ARTIFACTS + ":", 1)[-1]
     record_property("observed", f"exit {code}: ...{said}; written: {beside(tmp_path)}")
@@ -111,6 +113,11 @@ def test_unpack_paths_that_leave_the_folder(
 def test_split_overlap_in_data_build_and_loop(tmp_path: Path, record_property: Any) -> None:
     """Golden data whose train split holds a test id and two held-out texts under new ids (case, whitespace changed):
     data build by default, data build --strict-splits, and trainer loop --strict-splits."""
+    record_property(
+        "tried",
+        "Train rows that repeat held-out documents (a test id; a test and a validation text under new ids, case "
+        "and whitespace changed): data build, data build --strict-splits, trainer loop --strict-splits",
+    )
     golden = overlapping_golden(tmp_path / "golden")
     counts = build_datasets(golden, tmp_path / "data", ["a1", "b1", "c1"])
     manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())["split_overlap"]

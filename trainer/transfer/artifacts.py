@@ -20,13 +20,16 @@ The pieces: one uncompressed tar stream (weights do not compress) cut into ``pie
 beside :data:`ARTIFACTS` (format version, every file with its size and sha256, the links, every piece with its
 size and sha256, the source folder, the commit when known).
 
-Unpacking checks before it writes: the folder must be new or empty, every piece must be found (by name, anywhere
-under the pieces folder) with its recorded size and sha256; then every file is rebuilt and checked against its
-sha256. A failed check is an :class:`ArtifactError` naming the piece or file and why. Last, the source folder's
-paths recorded in the JSON files outside the exported models (the manifest and ``phase_result.json``: ``hf_dir``,
-``checkpoint``, ``out_dir``, ``data_dir``, ``model_in``, ``command``; the Phase-D settings, ...) are rewritten to
-the new folder; the content keys hold no paths and the models are left byte for byte. The manifest records the
-unpacking under ``unpacked``.
+Unpacking checks before it writes: :data:`ARTIFACTS`'s entries have their fields (:class:`FileEntry`,
+:class:`PieceEntry`), every recorded path stays inside the new folder (:func:`check_paths`: no absolute path, no
+``..``, nothing recorded twice or under a recorded link, no link whose target leaves the folder or passes through a
+recorded link), the folder must be new or empty, every piece must be found (by name, anywhere under the pieces
+folder) with its recorded size and sha256; then every file is rebuilt and checked against its sha256 (one that
+differs is removed). A failed check is an :class:`ArtifactError` naming the piece or file and why. Last, the source
+folder's paths recorded in the JSON files outside the exported models (the manifest and ``phase_result.json``:
+``hf_dir``, ``checkpoint``, ``out_dir``, ``data_dir``, ``model_in``, ``command``; the Phase-D settings, ...) are
+rewritten to the new folder; the content keys hold no paths and the models are left byte for byte. The manifest
+records the unpacking under ``unpacked``.
 """
 
 from __future__ import annotations
