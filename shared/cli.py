@@ -12,6 +12,7 @@ from rich.table import Table
 from shared.golden import SPLITS, GoldenFormatError, Summary, read_golden, validate_folder
 from shared.prompts import PROMPT_VERSION, canonical_schema_json, gold_ndjson
 from shared.rewards import compute_schema_reward_single, compute_table_reward_single
+from shared.split_overlap import SplitOverlapError, check_splits, find_overlaps
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -25,11 +26,19 @@ def _fmt(m: Summary) -> str:
 def validate(
     folder: Path = typer.Argument(..., help="Folder with common_{train,validation,test}_schemas.jsonl."),
     splits: list[str] = typer.Option(list(SPLITS), "--split", help="Splits to check (repeatable)."),
+    strict_splits: bool = typer.Option(
+        False,
+        "--strict-splits",
+        help="Fail when two splits share a document (same id, or same text once whitespace is collapsed and case "
+        "folded). Default: a warning with the counts and ids (data build drops such train rows).",
+    ),
 ) -> None:
-    """Validate every line of each split file and print counts and statistics."""
+    """Validate every line of each split file, print counts and statistics, and the documents splits share."""
     try:
         stats = validate_folder(folder, splits)
-    except (GoldenFormatError, FileNotFoundError) as exc:
+        examples = {split: read_golden(st.file) for split, st in zip(splits, stats, strict=True)}
+        overlap = check_splits(find_overlaps(examples), strict_splits)
+    except (GoldenFormatError, FileNotFoundError, SplitOverlapError) as exc:
         console.print(f"[red]invalid:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(1) from None
     table = Table(title=f"golden data in {folder}")
@@ -52,6 +61,12 @@ def validate(
             ", ".join(f"{k}={v}" for k, v in sorted(s.sources.items())),
         )
     console.print(table)
+    if not overlap.clean:
+        console.print(f"[yellow]warning:[/yellow] {overlap.summary()}", soft_wrap=True, highlight=False)
+        for pair in overlap.pairs:
+            if pair.other_ids:
+                console.print(f"  {pair.name}: {pair.other} ids {', '.join(pair.other_ids)}; {pair.base} ids "
+                              f"{', '.join(pair.base_ids)}", soft_wrap=True, highlight=False)  # fmt: skip
     console.print(f"[green]ok[/green]: {sum(s.examples for s in stats)} examples valid")
 
 

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from shared import EVAL_ANSWER_MAX_TOKENS, read_golden
 from shared.golden import GoldenFormatError
+from shared.split_overlap import EmptySplitError, SplitOverlapError
 from trainer.data.datasets import build_datasets
 from trainer.data.precompute import precompute_c2
 from trainer.data.prompt_fit import PhaseLengths, Stage2Fit
@@ -103,6 +104,12 @@ def _phase_lengths(tokenizer: Path | None, max_prompt_len: int | None, max_sft_l
 
 
 _SHOWN_IDS = 20
+StrictSplits = typer.Option(
+    False,
+    "--strict-splits",
+    help="Refuse golden data whose splits share a document (same id, or same text once whitespace is collapsed and "
+    "case folded). Default: drop the train rows that repeat a validation or test document, named in the manifest.",
+)
 
 
 def _print_too_long(manifest: Path, phases: list[str]) -> None:
@@ -152,8 +159,11 @@ def data_build(
     max_sft_len: int | None = typer.Option(
         None, min=1, help="SFT phases' data.max_length (1024 gpu, 768 cpu-smoke): conversations over it are reported."
     ),
+    strict_splits: bool = StrictSplits,
 ) -> None:
-    """SFT (A1, A2) and RL (B1, B2, C1) parquet files, plus the manifest."""
+    """SFT (A1, A2) and RL (B1, B2, C1) parquet files, plus the manifest. Every split file must hold examples; the
+    train rows that repeat a validation or test document (same id, or same text once whitespace is collapsed and
+    case folded) are dropped and named in the manifest (split_overlap), or refused with --strict-splits."""
     selected = [p.strip().lower() for p in phases.split(",") if p.strip()]
     unknown = [p for p in selected if p not in BUILD_PHASES]
     if unknown:
@@ -163,7 +173,11 @@ def data_build(
     try:
         mix = SourceMix.parse(sft_mix, sft_mix_seed) if sft_mix is not None else None
         with console.status("building datasets"):
-            counts = build_datasets(golden, out, selected, limit=limit, stage2_fit=fit, sft_mix=mix, lengths=lengths)
+            counts = build_datasets(golden, out, selected, limit=limit, stage2_fit=fit, sft_mix=mix, lengths=lengths,
+                                    strict_splits=strict_splits)  # fmt: skip
+    except (SplitOverlapError, EmptySplitError) as exc:  # one line naming the ids or the file
+        typer.echo(f"error: --golden: {exc}", err=True)
+        raise typer.Exit(1) from None
     except SourceMixError as exc:
         raise _bad("--sft-mix", str(exc).removeprefix("--sft-mix: ")) from None
     except (GoldenFormatError, FileNotFoundError) as exc:  # file:line: field: reason, or a missing split file
@@ -171,6 +185,14 @@ def data_build(
     if fit is not None:
         dropped = json.loads((out / "manifest.json").read_text())["phases"].get("c1", {}).get("stage2_too_long", {})
         console.print(f"C1: dropped documents whose Stage-2 prompt does not fit {fit.max_model_len} tokens: {dropped}")
+    overlap = json.loads((out / "manifest.json").read_text()).get("split_overlap")
+    if overlap and overlap["dropped_train"]["count"]:
+        dropped = overlap["dropped_train"]
+        console.print(
+            f"dropped {dropped['count']} train rows that repeat a validation or test document: "
+            f"{', '.join(dropped['ids'][:_SHOWN_IDS])}{' ...' if dropped['count'] > _SHOWN_IDS else ''} "
+            "(all: manifest.json, split_overlap)", soft_wrap=True, highlight=False,
+        )  # fmt: skip
     table = Table("phase", "train", "validation")
     for phase, c in counts.items():
         table.add_row(phase, str(c.get("train", 0)), str(c.get("validation", 0)))

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from shared import EVAL_ANSWER_MAX_TOKENS, GoldenExample, read_golden
 from shared.golden import source_of
-from trainer.data.datasets import SFT_SCHEMA, sft_row, write_parquet
+from trainer.data.datasets import SFT_SCHEMA, sft_row, train_examples, write_parquet
 from trainer.evaluation.generation import GenerationClient, GenerationConfig, truncated
 from trainer.evaluation.reward_scoring import prompt_for, reward_item, score
 from trainer.phases.registry import RewardKind, sft_phase_for
@@ -158,8 +158,9 @@ def build_rft_data(
     limit: int | None = None,
     per_source: Mapping[str, int] | None = None,
 ) -> RftReport:
-    """Sample, score, keep the best ≥ threshold; write ``out/data/<a1|a2>/{train,validation}.parquet``."""
-    examples = read_golden(golden / "common_train_schemas.jsonl", limit)
+    """Sample, score, keep the best ≥ threshold; write ``out/data/<a1|a2>/{train,validation}.parquet``. The train
+    documents that repeat a validation or test document are left out, as ``data build`` leaves them out."""
+    examples = train_examples(golden, limit)
     if per_source:
         examples = sample_per_source(examples, per_source, cfg.seed)
     prompts = [prompt_for(reward, ex) for ex in examples]

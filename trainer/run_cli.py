@@ -21,6 +21,8 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from typer.core import TyperCommand, TyperGroup
 
+from shared.golden import GoldenFormatError
+from shared.split_overlap import EmptySplitError, SplitOverlapError
 from trainer.config_cli import command_signature, given_values, set_signature
 from trainer.phases.cli import bad_param, default_model
 from trainer.phases.launch import check_profile
@@ -71,7 +73,11 @@ def loop_cmd(ctx: typer.Context, **given: Any) -> None:
     To go on on another node: `loop pack` the folder's finished work into pieces, `loop unpack` them there
     (see `loop pack --help`, `loop unpack --help`)."""
     cfg = to_config(LoopConfig, given, trailing=tuple(ctx.args))
-    record = Loop(cfg).run()
+    try:
+        record = Loop(cfg).run()
+    except (SplitOverlapError, EmptySplitError, GoldenFormatError) as exc:  # the golden preflight: one line
+        typer.echo(f"error: --golden: {exc}", err=True)
+        raise typer.Exit(1) from None
     if record.get("stopped_after"):
         console.print(f"stopped after {record['stopped_after']!r} (--until); rerun to go on")
     console.print(f"record: {cfg.folder('loop') / RECORD}")

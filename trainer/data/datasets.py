@@ -4,7 +4,12 @@ What a phase's rows hold (its prompt, what its reward checks, its reward kind) i
 (:mod:`trainer.phases.registry`); this module only writes it.
 
 Layout under ``--out``: ``<phase>/<split>.parquet`` (phases a1, a2, b1, b2, c1, c2; splits train and
-validation) plus ``manifest.json`` (counts, prompt version, source files with sha256).
+validation) plus ``manifest.json`` (counts, prompt version, source files with sha256, ``split_overlap``).
+
+No document is trained on and evaluated on (:mod:`shared.split_overlap`): every split file must hold examples,
+and the train rows that share an id or a text (whitespace collapsed, casefolded) with a validation or test
+document are dropped, counted and named in the manifest (``split_overlap``); with ``strict_splits`` any overlap
+between splits is refused instead. Validation and test are never changed.
 
 - SFT (A1, A2): ``messages`` (system, user, assistant) for VERL's ``sft_trainer``, and the golden ``id``
   (VERL reads only ``messages``; the SFT length filter names the rows it drops by it).
@@ -37,7 +42,8 @@ from shared import (
     golden_filename,
     read_golden,
 )
-from shared.golden import sha256_file
+from shared.golden import SPLITS, sha256_file
+from shared.split_overlap import EmptySplitError, SplitOverlap, check_not_empty, check_splits, find_overlaps
 from trainer.data.prompt_fit import PhaseLengths, Stage2Fit
 from trainer.data.sft_mix import SourceMix
 from trainer.data_source import data_source
@@ -126,11 +132,20 @@ def write_parquet(rows: Sequence[dict[str, Any]], path: Path, schema: pa.Schema)
     return len(rows)
 
 
-def update_manifest(out: Path, phase_counts: dict[str, dict[str, int]], sources: Iterable[Path], **extra: Any) -> Path:
-    """Merge counts into ``out/manifest.json`` (C2 is added later by ``precompute-schemas``)."""
+def update_manifest(
+    out: Path,
+    phase_counts: dict[str, dict[str, int]],
+    sources: Iterable[Path],
+    split_overlap: dict[str, Any] | None = None,
+    **extra: Any,
+) -> Path:
+    """Merge counts into ``out/manifest.json`` (C2 is added later by ``precompute-schemas``); ``split_overlap``
+    (what :func:`read_splits` found) replaces the recorded one where given."""
     path = out / "manifest.json"
     manifest: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {"phases": {}, "sources": {}}
     manifest["prompt_version"] = PROMPT_VERSION
+    if split_overlap is not None:
+        manifest["split_overlap"] = split_overlap
     manifest["updated"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     for phase, counts in phase_counts.items():
         manifest["phases"][phase] = {
@@ -146,6 +161,33 @@ def update_manifest(out: Path, phase_counts: dict[str, dict[str, int]], sources:
     return path
 
 
+def read_splits(
+    golden: Path, splits: Sequence[str], limit: int | None = None, strict_splits: bool = False
+) -> tuple[dict[str, list[GoldenExample]], SplitOverlap | None]:
+    """The examples of ``splits`` (the first ``limit`` of each) with the train rows that repeat a validation or
+    test document dropped, and what :func:`shared.split_overlap.find_overlaps` found (None when train is not among
+    ``splits``). Every split file must exist and hold an example; validation and test are read whole for the check.
+    With ``strict_splits``, splits that share a document are refused (``SplitOverlapError``, naming the ids)."""
+    check_not_empty(golden)
+    path = {s: golden / golden_filename(s) for s in SPLITS}
+    if "train" not in splits:
+        return {s: read_golden(path[s], limit) for s in splits}, None
+    full = {s: read_golden(path[s], limit if s == "train" else None) for s in SPLITS}
+    report = check_splits(find_overlaps(full), strict_splits)
+    drop = set(report.train_drop)
+    out = {s: full[s][:limit] if limit is not None else full[s] for s in splits}
+    out["train"] = [ex for ex in full["train"] if ex.id not in drop]
+    if not out["train"]:
+        raise EmptySplitError(f"{path['train']}: every train row repeats a validation or test document")
+    return out, report
+
+
+def train_examples(golden: Path, limit: int | None = None) -> list[GoldenExample]:
+    """The train documents that are trained on: the first ``limit`` less those that repeat a validation or test
+    document (:func:`read_splits`); for what samples training prompts outside ``data build`` (RFT, preflight)."""
+    return read_splits(golden, ("train",), limit)[0]["train"]
+
+
 def build_datasets(
     golden: Path,
     out: Path,
@@ -155,8 +197,12 @@ def build_datasets(
     stage2_fit: Stage2Fit | None = None,
     sft_mix: SourceMix | None = None,
     lengths: PhaseLengths | None = None,
+    strict_splits: bool = False,
 ) -> dict[str, dict[str, int]]:
     """Write the parquet files of ``phases`` for ``splits``; returns counts per phase and split.
+
+    The train rows that repeat a validation or test document are left out and named in the manifest
+    (``split_overlap``); with ``strict_splits`` such an overlap is refused (:func:`read_splits`).
 
     With ``stage2_fit``, C1 drops documents whose Stage-2 prompt (on the gold schema) cannot fit the
     executor's context; their number and ids go to the manifest (``c1.stage2_too_long``).
@@ -171,13 +217,10 @@ def build_datasets(
     too_long: dict[str, list[str]] = {}
     over_limit: dict[str, dict[str, dict[str, Any]]] = {}
     mixed: dict[str, Any] = {}
-    sources = []
+    read, overlap = read_splits(golden, splits, limit, strict_splits)
+    sources = [golden / golden_filename(s) for s in (SPLITS if overlap is not None else splits)]
     for split in splits:
-        src = golden / golden_filename(split)
-        if not src.is_file():
-            raise FileNotFoundError(f"--golden: {src} is missing")
-        sources.append(src)
-        examples = read_golden(src, limit)
+        examples = read[split]
         sft_examples = examples
         if sft_mix is not None and split == "train" and any(p in SFT_PHASES for p in phases):
             sft_examples = sft_mix.apply(examples)
@@ -216,7 +259,8 @@ def build_datasets(
                     for field in ("rows", "over", "longest", "ids")
                 },
             }
-    update_manifest(out, counts, sources, **extra)
+    recorded = overlap.as_dict(strict_splits) | {"limit": limit} if overlap is not None else None
+    update_manifest(out, counts, sources, split_overlap=recorded, **extra)
     return counts
 
 

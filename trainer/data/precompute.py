@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from shared import GoldenExample, build_stage2_messages, read_golden
+from shared import GoldenExample, build_stage2_messages
 from shared.golden import source_of
-from trainer.data.datasets import RL_SCHEMA, rl_row, update_manifest, write_parquet
+from trainer.data.datasets import RL_SCHEMA, read_splits, rl_row, update_manifest, write_parquet
 from trainer.data.prompt_fit import Stage2Fit
 from trainer.evaluation.generation import check_truncated, truncated
 from trainer.evaluation.two_stage import stage2_on_prediction
@@ -77,7 +77,9 @@ def precompute_c2(
     With ``stage2_fit``, rows whose Stage-2 prompt cannot fit that context are counted and dropped.
     ``sample`` (split → n): a seeded random n documents of that split, in file order (all if it has fewer).
     ``sources`` (split → data sources): only those sources' documents of that split, before sampling (C2
-    trained where the headroom is); a source with no document there is an error naming it."""
+    trained where the headroom is); a source with no document there is an error naming it.
+    The train documents that repeat a validation or test document are left out (``dropped_train`` in the
+    manifest's ``c2``), as ``data build`` leaves them out."""
     for name, keyed in (("sample", sample), ("sources", sources)):
         unknown = sorted(set(keyed or {}) - set(splits))
         if unknown:
@@ -88,12 +90,10 @@ def precompute_c2(
             raise ValueError(f"sample: sizes must be >= 1, got {bad_n}")
     report = PrecomputeReport()
     files = []
+    read, overlap = read_splits(golden, splits, limit)  # train rows that repeat a held-out document left out
     for split in splits:
-        src = golden / f"common_{split}_schemas.jsonl"
-        if not src.is_file():
-            raise FileNotFoundError(f"--golden: {src} is missing")
-        files.append(src)
-        examples = read_golden(src, limit)
+        files.append(golden / f"common_{split}_schemas.jsonl")
+        examples = read[split]
         if sources and split in sources:
             examples = of_sources(examples, sources[split], f"sources[{split!r}]")
         if sample and split in sample:
@@ -125,6 +125,7 @@ def precompute_c2(
         "schema_model": schema_model, "on_invalid": on_invalid, "invalid_schemas": report.invalid,
         "truncated_schemas": {k: len(v) for k, v in report.truncated_ids.items()}, "limit": limit,
         "sample": dict(sample or {}), "seed": seed, "sources": {k: list(v) for k, v in (sources or {}).items()},
+        "dropped_train": overlap.train_drop if overlap is not None else [],
     }  # fmt: skip
     if stage2_fit is not None:
         c2 |= stage2_fit.describe()

@@ -35,8 +35,9 @@ from typing import Any, Literal, NamedTuple
 
 import pyarrow.parquet as pq
 
-from shared import EVAL_ANSWER_MAX_TOKENS, GoldenExample, read_golden
+from shared import EVAL_ANSWER_MAX_TOKENS, GoldenExample
 from shared.golden import source_of
+from trainer.data.datasets import train_examples
 from trainer.evaluation.generation import GenerationClient, GenerationConfig
 from trainer.evaluation.reward_scoring import prompt_for, reward_item, score_results
 from trainer.phases.registry import RewardKind
@@ -281,12 +282,13 @@ def advantage_check(
     greedy_in_flight: int = GREEDY_IN_FLIGHT,
 ) -> PreflightReport:
     """Sample ``n`` outputs and one greedy answer for ``prompts`` random training prompts of each source (of the
-    first ``limit`` training documents: those a data build with ``--limit`` kept) (at most ``sample_in_flight``
+    first ``limit`` training documents less those that repeat a held-out document: those a data build with ``--limit``
+    kept) (at most ``sample_in_flight``
     sampling and ``greedy_in_flight`` greedy requests at once); score them all through reward_api; report what GRPO
     can use (:func:`build_report`)."""
     if n < 2:
         raise ValueError(f"n must be >= 2 (a group of one has no spread), got {n}")
-    picked = sample_per_source(read_golden(golden / "common_train_schemas.jsonl", limit), prompts, seed, sources)
+    picked = sample_per_source(train_examples(golden, limit), prompts, seed, sources)
     messages = [prompt_for(reward, ex) for ex in picked]
     hot = GenerationConfig(max_tokens=max_tokens, temperature=temperature, seed=seed, concurrency=sample_in_flight)
     samples = asyncio.run(GenerationClient(policy_url, model, hot).sample(messages, n))

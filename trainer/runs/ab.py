@@ -269,7 +269,8 @@ class Experiment:
         cfg, phases = self.cfg, self.data_phases()
         mix = SourceMix.parse(cfg.sft_mix) if cfg.sft_mix else None
         if not all((self.wd.data / p / "train.parquet").is_file() for p in phases):
-            counts = build_datasets(cfg.golden, self.wd.data, list(phases), limit=cfg.limit, sft_mix=mix)
+            counts = build_datasets(cfg.golden, self.wd.data, list(phases), limit=cfg.limit, sft_mix=mix,
+                                    strict_splits=cfg.strict_splits)  # fmt: skip
             self.ctx.record.set("data", counts)
         check_reuse(self.wd.data, mix)
         self.ctx.run_phases(self.sft_runs(), together=not self.placement.on_cpu)

@@ -41,6 +41,10 @@ class RunConfig:
     )  # fmt: skip
     base_model: str | None = option(None, "Start model of A1/A2 (default: SmolLM2-135M-Instruct, converted once).")
     limit: int | None = option(None, "First N examples per split (data build).", min=1)
+    strict_splits: bool = option(False, "Stop before any phase when golden splits share a document (same id, or same "
+                                 "text once whitespace is collapsed and case folded). Default: the train rows that "
+                                 "repeat a validation or test document are dropped and named (data build "
+                                 "--strict-splits).")  # fmt: skip
     sft_mix: str | None = option(None, "A1/A2's train split reweighted by source, SOURCE=WEIGHT,... (data build "
                                  "--sft-mix).")  # fmt: skip
     sft_overrides: tuple[str, ...] = option((), "Hydra override for A1/A2 (repeatable).", option="sft_override",

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.golden import sha256_file
+from shared.split_overlap import SplitOverlap, shown
 from trainer.phases.launch import CONFIG_DIR, PhaseRun, PhaseRunner, run_phase
 from trainer.phases.registry import BUILD_PHASES, SFT_PHASES, RewardKind, reward_of, sft_phase_for
 from trainer.phases.reward_ready import ABORT_FILE
@@ -34,6 +35,7 @@ class Loop:
         self.ctx = RunContext("loop", cfg, runner)
         self.out, self.data, self.record, self.plan = self.ctx.root, self.ctx.data, self.ctx.record, self.ctx.plan
         self.runner = self.ctx.runner
+        self.splits: SplitOverlap | None = None  # set by check_splits, before any phase
 
     def run(self) -> dict[str, Any]:
         """The whole loop, or up to ``--until``'s part; a rerun goes on from the last finished part."""
@@ -49,6 +51,7 @@ class Loop:
         configs = {str(p.relative_to(CONFIG_DIR)): sha256_file(p) for p in sorted(CONFIG_DIR.rglob("*.yaml"))}
         golden = {str(p): sha256_file(p) for p in sorted(cfg.golden.glob("common_*_schemas.jsonl"))}
         self.record.set("inputs", {"golden": golden, "configs": configs})
+        self.check_splits()
         with self.ctx.part("sft"):
             self.build_data()
             pi1_sft, pi2_sft = self.sft()
@@ -82,7 +85,24 @@ class Loop:
             raise StopAfter(part)
 
     # -- its parts
+    def check_splits(self) -> SplitOverlap:
+        """The golden folder's preflight, before any phase: every split holds examples and, with
+        ``--strict-splits``, no two splits share a document (:mod:`shared.split_overlap`); what it found is
+        recorded (``split_overlap``: the overlaps and the train rows the data build drops)."""
+        from shared.split_overlap import check_splits, read_overlaps
+
+        cfg = self.cfg
+        self.splits = found = check_splits(read_overlaps(cfg.golden, cfg.limit), cfg.strict_splits)
+        rep = found.repeats.get("train")
+        self.record.set("split_overlap", {
+            "strict": cfg.strict_splits, "documents_shared": found.counts(),
+            "dropped_train": {"count": len(found.train_drop), "ids": found.train_drop},
+            "train_repeats": {"texts": rep.texts, "extra_rows": rep.extra_rows} if rep else None,
+        })  # fmt: skip
+        return found
+
     def build_data(self) -> None:
+        from shared.split_overlap import SplitOverlapError
         from trainer.data.datasets import build_datasets
         from trainer.data.sft_mix import SourceMix, check_reuse
 
@@ -90,8 +110,17 @@ class Loop:
         mix = SourceMix.parse(self.cfg.sft_mix) if self.cfg.sft_mix else None
         if all((self.data / p / "train.parquet").is_file() for p in phases):
             check_reuse(self.data, mix)
+            drop = (self.splits or self.check_splits()).train_drop
+            recorded = ((read_json(self.data / "manifest.json") or {}).get("split_overlap") or {}).get("dropped_train")
+            if sorted((recorded or {}).get("ids", [])) != sorted(drop):
+                raise SplitOverlapError(
+                    f"{self.data} holds data built with train rows that repeat a validation or test document (or "
+                    f"from other golden data): remove it to build again; the train rows to drop are {len(drop)}"
+                    + (f" ({shown(drop)})" if drop else "")
+                )
             return
-        counts = build_datasets(self.cfg.golden, self.data, phases, limit=self.cfg.limit, sft_mix=mix)
+        counts = build_datasets(self.cfg.golden, self.data, phases, limit=self.cfg.limit, sft_mix=mix,
+                                strict_splits=self.cfg.strict_splits)  # fmt: skip
         self.record.set("data", {"dir": str(self.data), "counts": counts})
 
     def places(self, n: int, sft: bool = False) -> tuple[list[Placement | None], bool]:

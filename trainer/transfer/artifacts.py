@@ -20,13 +20,16 @@ The pieces: one uncompressed tar stream (weights do not compress) cut into ``pie
 beside :data:`ARTIFACTS` (format version, every file with its size and sha256, the links, every piece with its
 size and sha256, the source folder, the commit when known).
 
-Unpacking checks before it writes: the folder must be new or empty, every piece must be found (by name, anywhere
-under the pieces folder) with its recorded size and sha256; then every file is rebuilt and checked against its
-sha256. A failed check is an :class:`ArtifactError` naming the piece or file and why. Last, the source folder's
-paths recorded in the JSON files outside the exported models (the manifest and ``phase_result.json``: ``hf_dir``,
-``checkpoint``, ``out_dir``, ``data_dir``, ``model_in``, ``command``; the Phase-D settings, ...) are rewritten to
-the new folder; the content keys hold no paths and the models are left byte for byte. The manifest records the
-unpacking under ``unpacked``.
+Unpacking checks before it writes: :data:`ARTIFACTS`'s entries have their fields (:class:`FileEntry`,
+:class:`PieceEntry`), every recorded path stays inside the new folder (:func:`check_paths`: no absolute path, no
+``..``, nothing recorded twice or under a recorded link, no link whose target leaves the folder or passes through a
+recorded link), the folder must be new or empty, every piece must be found (by name, anywhere under the pieces
+folder) with its recorded size and sha256; then every file is rebuilt and checked against its sha256 (one that
+differs is removed). A failed check is an :class:`ArtifactError` naming the piece or file and why. Last, the source
+folder's paths recorded in the JSON files outside the exported models (the manifest and ``phase_result.json``:
+``hf_dir``, ``checkpoint``, ``out_dir``, ``data_dir``, ``model_in``, ``command``; the Phase-D settings, ...) are
+rewritten to the new folder; the content keys hold no paths and the models are left byte for byte. The manifest
+records the unpacking under ``unpacked``.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
 from shared.golden import sha256_file
 from trainer.phases.launch import REPO_ROOT, RESULT_FILE
 from trainer.runs.record import RECORD as MANIFEST
@@ -55,6 +60,7 @@ FORMAT = 1
 DEFAULT_PIECE_BYTES = 15 * 2**20  # a device call brings back files of at most 16 MiB
 DEFAULT_BATCH_PIECES = 4  # ... and at most 64 MiB in all
 CHUNK = 2**20
+SHA256 = r"^[0-9a-f]{64}$"
 
 Progress = Callable[[int, int], None]  # (bytes just read or written, the total to read or write)
 
@@ -279,8 +285,37 @@ def refuse_non_empty(folder: Path, what: str) -> None:
 # -- unpack
 
 
+class FileEntry(BaseModel):
+    """A file :data:`ARTIFACTS` records: its path in the loop folder, size and sha256."""
+
+    model_config = ConfigDict(extra="allow")
+
+    path: str = Field(min_length=1)
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=SHA256)
+
+
+class PieceEntry(BaseModel):
+    """A piece :data:`ARTIFACTS` records: its name, batch folder, size and sha256."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(pattern=r"^piece-\d{5,}$")
+    batch: str = Field(pattern=r"^batch-\d{3,}$")
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=SHA256)
+
+
+ENTRIES: dict[str, TypeAdapter[Any]] = {
+    "files": TypeAdapter(list[FileEntry]),
+    "pieces": TypeAdapter(list[PieceEntry]),
+    "links": TypeAdapter(dict[str, str]),
+    "models": TypeAdapter(list[str]),
+}
+
+
 def read_artifacts(pieces_dir: Path) -> dict[str, Any]:
-    """:data:`ARTIFACTS` of ``pieces_dir``, its format and fields checked."""
+    """:data:`ARTIFACTS` of ``pieces_dir``, its format, fields and paths checked (:func:`check_paths`)."""
     path = pieces_dir / ARTIFACTS
     try:
         record = json.loads(path.read_text())
@@ -292,17 +327,67 @@ def read_artifacts(pieces_dir: Path) -> dict[str, Any]:
     for key, kind in (("files", list), ("pieces", list), ("links", dict), ("models", list), ("source", dict)):
         if not isinstance(record.get(key), kind):
             raise ArtifactError(f"{path}: field {key!r} must be a {kind.__name__}")
-    for name in [f["path"] for f in record["files"]] + list(record["links"]):
-        safe_relative(path, name)
+    for key, adapter in ENTRIES.items():
+        try:
+            adapter.validate_python(record[key])
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = "".join(f"[{p!r}]" if isinstance(p, str) else f"[{p}]" for p in err["loc"])
+            raise ArtifactError(f"{path}: {key}{where}: {err['msg']}") from None
+    check_paths(path, record)
     return record
 
 
 def safe_relative(where: Path, name: str) -> PurePosixPath:
     """``name`` as a path that stays inside the folder it is unpacked into."""
     p = PurePosixPath(name)
-    if p.is_absolute() or ".." in p.parts or not p.parts:
+    if "\0" in name or p.is_absolute() or ".." in p.parts or not p.parts:
         raise ArtifactError(f"{where}: path {name!r} would leave the loop folder")
     return p
+
+
+def check_paths(where: Path, record: dict[str, Any]) -> None:
+    """Every recorded path stays inside the loop folder before anything is written: files and link names are
+    relative, without ``..``, recorded once, and reach no recorded link on their way (a file under a link, or a
+    link under another, would be written wherever that link points); a link's target, walked from the link's
+    folder, neither leaves the folder nor passes through a recorded link (what ``..`` after a link means depends on
+    where the link points). :func:`pack` records only such paths."""
+    links = {safe_relative(where, name): target for name, target in record["links"].items()}
+    files = [safe_relative(where, f["path"]) for f in record["files"]]
+    seen: set[PurePosixPath] = set()
+    for name in files:
+        if name in seen:
+            raise ArtifactError(f"{where}: file {name.as_posix()!r} is recorded twice")
+        seen.add(name)
+    folders = {parent for name in [*files, *links] for parent in name.parents}
+    for kind, names in (("file", files), ("link", list(links))):
+        for name in names:
+            if kind == "file" and name in links:
+                raise ArtifactError(f"{where}: {name.as_posix()!r} is recorded as a file and as a link")
+            through = next((p for p in name.parents if p in links), None)
+            if through is not None:
+                raise ArtifactError(f"{where}: {kind} {name.as_posix()!r} would be written through the link {through}")
+            if kind == "file" and name in folders:
+                raise ArtifactError(f"{where}: file {name.as_posix()!r} is also the folder of another recorded path")
+    for name, target in links.items():
+        walked = list(name.parent.parts)
+        if "\0" in target or PurePosixPath(target).is_absolute() or not target:
+            raise ArtifactError(f"{where}: link {name.as_posix()!r}: its target {target!r} would leave the loop folder")
+        parts = PurePosixPath(target).parts
+        for i, part in enumerate(parts):
+            if part == "..":
+                if not walked:
+                    raise ArtifactError(
+                        f"{where}: link {name.as_posix()!r}: its target {target!r} would leave the loop folder"
+                    )
+                walked.pop()
+                continue
+            walked.append(part)
+            if i < len(parts) - 1 and PurePosixPath(*walked) in links:
+                raise ArtifactError(
+                    f"{where}: link {name.as_posix()!r}: its target {target!r} passes through the link "
+                    f"{PurePosixPath(*walked)}"
+                )
 
 
 def find_pieces(pieces_dir: Path, pieces: list[dict[str, Any]]) -> list[Path]:
@@ -330,7 +415,8 @@ def check_piece(path: Path, piece: dict[str, Any]) -> Path:
     digest = sha256_file(path)
     if digest != piece["sha256"]:
         raise ArtifactError(
-            f"piece {piece['name']} ({path}): sha256 {digest} is not the recorded {piece['sha256']} (corrupt)"
+            f"piece {piece['name']} ({path}): sha256 {digest} is not the recorded {piece['sha256']} (corrupt, or a "
+            "piece of another pack)"
         )
     return path
 
@@ -399,16 +485,21 @@ def extract(paths: list[Path], root: Path, files: dict[str, dict[str, Any]], pro
     not a recorded file, or a recorded file not in the stream, is an error."""
     seen: set[str] = set()
     total = sum(f["size"] for f in files.values())
-    with PieceReader(paths) as reader, tarfile.open(fileobj=reader, mode="r|") as tar:
-        for member in tar:
-            want = files.get(member.name)
-            if want is None or not member.isfile() or member.name in seen:
-                raise ArtifactError(f"the stream holds {member.name!r}, which is not a file {ARTIFACTS} records once")
-            src = tar.extractfile(member)
-            assert src is not None
-            write_checked(src, root / member.name, want, progress, total)
-            os.utime(root / member.name, (member.mtime, member.mtime))
-            seen.add(member.name)
+    try:
+        with PieceReader(paths) as reader, tarfile.open(fileobj=reader, mode="r|") as tar:
+            for member in tar:
+                want = files.get(member.name)
+                if want is None or not member.isfile() or member.name in seen:
+                    raise ArtifactError(
+                        f"the stream holds {member.name!r}, which is not a file {ARTIFACTS} records once"
+                    )
+                src = tar.extractfile(member)
+                assert src is not None
+                write_checked(src, root / member.name, want, progress, total)
+                os.utime(root / member.name, (member.mtime, member.mtime))
+                seen.add(member.name)
+    except tarfile.TarError as exc:
+        raise ArtifactError(f"the pieces do not hold a readable stream ({exc})") from None
     missing = sorted(set(files) - seen)
     if missing:
         raise ArtifactError(f"{len(missing)} recorded file(s) not in the pieces, first {missing[0]}")
@@ -425,6 +516,7 @@ def write_checked(src: Any, dest: Path, want: dict[str, Any], progress: Progress
             if progress is not None:
                 progress(len(chunk), total)
     if size != want["size"] or h.hexdigest() != want["sha256"]:
+        dest.unlink()  # a file that is not the recorded one is not left behind
         raise ArtifactError(
             f"file {want['path']}: {size} bytes, sha256 {h.hexdigest()}; {ARTIFACTS} records {want['size']} bytes, "
             f"sha256 {want['sha256']}"

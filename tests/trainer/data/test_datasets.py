@@ -86,7 +86,9 @@ def test_manifest_and_cli(tmp_path: Path) -> None:
     assert manifest["phases"]["b2"]["counts"] == {"train": 5, "validation": 5}
     assert manifest["phases"]["b2"]["data_source"] == "table"
     assert set(manifest["phases"]) == {"a1", "b2"}
-    assert len(manifest["sources"]) == 2 and all(len(h) == 64 for h in manifest["sources"].values())
+    # every split file is a source: the test split is read to find the train rows that repeat its documents
+    assert len(manifest["sources"]) == 3 and all(len(h) == 64 for h in manifest["sources"].values())
+    assert manifest["split_overlap"]["dropped_train"] == {"count": 0, "ids": []}
     bad = CliRunner().invoke(app, ["data", "build", "--golden", str(SAMPLE_DIR), "--out", str(tmp_path),
                                    "--phases", "a1,zz"])
     assert bad.exit_code == 2 and "zz" in bad.output
