@@ -39,10 +39,14 @@ MARKERS = (
     Marker("dataloader", r"train and validate dataloader initialized", "TaskRunner actor, transfer queue, datasets"),
     Marker("worker_group", r"create worker group", "resource pool"),
     Marker("actor_ref_ready", r"actor and ref model engine initialized", "FSDP actor + reference workers"),
-    Marker("vllm_server_up", r"Enabling cumem allocator|Resolved architecture", "vLLM server actor start + import"),
-    Marker("vllm_engine_init", r"Initializing a V1 LLM engine", "vLLM engine config + EngineCore process start"),
+    # vLLM at WARNING (VERL's default for it) logs no INFO line: its first warnings stand in for the same points
+    Marker("vllm_server_up", r"Enabling cumem allocator|Resolved architecture|vLLMHttpServer pid=\d+\S* WARNING .*\[vllm\.py",
+           "vLLM server actor start + import"),
+    Marker("vllm_engine_init", r"Initializing a V1 LLM engine|Overriding VLLM_WORKER_MULTIPROC_METHOD",
+           "vLLM engine config + EngineCore process start"),
     Marker("vllm_model_loaded", r"Model loading took", "vLLM worker process start + weights"),
-    Marker("vllm_engine_ready", r"init engine \(profile, create kv cache", "KV cache, profiling, warm-up"),
+    Marker("vllm_engine_ready", r"init engine \(profile, create kv cache|EngineCore pid=\d+\) WARNING .*\[vllm\.py",
+           "model load, KV cache, profiling, CUDA graphs"),
     Marker("rollout_ready", r"ready to fit", "vLLM API up, weight sync"),
     Marker(
         "first_generation",

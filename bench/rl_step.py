@@ -168,8 +168,12 @@ def read_gpu_util(path: Path) -> list[tuple[float, int, float]]:
     return out
 
 
-def busy_share(samples: list[tuple[float, int, float]], gpus: Sequence[int], start: float, end: float) -> float | None:
-    vals = [u for t, i, u in samples if i in gpus and start <= t <= end]
+def busy_share(
+    samples: list[tuple[float, int, float]], gpus: Sequence[int], start: float, end: float | None
+) -> float | None:
+    """The GPUs' mean utilisation between ``start`` and ``end`` (None: to the last sample)."""
+    stop = float("inf") if end is None else end
+    vals = [u for t, i, u in samples if i in gpus and start <= t <= stop]
     return round(statistics.fmean(vals) / 100, 3) if vals else None
 
 
@@ -185,6 +189,29 @@ def override_of(command: str, key: str) -> int | None:
         if tok.lstrip("+").startswith(f"{key}="):
             return int(tok.split("=", 1)[1])
     return None
+
+
+def executor_starts(stages_tsv: Path) -> dict[str, float]:
+    """Seconds from ``trainer serve start --wait`` to its model listed, per ``exec_<name>`` job: the first run of
+    each (a later run of the same name found the executor already up)."""
+    out: dict[str, float] = {}
+    if not stages_tsv.is_file():
+        return out
+    for line in stages_tsv.read_text().splitlines():
+        parts = line.split("\t")
+        if len(parts) == 4 and parts[0].startswith("exec_"):
+            out.setdefault(parts[0].removeprefix("exec_"), float(parts[3]))
+    return out
+
+
+def job_log_start(log: Path) -> float | None:
+    """The epoch seconds of a job log's last ``=== <UTC time> <command>`` line (``job.sh`` writes one a start)."""
+    if not log.is_file():
+        return None
+    stamps = re.findall(r"^=== (\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})Z ", log.read_text(errors="replace"), re.M)
+    if not stamps:
+        return None
+    return dt.datetime.strptime(stamps[-1], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.UTC).timestamp()
 
 
 def reward_share(c1: dict[str, Any], b1: dict[str, Any]) -> float | None:
@@ -255,16 +282,16 @@ def build(
             if runs_json.is_file():
                 layout.update(json.loads(runs_json.read_text()))
         stages = read_stages(root / "jobs" / "stages.tsv") if (root / "jobs" / "stages.tsv").is_file() else {}
-        for job, times in stages.items():  # `trainer serve start --wait` jobs: command to model listed
-            rc_file = root / "jobs" / f"{job}.rc"
-            if job.startswith("exec_") and rc_file.is_file() and rc_file.read_text().strip() == "0":
-                executors[job.removeprefix("exec_")] = float(times["seconds"])
+        executors |= executor_starts(root / "jobs" / "stages.tsv")
         for log in sorted(root.glob("*/*/train.log")):
             name = log.parent.name
-            if name not in stages:
-                # still running when collected: its logged steps count, its start and end are unknown
+            if name not in stages or not (root / "jobs" / f"{name}.rc").is_file():
+                # still running when collected: its logged steps count, its end is unknown; its start is the
+                # job log's last "=== <time>" line (a finished earlier try of the same name is not this run)
+                start = job_log_start(root / "jobs" / f"{name}.log")
                 if step_rows(log.parent / "metrics.jsonl") and name not in runs:
-                    runs[name] = {"dir": log.parent, "times": None, "rc": None}
+                    runs[name] = {"dir": log.parent, "rc": None,
+                                  "times": None if start is None else {"start": start, "end": None, "seconds": None}}
                 continue
             runs[name] = {"dir": log.parent, "times": stages[name],
                           "rc": (root / "jobs" / f"{name}.rc").read_text().strip()
@@ -284,7 +311,7 @@ def build(
         gpu_ids = [int(g) for g in str(layout.get(name, {}).get("gpus", "")).split(",") if g.strip()]
         t = r["times"]
         rec: dict[str, Any] = {"phase": phase, "setting": setting, "exit_code": r["rc"], "gpus": gpu_ids,
-                               "wall_s": t["seconds"] if t else None, "unfinished": t is None,
+                               "wall_s": t["seconds"] if t else None, "unfinished": t is None or t["end"] is None,
                                "command": command.strip()}  # fmt: skip
         if phase.startswith("a"):
             if t is None:

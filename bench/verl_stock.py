@@ -61,6 +61,7 @@ def overrides(
         "actor_rollout_ref.model.use_remove_padding=false",
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
         "actor_rollout_ref.rollout.name=vllm",
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size={gpus}",  # VERL's default 2 needs two GPUs
         f"actor_rollout_ref.rollout.n={n}",
         "actor_rollout_ref.actor.ppo_mini_batch_size=8",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",

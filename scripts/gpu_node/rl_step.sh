@@ -83,7 +83,8 @@ if on b1; then
   rl b1_fast b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N"
 fi
 if on c1; then
-  $J status | grep -q '^exec_pi2 ' || $J start exec_pi2 -- python3 -m trainer serve start --model "$PI2" --name pi2 \
+  # (not `status | grep -q`: under pipefail grep's early exit fails the pipe and a second executor would start)
+  [[ -f ${JOBS:-/tmp/jobs}/exec_pi2.start ]] || $J start exec_pi2 -- python3 -m trainer serve start --model "$PI2" --name pi2 \
     --gpus "$LAST" --port 18500 --mem 0.12 --graphs-only --wait
   wait_all exec_pi2
   REWARD_API_EXECUTOR_URLS=http://127.0.0.1:18500 REWARD_API_EXECUTOR_MODEL=pi2 \

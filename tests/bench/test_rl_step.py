@@ -169,3 +169,21 @@ def test_one_gpu_rows_beside_verl_stock_with_targets(tmp_path: Path, monkeypatch
     md = (tmp_path / "results" / "rl_step.md").read_text()
     assert "| b1 | verl_stock | 1 | 64 x 16 |" in md and "## Targets (one GPU, 64 x 16)" in md
     assert "| c1_step_s | 8.00 | 9.000 | **no** | gen 5.00 s |" in md
+
+
+def test_a_run_still_going_is_timed_from_its_job_log_and_an_executor_from_its_first_start(tmp_path: Path) -> None:
+    root = tmp_path / "c"
+    _grpo_run(root, "b1_stock", [_step(98, 8, 16, 0, 49), _step(78, 6, 20, 0, 50)], 1, 240)
+    jobs = root / "jobs"
+    jobs.mkdir()
+    # an earlier try of the same name failed; the run collected is the second, still going
+    jobs.joinpath("stages.tsv").write_text(f"exec_pi2\t{T0}\t{T0 + 97}\t97\nexec_pi2\t{T0 + 500}\t{T0 + 503}\t3\n"
+                                           f"b1_stock\t{T0}\t{T0 + 105}\t105\n")  # fmt: skip
+    (jobs / "exec_pi2.rc").write_text("0\n")
+    start = dt.datetime.fromtimestamp(T0, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    (jobs / "b1_stock.log").write_text(f"=== 2026-01-01T00:00:00Z python3 -m bench.verl_stock\n=== {start}Z python3 -m bench.verl_stock\n")
+    p = rl_step.build([root])
+    row = next(r for r in p["rows"] if r["name"] == "b1_stock")
+    assert row["unfinished"] is True and row["startup_s"] == pytest.approx(240) and row["step_s"] == 78
+    assert p["executor_ready_s"] == {"pi2": 97.0}  # the first start; the second found it up
+    assert rl_step.job_log_start(jobs / "missing.log") is None

@@ -22,6 +22,7 @@ def test_every_override_is_a_key_of_verls_own_ppo_trainer(tmp_path: Path) -> Non
     arr = cfg.actor_rollout_ref
     assert cfg.data.train_batch_size == 64 and arr.rollout.n == 16 and arr.actor.ppo_mini_batch_size == 8
     assert cfg.data.max_response_length == 256 and cfg.trainer.total_training_steps == 6
+    assert arr.rollout.tensor_model_parallel_size == 1 == cfg.trainer.n_gpus_per_node  # VERL's default is 2
     assert cfg.reward.custom_reward_function.path == str(Path(verl_stock.__file__).resolve())
     # VERL's defaults stay: no dynamic sampling, compiled vLLM, the actor recomputes the old log-probs
     assert cfg.algorithm.get("filter_groups") is None or not cfg.algorithm.filter_groups.enable
