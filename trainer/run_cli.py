@@ -24,6 +24,7 @@ from typer.core import TyperCommand, TyperGroup
 from trainer.config_cli import command_signature, given_values, set_signature
 from trainer.phases.cli import bad_param, default_model
 from trainer.phases.launch import check_profile
+from trainer.phases.token_overrides import TokenInOverrideError
 from trainer.phases.train_mix import TrainMixError
 from trainer.runs.ab import Experiment, ExperimentStopped
 from trainer.runs.ab_plan import DESIGNS, Design
@@ -56,6 +57,8 @@ def to_config(config: type[RunConfig], given: dict[str, Any], **extra: Any) -> A
     values["rl_extra"] = (*values["rl_extra"], *extra.pop("trailing", ()))
     try:
         return config(**values, **extra)
+    except TokenInOverrideError as exc:  # one line that never echoes the override's value
+        raise refused(exc, code=2, what="error") from None
     except ValueError as exc:  # "field: why" (TrainMixError: "--rl-mix-share: ...")
         name = "--rl-mix-share" if isinstance(exc, TrainMixError) else str(exc).split(":", 1)[0]
         raise bad_param("--" + name.lstrip("-").replace("_", "-"), exc) from None
@@ -63,6 +66,12 @@ def to_config(config: type[RunConfig], given: dict[str, Any], **extra: Any) -> A
 
 def say(line: str) -> None:
     console.print(line, markup=False, highlight=False)
+
+
+def refused(exc: Exception, code: int = 1, what: str = "stopped") -> typer.Exit:
+    """``exc`` as one line on stderr (``stopped: ...``); the exit to raise."""
+    typer.echo(f"{what}: {' '.join(str(exc).split())}", err=True)
+    return typer.Exit(code)
 
 
 def loop_cmd(ctx: typer.Context, **given: Any) -> None:
