@@ -29,9 +29,9 @@ from trainer.phases.train_mix import TrainMixError
 from trainer.runs.ab import Experiment, ExperimentStopped
 from trainer.runs.ab_plan import DESIGNS, Design
 from trainer.runs.config import ExperimentConfig, LoopConfig, RunConfig, from_cli
+from trainer.runs.context import REFUSALS as ENGINE_REFUSALS
 from trainer.runs.loop import Loop
 from trainer.runs.record import RECORD
-from trainer.runs.reuse import StaleResultError
 from trainer.serving.gpus import GpuPlanError, visible_gpus
 from trainer.transfer import artifacts as loop_artifacts
 
@@ -68,6 +68,10 @@ def say(line: str) -> None:
     console.print(line, markup=False, highlight=False)
 
 
+# A refusal reaches the user as its one line, not a traceback.
+REFUSALS: tuple[type[Exception], ...] = (*ENGINE_REFUSALS, ExperimentStopped)
+
+
 def refused(exc: Exception, code: int = 1, what: str = "stopped") -> typer.Exit:
     """``exc`` as one line on stderr (``stopped: ...``); the exit to raise."""
     typer.echo(f"{what}: {' '.join(str(exc).split())}", err=True)
@@ -80,7 +84,10 @@ def loop_cmd(ctx: typer.Context, **given: Any) -> None:
     To go on on another node: `loop pack` the folder's finished work into pieces, `loop unpack` them there
     (see `loop pack --help`, `loop unpack --help`)."""
     cfg = to_config(LoopConfig, given, trailing=tuple(ctx.args))
-    record = Loop(cfg).run()
+    try:
+        record = Loop(cfg).run()
+    except REFUSALS as exc:
+        raise refused(exc) from None
     if record.get("stopped_after"):
         console.print(f"stopped after {record['stopped_after']!r} (--until); rerun to go on")
     console.print(f"record: {cfg.folder('loop') / RECORD}")
@@ -96,9 +103,8 @@ def experiment_cmd(design: Design) -> Any:
             return
         try:
             exp.run()
-        except (ExperimentStopped, StaleResultError) as stop:
-            say(f"stopped: {stop}")
-            raise typer.Exit(1) from None
+        except REFUSALS as exc:
+            raise refused(exc) from None
         console.print(f"record: {exp.ctx.root / RECORD}")
 
     set_signature(run, command_signature(ExperimentConfig))
