@@ -38,7 +38,7 @@ from trainer.evaluation.phase_d import (
     run_pipeline,
     write_outputs,
 )
-from trainer.phases.cli import ProfileOpt, bad_param
+from trainer.phases.cli import ProfileOpt, bad_param, no_token
 from trainer.phases.cli import register as register_phases
 from trainer.phases.launch import PhaseRun, check_profile, run_phase
 from trainer.phases.registry import BUILD_PHASES, REWARD_KINDS, get_phase, sft_phase_for
@@ -407,6 +407,7 @@ def rft_cmd(
     """Sample k, score via reward_api, keep the best ≥ threshold, write SFT parquet, train with the SFT launcher."""
     from trainer.rft import RftConfig, build_rft_data, parse_per_source
 
+    overrides = no_token(ctx.args, "trainer rft")
     if reward not in REWARD_KINDS:
         raise typer.BadParameter(f"must be one of {list(REWARD_KINDS)}, got {reward!r}", param_hint="--reward")
     try:
@@ -436,7 +437,7 @@ def rft_cmd(
             data_dir=out / "data",
             out_dir=out / "sft",
             model_path=start_model,
-            overrides=tuple(ctx.args),
+            overrides=overrides,
         )
         res = run_phase(run)
         console.print(

@@ -26,13 +26,14 @@ from shared.split_overlap import EmptySplitError, SplitOverlapError
 from trainer.config_cli import command_signature, given_values, set_signature
 from trainer.phases.cli import bad_param, default_model
 from trainer.phases.launch import check_profile
+from trainer.phases.token_overrides import TokenInOverrideError
 from trainer.phases.train_mix import TrainMixError
 from trainer.runs.ab import Experiment, ExperimentStopped
 from trainer.runs.ab_plan import DESIGNS, Design
 from trainer.runs.config import ExperimentConfig, LoopConfig, RunConfig, from_cli
+from trainer.runs.context import REFUSALS as ENGINE_REFUSALS
 from trainer.runs.loop import Loop
 from trainer.runs.record import RECORD
-from trainer.runs.reuse import StaleResultError
 from trainer.serving.gpus import GpuPlanError, visible_gpus
 from trainer.transfer import artifacts as loop_artifacts
 
@@ -58,6 +59,8 @@ def to_config(config: type[RunConfig], given: dict[str, Any], **extra: Any) -> A
     values["rl_extra"] = (*values["rl_extra"], *extra.pop("trailing", ()))
     try:
         return config(**values, **extra)
+    except TokenInOverrideError as exc:  # one line that never echoes the override's value
+        raise refused(exc, code=2, what="error") from None
     except ValueError as exc:  # "field: why" (TrainMixError: "--rl-mix-share: ...")
         name = "--rl-mix-share" if isinstance(exc, TrainMixError) else str(exc).split(":", 1)[0]
         raise bad_param("--" + name.lstrip("-").replace("_", "-"), exc) from None
@@ -65,6 +68,16 @@ def to_config(config: type[RunConfig], given: dict[str, Any], **extra: Any) -> A
 
 def say(line: str) -> None:
     console.print(line, markup=False, highlight=False)
+
+
+# A refusal reaches the user as its one line, not a traceback.
+REFUSALS: tuple[type[Exception], ...] = (*ENGINE_REFUSALS, ExperimentStopped)
+
+
+def refused(exc: Exception, code: int = 1, what: str = "stopped") -> typer.Exit:
+    """``exc`` as one line on stderr (``stopped: ...``); the exit to raise."""
+    typer.echo(f"{what}: {' '.join(str(exc).split())}", err=True)
+    return typer.Exit(code)
 
 
 def loop_cmd(ctx: typer.Context, **given: Any) -> None:
@@ -78,6 +91,8 @@ def loop_cmd(ctx: typer.Context, **given: Any) -> None:
     except (SplitOverlapError, EmptySplitError, GoldenFormatError) as exc:  # the golden preflight: one line
         typer.echo(f"error: --golden: {exc}", err=True)
         raise typer.Exit(1) from None
+    except REFUSALS as exc:
+        raise refused(exc) from None
     if record.get("stopped_after"):
         console.print(f"stopped after {record['stopped_after']!r} (--until); rerun to go on")
     console.print(f"record: {cfg.folder('loop') / RECORD}")
@@ -93,9 +108,8 @@ def experiment_cmd(design: Design) -> Any:
             return
         try:
             exp.run()
-        except (ExperimentStopped, StaleResultError) as stop:
-            say(f"stopped: {stop}")
-            raise typer.Exit(1) from None
+        except REFUSALS as exc:
+            raise refused(exc) from None
         console.print(f"record: {exp.ctx.root / RECORD}")
 
     set_signature(run, command_signature(ExperimentConfig))

@@ -116,9 +116,9 @@ class Demo:
             if recorded is not None and recorded.hf_dir is not None:
                 self.console.print(f"reusing {recorded.hf_dir} (trained in {recorded.seconds:.0f} s)")
                 return recorded.hf_dir
-            if verdict.difference and not self.s.retrain:
-                self.console.print(f"training {phase} again: its recorded model was trained from other inputs "
-                                   f"({verdict.difference})")  # fmt: skip
+            why = verdict.why_not(out)
+            if why is not None and not self.s.retrain:
+                self.console.print(f"training {phase} again: {why}")
             if out.exists():
                 shutil.rmtree(out)
             out.mkdir(parents=True)

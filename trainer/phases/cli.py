@@ -9,6 +9,7 @@ register`` + ``register(app)``), or run alone as ``python -m trainer.phases.cli`
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import typer
@@ -17,6 +18,7 @@ from rich.console import Console
 from shared import EVAL_ANSWER_MAX_TOKENS
 from trainer.phases.launch import PROFILES, PhaseRun, check_profile, run_phase
 from trainer.phases.registry import GRPO_PHASES, PHASES, get_phase, reward_of
+from trainer.phases.token_overrides import TokenInOverrideError, check_no_token
 from trainer.serving.reward_api_env import CLIENT_URL_ENV
 
 console = Console()
@@ -35,6 +37,17 @@ def default_model(profile: str, param: str = "--model") -> str:
 
 def bad_param(param: str, exc: Exception) -> typer.BadParameter:
     return typer.BadParameter(str(exc), param_hint=param)
+
+
+def no_token(overrides: Sequence[str], where: str) -> tuple[str, ...]:
+    """The trailing Hydra overrides, or one line on stderr and exit 2 where one sets a reward API token (before
+    anything is written)."""
+    try:
+        check_no_token(overrides, where)
+    except TokenInOverrideError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    return tuple(overrides)
 
 
 @app.command(
@@ -62,6 +75,7 @@ def run_cmd(
         prof = check_profile(profile)
     except ValueError as exc:
         raise bad_param("--profile", exc) from None
+    overrides = no_token(ctx.args, f"trainer run {ph.name}")
     run = PhaseRun(
         phase=ph,
         profile=prof,
@@ -69,7 +83,7 @@ def run_cmd(
         out_dir=out or Path("runs") / ph.name,
         model_path=model or default_model(prof),
         reward_url=reward_url,
-        overrides=tuple(ctx.args),
+        overrides=overrides,
         nproc=nproc,
     )
     try:
@@ -207,6 +221,7 @@ def positive_control_cmd(
 ) -> None:
     from trainer.phases.positive_control import ControlConfig, control_run, run_control
 
+    overrides = no_token(ctx.args, f"trainer positive-control {phase}")
     try:
         ph = get_phase(phase)
         if ph.kind != "grpo":
@@ -220,7 +235,7 @@ def positive_control_cmd(
         raise bad_param("--size/--steps/--margin/--profile", exc) from None
     run = control_run(
         ph, prof, prompts, out or Path("runs") / f"{ph.name}_control", model or default_model(prof), reward_url,
-        cfg, tuple(ctx.args),
+        cfg, overrides,
     )  # fmt: skip
     try:
         run.env()

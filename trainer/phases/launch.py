@@ -15,7 +15,8 @@ Paths and URLs reach the configs through the environment (``TRAINER_DATA_DIR``,
 YAML stays the single description of a phase. The reward API's URL and token come from ``--reward-url``
 or the variables a user sets for them (``CLIENT_URL_ENV``, ``CLIENT_TOKEN_ENV`` of
 :mod:`trainer.serving.reward_api_env`) and reach VERL's processes as ``TRAINER_REWARD_URL`` /
-``TRAINER_REWARD_TOKEN``. Only the ``cpu-smoke`` profile loads the CPU shim
+``TRAINER_REWARD_TOKEN``; an override that sets a token is refused before anything is written
+(:mod:`trainer.phases.token_overrides`). Only the ``cpu-smoke`` profile loads the CPU shim
 (``VERL_USE_EXTERNAL_MODULES=trainer.in_verl.cpu_shim``); the GPU path never imports it. Every profile loads
 ``trainer.in_verl.fast_logprobs`` the same way (VERL's per-token log-prob loop without flash-attn).
 
@@ -49,10 +50,10 @@ from typing import Any, Literal
 from services.child_process import spawn
 from trainer.phases import prompt_filter, sft_epochs, sft_length_filter
 from trainer.phases.registry import Phase, get_phase
+from trainer.phases.token_overrides import check_no_token
 from trainer.serving.reward_api_env import (
     CLIENT_TOKEN_ENV,
     CLIENT_URL_ENV,
-    TOKEN_IN_CONFIG,
     TRAINER_TOKEN_ENV,
     TRAINER_URL_ENV,
     trainer_reward_env,
@@ -135,10 +136,8 @@ class PhaseRun:
     reward_model: str | None = None
 
     def __post_init__(self) -> None:
-        for item in self.overrides:
-            key = item.lstrip("+~").split("=", 1)[0]
-            if key.endswith("reward_kwargs.token"):
-                raise ValueError(f"phase {self.phase.name}: override {key}: {TOKEN_IN_CONFIG}")
+        # before anything is written: overrides go to command.sh, phase_result.json and VERL's config dump
+        check_no_token(self.overrides, f"phase {self.phase.name}")
 
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ if base is None else base)

@@ -13,6 +13,7 @@ from shared.limits import EVAL_ANSWER_MAX_TOKENS, TABLE_ANSWER_MAX_TOKENS
 from trainer.config_cli import cli_meta, csv_values, option
 from trainer.phases.launch import PROFILES, Profile
 from trainer.phases.registry import GRPO_PHASES, SFT_PHASES
+from trainer.phases.token_overrides import check_no_token
 from trainer.phases.train_mix import check_restricted, check_share, rl_mix_share_field
 
 # The loop's parts, in order (``--until``): a run stops after the named part; a rerun goes on from there.
@@ -81,6 +82,9 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_share(self.rl_mix_share)
+        # before the run record (which holds the config) is written
+        check_no_token(self.sft_overrides, "--sft-override")
+        check_no_token(self.rl_extra, "--rl-extra (and the overrides after the options)")
 
     def folder(self, recipe: str) -> Path:
         return self.out or Path("runs") / recipe

@@ -13,14 +13,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.phases.launch import PhaseRun, PhaseRunner, read_result, run_phase
+from trainer.data.sft_mix import SourceMixError
+from trainer.phases.launch import PhaseResult, PhaseRun, PhaseRunner, read_result, run_phase
 from trainer.phases.registry import get_phase
 from trainer.phases.seeds import rl_seed_overrides
+from trainer.phases.token_overrides import TokenInOverrideError
+from trainer.phases.train_mix import TrainMixError
 from trainer.runs import reuse
 from trainer.runs.config import RunConfig
 from trainer.runs.record import RunRecord, now
 from trainer.runs.servers import Servers
 from trainer.serving.gpus import GpuPlan, Placement
+from trainer.serving.identity import ServedModelMismatch
+
+# What stops a run before it trains on something it should not, each naming what it found and what this run asked
+# for (a phase trained from other inputs or unrecorded ones, data built with another mix, a train mix that cannot be
+# drawn, an external server serving another model, a token in an override): a command prints its one line.
+REFUSALS: tuple[type[Exception], ...] = (
+    reuse.StaleResultError,
+    SourceMixError,
+    TrainMixError,
+    ServedModelMismatch,
+    TokenInOverrideError,
+)
 
 
 def first_error(futures: Sequence[Future[Any]]) -> None:
@@ -119,33 +134,44 @@ class RunContext:
         before: Callable[[PhaseRun], None] | None = None,
     ) -> list[str]:  # fmt: skip
         """Each run's exported model, reused or launched (after ``before``), side by side when ``together`` (each
-        ``stagger_s`` after the one before) or in turn; recorded. Raises naming every phase that failed."""
+        ``stagger_s`` after the one before) or in turn; each recorded as it finishes. Raises naming every phase that
+        failed."""
         todo = [run for run in runs if self.reused(run) is None]
+        inputs = [reuse.run_inputs(run) for run in todo]  # what each is launched with, taken before any starts
+        for run in todo:  # a result of this launch never sits beside an earlier launch's inputs
+            reuse.forget(run.out_dir)
         for run in todo:
             if before is not None:
                 before(run)
         if together and len(todo) > 1:
             with ThreadPoolExecutor(max_workers=len(todo)) as pool:
                 futures = []
-                for i, run in enumerate(todo):
+                for i, (run, given) in enumerate(zip(todo, inputs, strict=True)):
                     if i and stagger_s:
                         time.sleep(stagger_s)
-                    futures.append(pool.submit(self.runner, run))
+                    futures.append(pool.submit(self.launch_one, run, given))
                 results = [f.result() for f in futures]
         else:
-            results = [self.runner(run) for run in todo]
+            results = [self.launch_one(run, given) for run, given in zip(todo, inputs, strict=True)]
         failed = []
         for run, res in zip(todo, results, strict=True):
-            key = self.key(run.out_dir)
-            self.record.set(key, dataclasses.asdict(res), "phases")
-            if res.status == "ok" and res.hf_dir:
-                reuse.record(run.out_dir, reuse.run_inputs(run))
-            else:
+            if res.status != "ok" or not res.hf_dir:
                 why = f": {res.error}" if res.error else ""
+                key = self.key(run.out_dir)
                 failed.append(f"phase {key} failed (exit {res.exit_code}){why}; log {run.out_dir / 'train.log'}")
         if failed:
             raise RuntimeError("; ".join(failed))
         return [self.output(run.out_dir) for run in runs]
+
+    def launch_one(self, run: PhaseRun, inputs: dict[str, Any]) -> PhaseResult:
+        """One phase through the runner, recorded the moment it returns (not after its group): its result in the run
+        record and, when ok, ``inputs`` (:func:`reuse.run_inputs`, taken before the launch) beside its result, so a
+        run killed while another phase of its group trains keeps what this one was trained from."""
+        res = self.runner(run)
+        if res.status == "ok" and res.hf_dir:
+            reuse.record(run.out_dir, inputs)
+        self.record.set(self.key(run.out_dir), dataclasses.asdict(res), "phases")
+        return res
 
     def train_files(
         self, name: str, key: str, data_dir: Path, chosen: Path | None = None, write: bool = True

@@ -1,12 +1,18 @@
 """The one rule for reusing a finished phase, for every recipe (docs/trainer.md, "Layout"): a finished phase (its
 result ok, its export there) is reused only if ``phase_inputs.json`` equals what this run would give it; the loop and
-the experiments refuse a stale phase naming each difference (:class:`StaleResultError`), the demo trains it again. A
-phase recorded without inputs is reused as it is."""
+the experiments refuse a stale phase naming each difference (:class:`StaleResultError`), the demo trains it again.
+
+The run engine writes a phase's inputs (:func:`record`, atomically) the moment that phase returns ok, not after its
+group, so a loop killed between two phases leaves the first one's inputs beside its result. A finished result
+without recorded inputs (killed between the two writes, or finished by something that records none, such as
+``trainer run``) is never reused: what it was trained from is unknown. The loop and the experiments refuse it naming
+its folder, the demo trains it again."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,31 +96,52 @@ def finished(out_dir: Path) -> PhaseResult | None:
 class Verdict:
     result: PhaseResult | None  # the finished result, if there is one
     difference: str | None  # how its recorded inputs differ from the current ones (None: the same, or none recorded)
+    unrecorded: bool = False  # the result is finished but no inputs were recorded beside it
 
     @property
     def reusable(self) -> bool:
-        return self.result is not None and self.difference is None
+        return self.result is not None and self.difference is None and not self.unrecorded
+
+    def why_not(self, out_dir: Path) -> str | None:
+        """Why a finished result cannot be reused (None: it can, or there is none)."""
+        if self.result is None or self.reusable:
+            return None
+        if self.unrecorded:
+            return (f"its result in {out_dir} has no {PHASE_INPUTS} (the run stopped before recording what it was "
+                    "trained from), so its inputs are unknown")  # fmt: skip
+        return f"its recorded result was trained from other inputs ({self.difference})"
 
 
 def check(out_dir: Path, inputs: dict[str, Any]) -> Verdict:
     done = finished(out_dir)
+    if done is None:
+        return Verdict(None, None)
     recorded = read_json(out_dir / PHASE_INPUTS)
-    differ = inputs_difference(recorded, inputs) if done is not None and recorded is not None else ""
-    return Verdict(done, differ or None)
+    if not isinstance(recorded, dict):
+        return Verdict(done, None, unrecorded=True)
+    return Verdict(done, inputs_difference(recorded, inputs) or None)
 
 
 def reuse_or_refuse(out_dir: Path, inputs: dict[str, Any], label: str) -> PhaseResult | None:
-    """The finished result to reuse, None when the phase has to run, or :class:`StaleResultError` when it
-    finished from other inputs (``label`` names the phase in the message)."""
+    """The finished result to reuse, None when the phase has to run, or :class:`StaleResultError` (one line) when it
+    finished from other inputs, or from unrecorded ones (``label`` names the phase in the message)."""
     verdict = check(out_dir, inputs)
-    if verdict.difference is not None:
-        raise StaleResultError(
-            f"phase {label}: its recorded result was trained from other inputs ({verdict.difference}); move "
-            f"{out_dir} aside to train it again from the current ones"
-        )
+    why = verdict.why_not(out_dir)
+    if why is not None:
+        raise StaleResultError(f"phase {label}: {why}; move {out_dir} aside to train it again from the current ones")
     return verdict.result
 
 
 def record(out_dir: Path, inputs: dict[str, Any]) -> None:
-    """Write the inputs a phase was just trained from beside its result."""
-    (out_dir / PHASE_INPUTS).write_text(json.dumps(inputs, indent=2) + "\n")
+    """Write the inputs a phase was just trained from beside its result, atomically (a temporary file renamed over
+    it): a reader sees all of them or none."""
+    path = out_dir / PHASE_INPUTS
+    tmp = path.with_name(f".{PHASE_INPUTS}.tmp")
+    tmp.write_text(json.dumps(inputs, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def forget(out_dir: Path) -> None:
+    """Remove a phase's recorded inputs before it is launched again: a result it writes then never sits beside
+    another launch's inputs."""
+    (out_dir / PHASE_INPUTS).unlink(missing_ok=True)

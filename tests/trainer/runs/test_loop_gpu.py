@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.runs.test_loop import SAMPLE, recorded
+from tests.trainer.runs.test_loop import SAMPLE, recorded, recorded_as_run
 from trainer.phases.launch import PhaseResult, PhaseRun
 from trainer.runs.c2_data import PRECOMPUTE_KEY, precompute_key
 from trainer.runs.config import LoopConfig
@@ -159,7 +159,7 @@ def test_preflight_stops_the_loop_before_a_phase_whose_groups_teach_nothing(
 
     out = tmp_path / "loop"
     for p in ("a1", "a2"):
-        recorded(out / p, p, out / p / "hf")
+        recorded_as_run(config(out, ("0",)), p, "/base")
     seen: list[tuple[str, str, float]] = []
 
     def fake_check(golden: Path, reward: str, url: str, model: str, reward_url: str, **kw: object):  # type: ignore[no-untyped-def]

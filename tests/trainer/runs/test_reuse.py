@@ -55,14 +55,45 @@ def test_the_same_inputs_reuse_other_inputs_are_refused_by_name(tmp_path: Path) 
     )
 
 
-def test_the_placement_is_no_input_and_an_unrecorded_result_is_reused(tmp_path: Path) -> None:
+def test_the_placement_is_no_input(tmp_path: Path) -> None:
     one = _run(tmp_path, "x=1", placed=("trainer.n_gpus_per_node=1",))
     two = _run(tmp_path, "x=1", placed=("trainer.n_gpus_per_node=2", "y=2"))
     assert reuse.run_inputs(one) == reuse.run_inputs(two)
     _finish(one)
-    assert reuse.check(one.out_dir, reuse.run_inputs(_run(tmp_path, "z=9"))).reusable  # no inputs recorded
     reuse.record(one.out_dir, reuse.run_inputs(one))
     assert reuse.check(two.out_dir, reuse.run_inputs(two)).reusable
+
+
+def test_a_result_without_recorded_inputs_is_never_reused(tmp_path: Path) -> None:
+    """A finished result with no phase_inputs.json (a run stopped between the two writes, or a phase finished by
+    something that records none): its inputs are unknown, so it is refused naming its folder, whatever is asked."""
+    run = _run(tmp_path, "x=1")
+    _finish(run)
+    for asked in (run, _run(tmp_path, "z=9")):
+        verdict = reuse.check(asked.out_dir, reuse.run_inputs(asked))
+        assert verdict.result is not None and verdict.unrecorded and not verdict.reusable
+        with pytest.raises(reuse.StaleResultError) as err:
+            reuse.reuse_or_refuse(asked.out_dir, reuse.run_inputs(asked), "b1")
+        assert str(err.value) == (
+            f"phase b1: its result in {run.out_dir} has no phase_inputs.json (the run stopped before recording what it "
+            f"was trained from), so its inputs are unknown; move {run.out_dir} aside to train it again from the "
+            "current ones"
+        )
+    # an unreadable record is no record
+    (run.out_dir / reuse.PHASE_INPUTS).write_text('{"model_in": ')
+    assert reuse.check(run.out_dir, reuse.run_inputs(run)).unrecorded
+
+
+def test_inputs_are_written_whole(tmp_path: Path) -> None:
+    """The record is renamed into place: no temporary file is left, and what is read back is what was written."""
+    run = _run(tmp_path, "x=1")
+    _finish(run)
+    inputs = reuse.run_inputs(run)
+    reuse.record(run.out_dir, inputs)
+    assert sorted(p.name for p in run.out_dir.iterdir()) == ["hf", "phase_inputs.json", "phase_result.json"]
+    assert reuse.check(run.out_dir, inputs).reusable
+    reuse.forget(run.out_dir)
+    assert not (run.out_dir / reuse.PHASE_INPUTS).exists()
 
 
 def test_the_model_behind_the_reward_is_an_input(tmp_path: Path) -> None:
