@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from shared.golden import SPLITS, GoldenFormatError, Summary, read_golden, validate_folder
+from shared.golden import SPLITS, EmptySplitError, GoldenFormatError, Summary, read_golden, validate_folder
 from shared.prompts import PROMPT_VERSION, canonical_schema_json, gold_ndjson
 from shared.rewards import compute_schema_reward_single, compute_table_reward_single
 
@@ -29,7 +29,7 @@ def validate(
     """Validate every line of each split file and print counts and statistics."""
     try:
         stats = validate_folder(folder, splits)
-    except (GoldenFormatError, FileNotFoundError) as exc:
+    except (GoldenFormatError, EmptySplitError, FileNotFoundError) as exc:
         console.print(f"[red]invalid:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(1) from None
     table = Table(title=f"golden data in {folder}")
