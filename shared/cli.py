@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from shared.golden import SPLITS, GoldenFormatError, Summary, read_golden, validate_folder
+from shared.golden import SPLITS, EmptySplitError, GoldenFormatError, Summary, read_golden, validate_folder
 from shared.prompts import PROMPT_VERSION, canonical_schema_json, gold_ndjson
 from shared.rewards import compute_schema_reward_single, compute_table_reward_single
 from shared.split_overlap import SplitOverlapError, check_splits, find_overlaps
@@ -38,7 +38,7 @@ def validate(
         stats = validate_folder(folder, splits)
         examples = {split: read_golden(st.file) for split, st in zip(splits, stats, strict=True)}
         overlap = check_splits(find_overlaps(examples), strict_splits)
-    except (GoldenFormatError, FileNotFoundError, SplitOverlapError) as exc:
+    except (GoldenFormatError, EmptySplitError, FileNotFoundError, SplitOverlapError) as exc:
         console.print(f"[red]invalid:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(1) from None
     table = Table(title=f"golden data in {folder}")

@@ -218,12 +218,19 @@ def split_stats(path: Path | str) -> SplitStats:
     return SplitStats(str(path), len(cols), Summary.of(cols), Summary.of(rows), Summary.of(chars), dict(sources))
 
 
+class EmptySplitError(ValueError):
+    """A golden split file without a single example (nothing to train, validate or test on)."""
+
+
 def validate_folder(folder: Path | str, splits: Iterable[str] = SPLITS) -> list[SplitStats]:
-    """Validate every split file of a golden folder; a missing file is an error."""
+    """Validate every split file of a golden folder; a missing file, or one without examples, is an error."""
     out = []
     for split in splits:
         p = Path(folder) / golden_filename(split)
         if not p.is_file():
             raise FileNotFoundError(f"{p}: golden split file is missing")
-        out.append(split_stats(p))
+        stats = split_stats(p)
+        if stats.examples == 0:
+            raise EmptySplitError(f"{p}: the {split} split is empty (no examples)")
+        out.append(stats)
     return out

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shared.golden import SPLITS, GoldenExample, golden_filename, iter_golden, read_golden
+from shared.golden import SPLITS, EmptySplitError, GoldenExample, golden_filename, iter_golden, read_golden
 
 HELD_OUT = ("validation", "test")
 KEY_DESCRIPTION = "same id, or same sha256 of the text with whitespace collapsed and casefolded"
@@ -38,10 +38,6 @@ def text_key(text: str) -> str:
 
 class SplitOverlapError(ValueError):
     """``--strict-splits``: two splits share a document; the message is one line naming the ids."""
-
-
-class EmptySplitError(ValueError):
-    """A split file holds no example; the message names the file."""
 
 
 def shown(ids: Sequence[str], n: int = SHOWN_IDS) -> str:
@@ -192,7 +188,7 @@ def check_not_empty(folder: Path | str, splits: Iterable[str] = SPLITS) -> None:
         if not path.is_file():
             raise FileNotFoundError(f"{path}: golden split file is missing")
         if next(iter_golden(path), None) is None:
-            raise EmptySplitError(f"{path}: the {split} split is empty (no example)")
+            raise EmptySplitError(f"{path}: the {split} split is empty (no examples)")
 
 
 def read_overlaps(folder: Path | str, train_limit: int | None = None) -> SplitOverlap:

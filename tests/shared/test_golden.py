@@ -5,6 +5,7 @@ import pytest
 
 from shared import GoldenFormatError, read_golden, validate_folder, write_golden
 from shared.cli import app
+from shared.golden import EmptySplitError
 
 GOOD = {
     "id": "x-1",
@@ -76,6 +77,24 @@ def test_validate_folder_and_cli(tmp_path: Path) -> None:
     (tmp_path / "common_test_schemas.jsonl").write_text('{"id": 1}\n')
     res = CliRunner().invoke(app, ["validate", str(tmp_path)])
     assert res.exit_code == 1 and "common_test_schemas.jsonl:1" in res.output
+
+
+@pytest.mark.parametrize("empty", ["test", "validation", "train"])
+def test_an_empty_split_is_an_error_naming_the_split(tmp_path: Path, empty: str) -> None:
+    """A split file without examples (empty, or blank lines only) is refused by ``validate_folder`` and by
+    ``shared validate``, which names the split and exits 1 instead of saying "ok"."""
+    from typer.testing import CliRunner
+
+    for split in ("train", "validation", "test"):
+        write_golden(tmp_path / f"common_{split}_schemas.jsonl", [] if split == empty else [GOOD])
+    (tmp_path / f"common_{empty}_schemas.jsonl").write_text("\n\n")
+    with pytest.raises(EmptySplitError, match=rf"common_{empty}_schemas\.jsonl: the {empty} split is empty"):
+        validate_folder(tmp_path)
+    res = CliRunner().invoke(app, ["validate", str(tmp_path)])
+    assert res.exit_code == 1 and f"the {empty} split is empty (no examples)" in res.output
+    assert "examples valid" not in res.output
+    others = [s for s in ("train", "validation", "test") if s != empty]
+    assert [s.examples for s in validate_folder(tmp_path, others)] == [1, 1]  # the split not asked for is not read
 
 
 def test_a_byte_that_is_not_utf8_names_file_line_and_column(tmp_path: Path) -> None:

@@ -13,13 +13,19 @@ from typing import Any
 from trainer.demo.settings import RlSettings
 
 TRAIN_MEAN, TRAIN_MIN, TRAIN_MAX = "critic/score/mean", "critic/score/min", "critic/score/max"
+# mask mode's counts of a step (trainer/phases/failure_mask.py): masked samples, in all and per cause
+MASKED = "training/masked/samples"
+_MASKED_CAUSE = re.compile(r"^training/masked/(?P<cause>[a-z_]+)$")
+_NOT_CAUSES = {"samples", "share", "dropped_groups", "no_gradient"}
 # the greedy validation reward of each data source (VERL's val_kwargs: do_sample false, n 1)
 _VAL = re.compile(r"^val-core/(?P<ds>[^/]+)/reward/mean@1$")
 
 
 def reward_curve(metrics_jsonl: Path) -> dict[str, list[dict[str, float]]]:
-    """``train``: per step the mean (min, max) reward of its samples; ``validation``: per validated step the greedy
-    reward, averaged over the data sources. Empty lists when the file is missing (nothing was logged)."""
+    """``train``: per step the mean (min, max) reward of its samples, and the samples mask mode took out of it
+    (``masked``, and ``masked/<cause>`` for each cause that occurred; a masked sample's score 0 is in VERL's mean);
+    ``validation``: per validated step the greedy reward, averaged over the data sources. Empty lists when the file
+    is missing (nothing was logged)."""
     train: list[dict[str, float]] = []
     val: list[dict[str, float]] = []
     lines = metrics_jsonl.read_text().splitlines() if metrics_jsonl.is_file() else []
@@ -32,6 +38,12 @@ def reward_curve(metrics_jsonl: Path) -> dict[str, list[dict[str, float]]]:
         if isinstance(data.get(TRAIN_MEAN), int | float):
             point = {"step": step, "mean": float(data[TRAIN_MEAN])}
             point |= {k: float(data[key]) for k, key in (("min", TRAIN_MIN), ("max", TRAIN_MAX)) if key in data}
+            if isinstance(data.get(MASKED), int | float):
+                point["masked"] = float(data[MASKED])
+                for key, value in data.items():
+                    m = _MASKED_CAUSE.match(key)
+                    if m and m["cause"] not in _NOT_CAUSES and isinstance(value, int | float) and value:
+                        point[f"masked/{m['cause']}"] = float(value)
             train.append(point)
         greedy = [float(v) for k, v in data.items() if _VAL.match(k) and isinstance(v, int | float)]
         if greedy:
@@ -105,10 +117,14 @@ def what_it_shows(test: Mapping[str, Any] | None, rl: RlSettings) -> str:
 
 
 def markdown_section(curve: Mapping[str, Sequence[Mapping[str, float]]], png: Path, verdict: str) -> str:
-    """The C1 section of the demo's report.md: the line, the plot and the rewards per step."""
+    """The C1 section of the demo's report.md: the line, the plot, the rewards per step and the samples masked."""
     val = {int(p["step"]): f"{p['reward']:.3f}" for p in curve["validation"]}
     train = {int(p["step"]): f"{p['mean']:.3f}" for p in curve["train"]}
-    rows = [f"| {step} | {train.get(step, '–')} | {val.get(step, '–')} |" for step in sorted({*val, *train})]
+    masked = {int(p["step"]): _masked_cell(p) for p in curve["train"]}
+    rows = [
+        f"| {step} | {train.get(step, '–')} | {masked.get(step, '–')} | {val.get(step, '–')} |"
+        for step in sorted({*val, *train})
+    ]
     return "\n".join(
         [
             "## C1: GRPO on the pipeline reward",
@@ -117,9 +133,17 @@ def markdown_section(curve: Mapping[str, Sequence[Mapping[str, float]]], png: Pa
             "",
             f"![C1's reward per step]({png.name})",
             "",
-            "| step | training samples: mean reward | validation: greedy reward |",
-            "|---|---|---|",
+            "| step | training samples: mean reward | masked (no gradient): cause | validation: greedy reward |",
+            "|---|---|---|---|",
             *rows,
             "",
         ]
     )
+
+
+def _masked_cell(point: Mapping[str, float]) -> str:
+    """``0``, ``2 (executor_truncated 2)``, or ``–`` for a step logged without mask mode's counts."""
+    if "masked" not in point:
+        return "–"
+    causes = [f"{k.split('/', 1)[1]} {v:g}" for k, v in point.items() if k.startswith("masked/")]
+    return f"{point['masked']:g}" + (f" ({', '.join(causes)})" if causes else "")

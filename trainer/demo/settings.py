@@ -2,7 +2,7 @@
 
 The SFT numbers were chosen on this 2-core machine so that the SFT models clear the demo's targets on the
 held-out sample documents, and the GRPO numbers so that the whole demo fits in twelve minutes (README,
-"Measured"). ``python -m trainer demo`` exposes all but ``val_samples`` as options.
+"Measured"). ``python -m trainer demo`` exposes all but ``val_samples`` and ``max_share`` as options.
 """
 
 from __future__ import annotations
@@ -55,10 +55,17 @@ class RlSettings:
     val_samples: int = field(
         default=8, metadata={"help": "Validation prompts, scored before the first step and after the last."}
     )
+    # Mask mode (the default): a table the executor cut at the demo's max_tokens is never trained on and is counted
+    # per step (report.md). A step of 8 samples would stop at the first such sample under the phases' 0.1.
+    max_share: float = field(
+        default=0.5,
+        metadata={"help": "failures.max_share of C1: the largest share of masked samples a step may have."},
+    )
 
     def overrides(self) -> list[str]:
         return [
             f"trainer.total_training_steps={self.steps}",
+            f"failures.max_share={self.max_share}",
             # validated and saved once, after the last step: each validation is a rollout and reward calls
             f"trainer.test_freq={self.steps}",
             f"trainer.save_freq={self.steps}",

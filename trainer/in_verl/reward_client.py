@@ -16,6 +16,14 @@ Failure policy (applied by :class:`RewardBatcher` and :func:`score_dict`, stated
   naming both versions, never masked.
 - After the last attempt the error RAISES (:class:`RewardServiceError`). A made-up score would be
   silently trained on, so there is none.
+- Every reward an answer carries is checked (:class:`RewardRanges`): a finite number inside the range its kind
+  declares, ``[min_reward, max_reward]`` of the request's config (the defaults −1..1, or the phase's
+  ``schema_config`` / ``table_config`` / ``pipeline_config`` overrides; the pipeline's ``schema_reward`` and
+  ``table_reward`` parts within their own parts' bounds). A reward that is not (``NaN``, ``inf``, ``1e9``, ``-5``)
+  is a broken service, never the policy's score: in ``mask`` mode the sample is masked with cause
+  ``reward_not_finite`` or ``reward_out_of_range``; in ``penalize`` mode it raises
+  :class:`ImpossibleRewardError` (VERL counts the prompt group failed, the failure log names it). Either way a
+  warning names the value, the range and the endpoint.
 - An answer that is an infrastructure or configuration failure, never the policy's mistake (the executor
   failed after the service's retries, ``executor_failed``; it stopped at its token limit,
   ``executor_truncated``; the document plus the schema do not fit its context, ``prompt_too_long``) is
@@ -36,10 +44,12 @@ Failure policy (applied by :class:`RewardBatcher` and :func:`score_dict`, stated
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import itertools
 import json
 import logging
+import math
 import os
 import time
 import weakref
@@ -47,12 +57,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
 
 from shared import EXECUTOR_TRUNCATED, PROMPT_TOO_LONG, PROMPT_VERSION
+from shared.rewards import PipelineSchemaRewardConfig, RewardBounds, SchemaRewardConfig, TableRewardConfig
 from shared.wire import PipelineResult, SchemaResult, TableResult
 from trainer.data_source import reward_kind
-from trainer.phases.failure_mask import FAILURE_CAUSES, MASK_KEY, FailureMode
+from trainer.phases.failure_mask import (
+    FAILURE_CAUSES,
+    MASK_KEY,
+    REWARD_NOT_FINITE,
+    REWARD_OUT_OF_RANGE,
+    SERVICE_CAUSES,
+    FailureMode,
+)
 from trainer.reward_client import (
     REQUESTS,
     AsyncRewardClient,
@@ -63,7 +81,12 @@ from trainer.reward_client import (
     build_request,
 )
 
-__all__ = ["PromptVersionMismatch", "RewardRequestError", "RewardServiceError"]  # re-exported: VERL's errors
+__all__ = [  # re-exported: VERL's errors
+    "ImpossibleRewardError",
+    "PromptVersionMismatch",
+    "RewardRequestError",
+    "RewardServiceError",
+]
 
 log = logging.getLogger("trainer.in_verl.reward_client")
 
@@ -91,6 +114,11 @@ for _kind in SCORE_KEYS:  # every data source reports the mask and its causes (t
 
 class RewardTimeoutError(RewardServiceError, TimeoutError):
     """A sample's deadline passed before its batch came back."""
+
+
+class ImpossibleRewardError(RewardServiceError):
+    """The service answered a reward that is not finite or outside its declared range (``penalize`` mode: in
+    ``mask`` mode such a sample is masked instead)."""
 
 
 class RewardClientConfig(BaseModel):
@@ -122,8 +150,18 @@ class RewardClientConfig(BaseModel):
     table_config: dict[str, Any] = Field(default_factory=dict, description="TableRewardConfig overrides.")
     pipeline_config: dict[str, Any] = Field(default_factory=dict, description="PipelineSchemaRewardConfig overrides.")
 
+    _key: str = PrivateAttr("")
+
     def reward_config(self, data_source: str) -> dict[str, Any]:
         return {"schema": self.schema_config, "table": self.table_config, "pipeline": self.pipeline_config}[data_source]
+
+    def key(self) -> str:
+        """What tells two configs apart (computed once per config): its dump, which shows a SecretStr as
+        '**********', and the token's hash, which keeps two tokens apart."""
+        if not self._key:
+            token = hashlib.sha256(self.token.get_secret_value().encode()).hexdigest() if self.token else ""
+            self._key = f"{self.model_dump_json()}|{token}"
+        return self._key
 
 
 def _plain(value: Any) -> Any:
@@ -181,7 +219,70 @@ def client_config_from_kwargs(kwargs: Mapping[str, Any]) -> RewardClientConfig:
         raise ValueError(f"reward_kwargs.{loc}: {err['msg']}") from None
 
 
+def cached_client_config(kwargs: Mapping[str, Any]) -> RewardClientConfig:
+    """:func:`client_config_from_kwargs`, built once per worker process for each distinct ``reward_kwargs`` and
+    environment (VERL calls the reward function once per sample with the same kwargs). The key is the kwargs as
+    plain JSON plus :data:`URL_ENV` and :data:`TOKEN_ENV`, which the config reads; kwargs that are not plain JSON
+    are built every time. A config that is an error is never cached: each call raises it again."""
+    try:
+        key = json.dumps(_plain(dict(kwargs)), sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):
+        return client_config_from_kwargs(kwargs)
+    return _config_of(key, os.environ.get(URL_ENV), os.environ.get(TOKEN_ENV))
+
+
+@functools.lru_cache(maxsize=64)
+def _config_of(kwargs_json: str, _url_env: str | None, _token_env: str | None) -> RewardClientConfig:
+    return client_config_from_kwargs(json.loads(kwargs_json))
+
+
 WireResult = SchemaResult | TableResult | PipelineResult
+
+# The config each endpoint's request carries: every reward it answers is clipped to that config's bounds.
+REWARD_CONFIGS: dict[str, type[RewardBounds]] = {
+    "schema": SchemaRewardConfig,
+    "table": TableRewardConfig,
+    "pipeline": PipelineSchemaRewardConfig,
+}
+
+
+@dataclass(frozen=True)
+class RewardRanges:
+    """The range every reward of one endpoint's answer must be in (``shared.rewards`` clips each to its config's
+    ``[min_reward, max_reward]``): ``reward``, and for the pipeline its ``schema_reward`` and ``table_reward`` parts
+    within their parts' bounds."""
+
+    endpoint: str
+    bounds: tuple[tuple[str, float, float], ...]
+
+    @classmethod
+    def of(cls, endpoint: str, reward_config: Mapping[str, Any]) -> RewardRanges:
+        """The ranges a request with these config overrides declares (the config was validated by the request)."""
+        if endpoint not in REWARD_CONFIGS:
+            raise ValueError(f"data_source must be one of {list(REWARD_CONFIGS)}, got {endpoint!r}")
+        cfg = REWARD_CONFIGS[endpoint].model_validate(dict(reward_config))
+        bounds = [("reward", cfg.min_reward, cfg.max_reward)]
+        if isinstance(cfg, PipelineSchemaRewardConfig):
+            for part, sub in (("schema_reward", cfg.schema_reward), ("table_reward", cfg.table_reward)):
+                bounds.append((part, sub.min_reward, sub.max_reward))
+        return cls(endpoint, tuple(bounds))
+
+    def problem(self, result: Mapping[str, Any]) -> tuple[str, str] | None:
+        """``(cause, what)`` of the first reward of ``result`` that is not finite or out of its range; None if
+        every one is possible."""
+        for key, low, high in self.bounds:
+            value = float(result[key])
+            if not math.isfinite(value):
+                return REWARD_NOT_FINITE, f"{key}={value!r} (declared range [{low:g}, {high:g}])"
+            if not low <= value <= high:
+                return REWARD_OUT_OF_RANGE, f"{key}={value!r} outside its declared range [{low:g}, {high:g}]"
+        return None
+
+
+@functools.cache
+def default_ranges(endpoint: str) -> RewardRanges:
+    """The ranges of a request without config overrides (−1..1)."""
+    return RewardRanges.of(endpoint, {})
 
 
 @dataclass
@@ -217,6 +318,7 @@ class RewardBatcher:
         self.cfg = cfg
         self.url = f"{cfg.url.rstrip('/')}/reward/{endpoint}"
         self.reward_config = dict(reward_config)
+        self.ranges = RewardRanges.of(endpoint, self.reward_config)
         self.stats = BatcherStats()
         self._pending: list[_Pending] = []
         self._timer: asyncio.TimerHandle | None = None
@@ -311,9 +413,7 @@ def get_batcher(
         raise ValueError(f"data_source must be one of {list(SCORE_KEYS)}, got {data_source!r}")
     loop = asyncio.get_running_loop()
     per_loop = _BATCHERS.setdefault(loop, {})
-    # the dump shows a SecretStr as '**********': the token's hash keeps two tokens apart
-    token = hashlib.sha256(cfg.token.get_secret_value().encode()).hexdigest() if cfg.token else ""
-    key = f"{data_source}|{cfg.model_dump_json()}|{token}|{expected_prompt_version}"
+    key = f"{data_source}|{cfg.key()}|{expected_prompt_version}"
     batcher = per_loop.get(key)
     if batcher is None:
         reward_config = cfg.reward_config(data_source)
@@ -358,16 +458,29 @@ def build_item(data_source: str, item_id: str, solution_str: str, ground_truth: 
 
 
 def score_dict(
-    data_source: str, result: WireResult | Mapping[str, Any], failure_mode: FailureMode = "mask"
+    data_source: str,
+    result: WireResult | Mapping[str, Any],
+    failure_mode: FailureMode = "mask",
+    ranges: RewardRanges | None = None,
 ) -> dict[str, float]:
     """Map a wire result (the parsed model, or its JSON object) onto VERL's ``{"score", ...parts}``; the same
     keys for every sample. In ``mask`` mode an executor failure, truncation or prompt_too_long is a masked
-    sample (:func:`masked_score`)."""
+    sample (:func:`masked_score`). Every reward is checked against ``ranges`` (the request's; default: a request
+    without config overrides): one that is not finite or out of range is masked with that cause in ``mask`` mode
+    and raises :class:`ImpossibleRewardError` in ``penalize`` mode."""
     if not isinstance(result, Mapping):
         result = vars(result)  # the model's fields by name: the wire's names, not copied
     error = result.get("error")
-    if failure_mode == "mask" and error in FAILURE_CAUSES:
+    if failure_mode == "mask" and error in SERVICE_CAUSES:
         return masked_score(data_source, str(error))
+    problem = (ranges or default_ranges(data_source)).problem(result)
+    if problem is not None:
+        cause, what = problem
+        message = f"reward/{data_source} answered an impossible reward for item {result.get('id')!r}: {what}"
+        _warn_impossible(cause, message, failure_mode)
+        if failure_mode == "mask":
+            return masked_score(data_source, cause)
+        raise ImpossibleRewardError(f"{message} ({cause})")
     out = dict.fromkeys(SCORE_KEYS[data_source], 0.0)
     out.update(score=float(result["reward"]), valid_json=float(bool(result["valid_json"])))
     if data_source == "schema":
@@ -382,7 +495,7 @@ def score_dict(
             table_score=float(result["table_score"]),
             cell_accuracy=float(result["cell_accuracy"]),
         )
-        if error in FAILURE_CAUSES:
+        if error in SERVICE_CAUSES:
             out[str(error)] = 1.0
         if error == PROMPT_TOO_LONG:
             _warn_prompt_too_long(result)
@@ -405,6 +518,22 @@ def masked_score(data_source: str, cause: str) -> dict[str, float]:
 
 _too_long_seen = itertools.count(1)
 _truncated_seen = itertools.count(1)
+_impossible_seen = itertools.count(1)
+
+
+def _warn_impossible(cause: str, message: str, failure_mode: FailureMode) -> None:
+    """A reward outside its declared range is a broken reward service: say so on the first and every 100th."""
+    n = next(_impossible_seen)
+    if n == 1 or n % 100 == 0:
+        what = "masked" if failure_mode == "mask" else "failed (penalize mode)"
+        log.warning(
+            "%d sample(s) so far with an impossible reward, %s as %s; last: %s. The reward service is broken "
+            "(its version or its config): no such reward is trained on.",
+            n,
+            what,
+            cause,
+            message,
+        )
 
 
 def _warn_truncated() -> None:
@@ -451,5 +580,6 @@ async def score_one(
     gt = decode_ground_truth(ground_truth)
     uid = f"{item_id or 'sample'}#{next(_ids)}"
     item = build_item(kind, uid, solution_str, gt)
-    result = await get_batcher(kind, cfg, expected_prompt_version or PROMPT_VERSION).submit(item)
-    return score_dict(kind, result, cfg.failure_mode)
+    batcher = get_batcher(kind, cfg, expected_prompt_version or PROMPT_VERSION)
+    result = await batcher.submit(item)
+    return score_dict(kind, result, cfg.failure_mode, batcher.ranges)

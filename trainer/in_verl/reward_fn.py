@@ -17,10 +17,11 @@ tagged with the golden source, "table:wikitabletext": see :mod:`trainer.data_sou
 When the call fails, the error is appended to ``reward_kwargs.failure_log`` (if set). In ``mask`` mode
 (``failure_mode``, the phase's ``failures.mode``) a failed call of the reward service
 (:class:`~trainer.in_verl.reward_client.RewardServiceError`: unreachable, 5xx or 429 after the retries, past
-its deadline) becomes a masked sample with cause ``reward_call_failed``; any other error (a request the
-service refused with a 4xx, a bad config or ground truth, a reward API serving other prompts than the
+its deadline) becomes a masked sample with cause ``reward_call_failed``, and an answer whose reward is not finite
+or outside its declared range one with cause ``reward_not_finite`` / ``reward_out_of_range``; any other error (a
+request the service refused with a 4xx, a bad config or ground truth, a reward API serving other prompts than the
 data's ``extra_info.prompt_version``: a bug, never the policy's mistake either) and
-every error in ``penalize`` mode is re-raised.
+every error in ``penalize`` mode (an impossible reward included) is re-raised.
 VERL then marks the prompt group ``failure`` and keeps the exception in the rollout worker's log only;
 the phase's trainer reads the failure log to name the cause when it stops the phase
 (:mod:`trainer.phases.rollout_failures`).
@@ -34,7 +35,7 @@ from trainer.data_source import reward_kind
 from trainer.in_verl.reward_client import (
     RewardRequestError,
     RewardServiceError,
-    client_config_from_kwargs,
+    cached_client_config,
     masked_score,
     score_one,
 )
@@ -59,7 +60,7 @@ async def compute_score(
     item_id = str((extra_info or {}).get("id") or (extra_info or {}).get("index") or "sample")
     cfg = None
     try:
-        cfg = client_config_from_kwargs(kwargs)
+        cfg = cached_client_config(kwargs)  # built once per worker process for the same kwargs
         version = (extra_info or {}).get("prompt_version")  # the prompts the sample's data was built with
         return await score_one(str(data_source), solution_str, ground_truth, cfg, item_id, version or None)
     except Exception as exc:

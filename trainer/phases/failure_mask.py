@@ -5,8 +5,9 @@ Policy, stated once (docs/reliability.md lists the causes with their handling):
 - The reward function marks such a sample (``trainer/in_verl/reward_client.py``): ``score`` 0, ``masked`` = 1
   and one cause = 1, from :data:`FAILURE_CAUSES`: the executor failed after the service's retries
   (``executor_failed``), stopped at its token limit (``executor_truncated``), the document plus the schema do
-  not fit its context (``prompt_too_long``), or the reward service itself failed after the client's retries
-  (``reward_call_failed``).
+  not fit its context (``prompt_too_long``), the reward service itself failed after the client's retries
+  (``reward_call_failed``), or it answered a reward that is not a finite number (``reward_not_finite``) or lies
+  outside the range the request's config declares (``reward_out_of_range``).
 - **Training**: before the advantage, :class:`~trainer.in_verl.phase_trainer.PhaseTrainer` zeroes the
   response and loss masks of the masked samples, and of the other samples of a group left with fewer than
   two valid ones (VERL's own no-op padding is a zero mask too). The advantage estimator ``grpo_masked``
@@ -30,8 +31,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 FailureMode = Literal["mask", "penalize"]
-# The causes of a masked sample, each a reward part key (the first three are the reward service's ``error``).
-FAILURE_CAUSES: tuple[str, ...] = ("executor_failed", "executor_truncated", "prompt_too_long", "reward_call_failed")
+# The causes the reward service names in a result's ``error``.
+SERVICE_CAUSES: tuple[str, ...] = ("executor_failed", "executor_truncated", "prompt_too_long")
+REWARD_NOT_FINITE = "reward_not_finite"  # the service answered NaN or ±inf
+REWARD_OUT_OF_RANGE = "reward_out_of_range"  # the service answered a reward outside its config's [min, max]
+# The causes of a masked sample, each a reward part key: the service's, and those the trainer's client finds.
+FAILURE_CAUSES: tuple[str, ...] = (*SERVICE_CAUSES, "reward_call_failed", REWARD_NOT_FINITE, REWARD_OUT_OF_RANGE)
 MASK_KEY = "masked"
 UNNAMED = "unnamed"  # a sample marked masked without a cause (a reward function of the user's)
 

@@ -23,7 +23,7 @@ import typer
 
 from trainer.phases.registry import PHASES
 from trainer.serving.shutdown import exit_on_sigterm
-from trainer.smoke.grpo import SAMPLE_DIR, Checks, MemorySampler, finish
+from trainer.smoke.grpo import SAMPLE_DIR, SMOKE_FAILURE_MODE, Checks, MemorySampler, finish
 
 PHASE_DIRS = tuple(PHASES)
 RFT_DIRS = ("rft/schema/sft", "rft/table/sft")
@@ -102,7 +102,7 @@ def main(
         eval_max_truncated_share=1.0,  # a few SFT steps on CPU write past max tokens: counted, not failed on
         eval_max_tokens=LOOP_SMOKE_MAX_TOKENS,
         reward_max_tokens=LOOP_SMOKE_MAX_TOKENS,
-        rl_extra=tuple(overrides or ()),
+        rl_extra=(SMOKE_FAILURE_MODE, *(overrides or ())),  # opt-in penalize, named: trainer/smoke/grpo.py says why
         rft=rft,
     )
     error = None

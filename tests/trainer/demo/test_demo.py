@@ -33,10 +33,10 @@ def test_sft_overrides_reach_verl_keys() -> None:
 
 def test_rl_overrides_reach_verl_keys() -> None:
     o = RlSettings(steps=3, prompts=2, samples=4, lr=3e-6, val_samples=5).overrides()
-    assert o == ["trainer.total_training_steps=3", "trainer.test_freq=3", "trainer.save_freq=3",
-                 "trainer.val_before_train=true", "data.train_batch_size=2", "data.val_max_samples=5",
-                 "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.rollout.n=4",
-                 "actor_rollout_ref.actor.optim.lr=3e-06"]
+    assert o == ["trainer.total_training_steps=3", "failures.max_share=0.5", "trainer.test_freq=3",
+                 "trainer.save_freq=3", "trainer.val_before_train=true", "data.train_batch_size=2",
+                 "data.val_max_samples=5", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                 "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.optim.lr=3e-06"]
 
 
 def test_c1_is_trained_again_when_the_pi2_behind_its_reward_changes(tmp_path: Path) -> None:
@@ -68,19 +68,26 @@ def test_the_reward_curve_reads_training_and_validation_rewards(tmp_path: Path) 
         {"step": 0, "data": {"val-core/e2e/reward/mean@1": 0.2, "val-core/wikitabletext/reward/mean@1": 0.4}},
         {"step": 1, "data": {"critic/score/mean": 0.1, "critic/score/min": -1.0, "critic/score/max": 0.9}},
         {"step": 2, "data": {"critic/score/mean": 0.3, "critic/score/min": -0.5, "critic/score/max": 1.0,
-                             "val-core/e2e/reward/mean@1": 0.5, "val-aux/e2e/f1/mean@1": 0.9}},
+                             "val-core/e2e/reward/mean@1": 0.5, "val-aux/e2e/f1/mean@1": 0.9,
+                             "training/masked/samples": 0.0, "training/masked/executor_truncated": 0.0}},
+        {"step": 3, "data": {"critic/score/mean": 0.2, "training/masked/samples": 3.0, "training/masked/share": 0.375,
+                             "training/masked/executor_truncated": 2.0, "training/masked/reward_not_finite": 1.0,
+                             "training/masked/executor_failed": 0.0, "training/masked/dropped_groups": 1.0}},
     ]  # fmt: skip
-    f.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3, "da')  # the last line being written
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "da')  # the last line being written
     curve = reward_curve(f)
     assert curve["train"] == [{"step": 1, "mean": 0.1, "min": -1.0, "max": 0.9},
-                              {"step": 2, "mean": 0.3, "min": -0.5, "max": 1.0}]  # fmt: skip
+                              {"step": 2, "mean": 0.3, "min": -0.5, "max": 1.0, "masked": 0.0},
+                              {"step": 3, "mean": 0.2, "masked": 3.0, "masked/executor_truncated": 2.0,
+                               "masked/reward_not_finite": 1.0}]  # fmt: skip
     assert curve["validation"] == [{"step": 0, "reward": pytest.approx(0.3)}, {"step": 2, "reward": 0.5}]
     png = plot_reward_curve(curve, tmp_path / "curve.png", RlSettings())
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert reward_curve(tmp_path / "missing.jsonl") == {"train": [], "validation": []}
     md = markdown_section(curve, png, "the line").splitlines()
     assert "the line" in md and "![C1's reward per step](curve.png)" in md
-    assert md[-3:] == ["| 0 | – | 0.300 |", "| 1 | 0.100 | – |", "| 2 | 0.300 | 0.500 |"]
+    assert md[-4:] == ["| 0 | – | – | 0.300 |", "| 1 | 0.100 | – | – |", "| 2 | 0.300 | 0 | 0.500 |",
+                      "| 3 | 0.200 | 3 (executor_truncated 2, reward_not_finite 1) | – |"]  # fmt: skip
 
 
 def test_the_honest_line_says_noise_when_the_interval_holds_zero() -> None:

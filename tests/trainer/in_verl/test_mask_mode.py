@@ -20,7 +20,7 @@ import pytest
 from tests.trainer.in_verl.test_verl_sync_trainer import compose_phase, reward_failure
 
 pytestmark = pytest.mark.verl
-# the phase configs' default; the cpu-smoke profile the tests compose with trains on the penalty instead
+# every profile's default (the cpu-smoke profile the tests compose with included), stated
 MASK = ("failures.mode=mask",)
 
 

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
+import math
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from shared import compute_schema_reward_single
+from tests.helpers.faulty_reward_api import FaultInjectingRewardApi
 from tests.trainer.in_verl.faulty_reward_api import Faults, FaultyRewardApi
 from trainer.in_verl import reward_client
 from trainer.in_verl.reward_client import (
@@ -18,7 +23,9 @@ from trainer.in_verl.reward_client import (
     SCORE_KEYS,
     TOKEN_ENV,
     URL_ENV,
+    ImpossibleRewardError,
     RewardClientConfig,
+    RewardRanges,
     RewardRequestError,
     RewardServiceError,
     RewardTimeoutError,
@@ -365,3 +372,152 @@ async def test_a_sample_built_with_other_prompts_raises_in_every_mode(
     logged = [json.loads(x) for x in log.read_text().splitlines()]
     assert [x["id"] for x in logged] == ["b-mask", "b-penalize"]
     assert all("PromptVersionMismatch" in x["error"] for x in logged)
+
+
+# ---- impossible rewards: NaN, inf, out of the declared range -----------------------------------------------
+
+IMPOSSIBLE = {"nan-": math.nan, "inf-": math.inf, "ninf-": -math.inf, "big-": 1e9, "neg-": -5.0}
+CAUSE_OF = {
+    "nan-": "reward_not_finite",
+    "inf-": "reward_not_finite",
+    "ninf-": "reward_not_finite",
+    "big-": "reward_out_of_range",
+    "neg-": "reward_out_of_range",
+}
+
+
+@contextlib.contextmanager
+def injected_reward_api(rewards: dict[str, float]) -> Iterator[tuple[str, FaultInjectingRewardApi]]:
+    """The real reward API app behind a fault injector that answers ``rewards`` for the items with those id
+    prefixes (uvicorn in a thread)."""
+    from services.reward_api.app import create_app
+    from services.reward_api.settings import Settings
+    from tests.helpers.servers import ThreadServer
+
+    injector = FaultInjectingRewardApi(create_app(Settings(log_level="WARNING")), rewards)
+    with ThreadServer(injector) as server:
+        yield server.url, injector
+
+
+def test_the_declared_ranges_are_the_request_configs() -> None:
+    """Each kind's range is its config's [min_reward, max_reward] (overrides included); the pipeline's parts are
+    checked within their own parts' bounds."""
+    assert RewardRanges.of("schema", {}).bounds == (("reward", -1.0, 1.0),)
+    assert RewardRanges.of("table", {"min_reward": 0, "max_reward": 2}).bounds == (("reward", 0.0, 2.0),)
+    pipe = RewardRanges.of("pipeline", {"max_reward": 0.5, "table_reward": {"min_reward": -2}})
+    assert pipe.bounds == (("reward", -1.0, 0.5), ("schema_reward", -1.0, 1.0), ("table_reward", -2.0, 1.0))
+    ok = {"reward": 0.5, "schema_reward": 1.0, "table_reward": -2.0}
+    assert pipe.problem(ok) is None
+    assert pipe.problem({**ok, "reward": 0.75}) == (
+        "reward_out_of_range",
+        "reward=0.75 outside its declared range [-1, 0.5]",
+    )
+    assert pipe.problem({**ok, "table_reward": -math.inf}) == (
+        "reward_not_finite",
+        "table_reward=-inf (declared range [-2, 1])",
+    )
+    assert pipe.problem({**ok, "schema_reward": 1.5})[0] == "reward_out_of_range"  # type: ignore[index]
+    with pytest.raises(ValueError, match="data_source must be one of"):
+        RewardRanges.of("math", {})
+
+
+def test_an_impossible_pipeline_part_is_masked_and_raises_in_penalize_mode(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A NaN part: masked with its cause, and a warning names the value and the range; in penalize mode it raises
+    (no penalty exists for a broken service)."""
+    monkeypatch.setattr(reward_client, "_impossible_seen", itertools.count(1))  # the first one is the one logged
+    answer = {"id": "x#1", "reward": 0.2, "valid_json": True, "schema_reward": 0.4, "table_reward": math.nan,
+              "f1": 0.4, "cell_accuracy": 0.0, "table_score": 0.0, "error": None}  # fmt: skip
+    with caplog.at_level("WARNING", logger="trainer.in_verl.reward_client"):
+        assert score_dict("pipeline", answer) == masked_score("pipeline", "reward_not_finite")
+    assert "impossible reward, masked as reward_not_finite" in caplog.text
+    assert "item 'x#1': table_reward=nan (declared range [-1, 1])" in caplog.text
+    with pytest.raises(ImpossibleRewardError, match=r"reward/pipeline .* item 'x#1': table_reward=nan"):
+        score_dict("pipeline", answer, "penalize")
+    # a failure the service names is masked by its own cause first (its reward is the service's penalty)
+    failed = {**answer, "table_reward": -1.0, "error": "executor_failed"}
+    assert score_dict("pipeline", failed) == masked_score("pipeline", "executor_failed")
+
+
+async def test_impossible_rewards_are_masked_with_their_cause_and_the_good_ones_pass() -> None:
+    """The real reward API behind an injector that answers NaN, inf, -inf, 1e9 and -5 for some items: through the
+    reward function (mask mode, one batched request), each such sample is masked with its cause (score 0, the
+    cause 1); every other sample gets exactly the service's reward."""
+    truth = json.dumps(GOLD)
+    ids = [f"{p}{i}" for p in IMPOSSIBLE for i in range(2)] + [f"ok-{i}" for i in range(len(PREDS))]
+    preds = {i: PREDS[n % len(PREDS)] for n, i in enumerate(ids)}
+    with injected_reward_api(IMPOSSIBLE) as (url, injector):
+        try:
+            scores = await asyncio.gather(
+                *(compute_score("schema", preds[i], truth, {"id": i}, url=url, max_wait_ms=200) for i in ids)
+            )
+        finally:
+            await _close()
+    assert injector.requests == 1 and len(injector.injected) == 2 * len(IMPOSSIBLE)
+    for item_id, s in zip(ids, scores, strict=True):
+        prefix = item_id.split("-")[0] + "-"
+        if prefix in IMPOSSIBLE:
+            assert s == masked_score("schema", CAUSE_OF[prefix]), (item_id, s)
+        else:
+            want = compute_schema_reward_single(preds[item_id], GOLD["schema"])
+            assert s["masked"] == 0.0 and s["score"] == want.reward and s["f1"] == want.f1, (item_id, s)
+
+
+async def test_the_declared_range_follows_the_request_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """With ``schema_config`` min_reward -5 (the phase's override, sent with the request), -5 is a possible reward
+    and is trained on; 1e9 is still out of range. In penalize mode an impossible reward raises (never a penalty)
+    and the failure log names it."""
+    log = tmp_path / "reward_failures.jsonl"
+    truth = json.dumps(GOLD)
+    kw = {"schema_config": {"min_reward": -5.0}, "failure_log": str(log)}
+    with injected_reward_api({"neg-": -5.0, "big-": 1e9}) as (url, _injector):
+        try:
+            neg = await compute_score("schema", PREDS[0], truth, {"id": "neg-1"}, url=url, **kw)
+            big = await compute_score("schema", PREDS[0], truth, {"id": "big-1"}, url=url, **kw)
+            with pytest.raises(ImpossibleRewardError, match=r"reward=1000000000\.0 outside its declared range"):
+                await compute_score("schema", PREDS[0], truth, {"id": "big-2"}, url=url, failure_mode="penalize", **kw)
+        finally:
+            await _close()
+    assert neg["masked"] == 0.0 and neg["score"] == -5.0
+    assert big == masked_score("schema", "reward_out_of_range")
+    logged = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [x["id"] for x in logged] == ["big-2"] and "ImpossibleRewardError" in logged[0]["error"]
+
+
+async def test_the_client_config_is_built_once_for_many_samples(monkeypatch: pytest.MonkeyPatch) -> None:
+    """VERL calls the reward function once per sample with the same reward_kwargs: the config is built (and its
+    batcher key computed) once per worker process; other kwargs or another URL in the environment build another;
+    a bad config is an error on every call, never cached."""
+    built: list[dict[str, Any]] = []
+    real = reward_client.client_config_from_kwargs
+
+    def counting(kwargs: Any) -> RewardClientConfig:
+        built.append(dict(kwargs))
+        return real(kwargs)
+
+    monkeypatch.setattr(reward_client, "client_config_from_kwargs", counting)
+    reward_client._config_of.cache_clear()
+    with FaultyRewardApi() as api:
+        monkeypatch.setenv(URL_ENV, api.url)
+        try:
+            kw = {"max_batch": 8, "schema_config": {"f1_weight": 1.0}}
+            first = await asyncio.gather(
+                *(compute_score("schema", PREDS[i % 4], json.dumps(GOLD), {"id": f"s{i}"}, **kw) for i in range(40))
+            )
+            assert len(built) == 1 and len(batchers_of_running_loop()) == 1
+            await compute_score("schema", PREDS[0], json.dumps(GOLD), {"id": "t"}, **{**kw, "max_batch": 4})
+            assert len(built) == 2 and len(batchers_of_running_loop()) == 2
+            monkeypatch.setenv(URL_ENV, api.url + "/")  # the environment is part of the config
+            await compute_score("schema", PREDS[0], json.dumps(GOLD), {"id": "u"}, **kw)
+            assert len(built) == 3
+            for _ in range(2):
+                with pytest.raises(ValueError, match=r"reward_kwargs\.max_batch"):
+                    await compute_score("schema", PREDS[0], json.dumps(GOLD), {"id": "v"}, max_batch=0)
+            assert len(built) == 5
+        finally:
+            await _close()
+    # the same scores as a config built per sample
+    for i, s in enumerate(first):
+        assert s["score"] == compute_schema_reward_single(PREDS[i % 4], GOLD["schema"]).reward
+    assert api.faults.batch_sizes == [8] * 5 + [1, 1]  # 40 samples in batches of 8, then one request each

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from shared import EXECUTOR_FAILED, EXECUTOR_TRUNCATED, PROMPT_TOO_LONG
-from trainer.phases.failure_mask import FAILURE_CAUSES, cause_of, group_of, plan_training_mask, split_validation
+from trainer.phases.failure_mask import (
+    FAILURE_CAUSES,
+    SERVICE_CAUSES,
+    cause_of,
+    group_of,
+    plan_training_mask,
+    split_validation,
+)
 
 
 def masked(cause: str) -> dict[str, float]:
@@ -15,8 +22,11 @@ def masked(cause: str) -> dict[str, float]:
 OK = {"masked": 0.0, "score": 0.7}
 
 
-def test_the_causes_are_the_reward_services_errors_and_the_failed_call() -> None:
-    assert FAILURE_CAUSES == (EXECUTOR_FAILED, EXECUTOR_TRUNCATED, PROMPT_TOO_LONG, "reward_call_failed")
+def test_the_causes_are_the_reward_services_errors_the_failed_call_and_the_impossible_reward() -> None:
+    assert SERVICE_CAUSES == (EXECUTOR_FAILED, EXECUTOR_TRUNCATED, PROMPT_TOO_LONG)
+    assert FAILURE_CAUSES[len(SERVICE_CAUSES) :] == ("reward_call_failed", "reward_not_finite", "reward_out_of_range")
+    assert FAILURE_CAUSES[: len(SERVICE_CAUSES)] == SERVICE_CAUSES
+    assert cause_of(masked("reward_out_of_range")) == "reward_out_of_range"
     assert cause_of(masked("prompt_too_long")) == "prompt_too_long"
     assert cause_of({"masked": 1}) == "unnamed" and cause_of(OK) is None and cause_of({}) is None
     assert cause_of({"masked": "yes"}) is None  # not a number: not a mask
