@@ -26,15 +26,25 @@ from trainer.data.prompt_fit import PhaseLengths, Stage2Fit
 from trainer.data.sft_mix import SourceMix, SourceMixError
 from trainer.demo.settings import DEMO_MAX_TOKENS, RlSettings, SftSettings
 from trainer.evaluation import report
-from trainer.evaluation.generation import GenerationClient, GenerationConfig, TruncatedAnswersError
+from trainer.evaluation.answer_log import AnswerLog, OutputNotWritable, check_writable, need_bytes
+from trainer.evaluation.generation import (
+    GenerationClient,
+    GenerationConfig,
+    GenerationFailed,
+    RefusedAnswersError,
+    TruncatedAnswersError,
+)
 from trainer.evaluation.inference import infer, schema_predictor
 from trainer.evaluation.phase_d import (
     DEFAULT_DECISION_METRIC,
+    DEFAULT_MAX_REFUSED_SHARE,
     DEFAULT_MAX_TRUNCATED_SHARE,
     EvalOutputs,
     Setting,
+    answer_log_path,
     load_predictions,
     parse_named_path,
+    pipeline_key,
     run_pipeline,
     write_outputs,
 )
@@ -72,7 +82,14 @@ MaxTokens = typer.Option(
     "and the experiments' Phase D.",
 )
 Concurrency = typer.Option(16, help="Concurrent requests to the executor.")
-Timeout = typer.Option(300.0, help="Timeout of one request, seconds.")
+Timeout = typer.Option(300.0, min=0.001, help="Deadline of one request, seconds, its retries included.")
+MaxRefusedShare = typer.Option(
+    DEFAULT_MAX_REFUSED_SHARE,
+    min=0.0,
+    max=1.0,
+    help="Fail when the executor refuses (HTTP 400, e.g. a prompt over its context) more than this share of a "
+    "setting's π1 or π2 prompts.",
+)
 Seed = typer.Option(0, help="Sampling seed (generation is greedy).")
 
 
@@ -313,13 +330,15 @@ def evaluate_pipeline(
         max=1.0,
         help="Fail when more than this share of a setting's π1 schemas or π2 tables stop at --max-tokens.",
     ),
+    max_refused_share: float = MaxRefusedShare,
     concurrency: int = Concurrency,
     timeout: float = Timeout,
     seed: int = Seed,
 ) -> None:
     """Stage 1 then Stage 2 per setting; metrics, report, plots and the loop-2 decision. The servers at the
     URLs were started elsewhere: their serving mode is recorded as unknown, beside the concurrency and max
-    tokens used here."""
+    tokens used here. Each answer is kept as it comes (``predictions_NAME.partial.jsonl``, its key beside it):
+    the same command run again continues from them; other models or generation settings start over."""
     try:
         settings = [Setting.parse(s) for s in setting]
     except ValueError as exc:
@@ -329,15 +348,36 @@ def evaluate_pipeline(
     examples = read_golden(golden, limit)
     if not examples:
         raise _bad("--golden", f"{golden}: no examples to evaluate (an empty split)")
+    try:  # before any request: a folder that cannot take the outputs is found now, not after the generation
+        check_writable(out, need_bytes(len(examples), len(settings), max_tokens))
+    except OutputNotWritable as exc:
+        raise _bad("--out", str(exc)) from None
     gen = _gen(max_tokens, concurrency, timeout, seed)
-    preds = {s.name: run_pipeline(s, examples, gen) for s in settings}
+    preds = {}
+    for s in settings:
+        log = AnswerLog.open(answer_log_path(out, s.name), pipeline_key(s, gen))
+        if log.changed:
+            console.print(f"setting {s.name!r}: the answers in {log.path} were generated otherwise, starting over: "
+                          + "; ".join(log.changed), soft_wrap=True)  # fmt: skip
+        elif len(log):
+            console.print(f"setting {s.name!r}: {len(log)} answers kept from an earlier run ({log.path})")
+        try:
+            preds[s.name] = run_pipeline(s, examples, gen, log)
+        except (GenerationFailed, OutputNotWritable) as exc:
+            console.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
+            console.print(f"{len(log)} answers of setting {s.name!r} are kept in {log.path}: the same command "
+                          "continues from them", soft_wrap=True, highlight=False)  # fmt: skip
+            raise typer.Exit(1) from None
     try:
         res = write_outputs(
             out, examples, preds, f"Pipeline evaluation: {golden.name}", decision_metric, min_gain,
             max_tokens=max_tokens, max_truncated_share=max_truncated_share, concurrency=concurrency,
+            max_refused_share=max_refused_share,
         )  # fmt: skip
     except TruncatedAnswersError as exc:
         raise _bad("--max-tokens", f"{exc} (the report is in {out})") from None
+    except RefusedAnswersError as exc:
+        raise _bad("--max-refused-share", f"{exc} (the report is in {out})") from None
     print_summary(res)
 
 
@@ -351,6 +391,7 @@ def evaluate_score(
     max_truncated_share: float = typer.Option(
         DEFAULT_MAX_TRUNCATED_SHARE, min=0.0, max=1.0, help="Fail past this share of answers cut at the token limit."
     ),
+    max_refused_share: float = MaxRefusedShare,
 ) -> None:
     """Score existing prediction files offline (no model) with the same metrics and report. Records of
     ``trainer infer`` and of ``evaluate pipeline`` say which answers stopped at the token limit."""
@@ -359,9 +400,9 @@ def evaluate_score(
         preds = {name: load_predictions(path) for name, path in named}
         res = write_outputs(
             out, read_golden(golden), preds, f"Offline scoring: {golden.name}", decision_metric, min_gain, False,
-            max_truncated_share=max_truncated_share,
+            max_truncated_share=max_truncated_share, max_refused_share=max_refused_share,
         )  # fmt: skip
-    except TruncatedAnswersError as exc:
+    except (TruncatedAnswersError, RefusedAnswersError) as exc:
         raise _bad("--predictions", f"{exc} (the report is in {out})") from None
     except (ValueError, FileNotFoundError) as exc:
         raise _bad("--predictions", str(exc)) from None

@@ -41,6 +41,7 @@ def test_every_config_field_is_an_option_with_help() -> None:
         "executor_cuda_graphs",
     }  # fmt: skip
     added = {"decision_metric", "reward_max_tokens", "eval_max_tokens", "eval_max_truncated_share", "rl_sources",
+             "eval_max_refused_share",
              "eval_base", "sft_mix", "rl_mix_share", "rl_seed", "rl_extra", "eval_concurrency",
              "eval_timeout_s", "strict_splits"}  # fmt: skip
     assert before | added == set(options)
@@ -78,7 +79,7 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         "b=2", "--reward-url", "http://r", "--c1-reward-url", "http://c1", "--pi1-pipe-url", "http://p",
         "--limit", "5", "--eval-limit", "3", "--loops", "2", "--min-gain", "0.5", "--decision-metric",
         "cell_accuracy", "--reward-max-tokens", "384", "--eval-max-tokens", "128", "--eval-max-truncated-share",
-        "0.5", "--no-eval-base", "--rft",
+        "0.5", "--eval-max-refused-share", "0.25", "--no-eval-base", "--rft",
         "--rft-k", "2", "--rft-threshold", "0.25", "--until", "c1", "--reward-workers", "2", "--preflight-min", "0.3",
         "--c2-train-prompts", "7", "--rl-sources", "wikitabletext", "--rl-mix-share", "0.25", "--sft-mix", "e2e=2",
         "--executor-cuda-graphs", "--rl-seed", "3", "--rl-extra", "w=0", "--eval-concurrency", "8",
@@ -91,7 +92,7 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         sft_overrides=("a=1", "b=2"), reward_url="http://r", c1_reward_url="http://c1", pi1_pipe_url="http://p",
         limit=5, eval_limit=3, loops=2, min_gain=0.5, decision_metric="cell_accuracy", rl_extra=("w=0", "x=1", "y=2"),
         reward_max_tokens=384, eval_max_tokens=128, eval_max_truncated_share=0.5, eval_base=False, rft=True,
-        rft_k=2, rft_threshold=0.25, gpus=(),
+        eval_max_refused_share=0.25, rft_k=2, rft_threshold=0.25, gpus=(),
         until="c1", reward_workers=2, preflight_min=0.3, executor_eager=False, c2_train_prompts=7,
         rl_sources=("wikitabletext",), rl_mix_share=0.25, sft_mix="e2e=2", rl_seed=3, eval_concurrency=8,
         eval_timeout_s=60.0, strict_splits=True,

@@ -4,8 +4,12 @@ Why not reward_api's client (``services/reward_api/executor_client.py``): a batc
 list (greedy eval, ``n`` samples for RFT, progress callbacks) needs none of a long-running service's
 single-flight, LRU cache, replica routing and cool-down, and must not depend on its settings.
 
-Calls run concurrently under a semaphore; each has a timeout; connection errors, 5xx and 429 are
-retried (generation with temperature 0 and a seed is repeatable). A request that still fails raises.
+Calls run concurrently under a semaphore. Each call has one deadline, ``timeout_s`` from the moment it holds its
+slot, its retries included: connection errors, 5xx and 429 are retried within it (generation with temperature 0
+and a seed is repeatable), a timeout is not (a hung executor costs one ``timeout_s``, not one per attempt). A call
+that still fails raises; a run with ``keep_refused`` keeps the executor's HTTP 400 (e.g. a prompt longer than its
+context) as that prompt's answer instead (:func:`refusal`), and each answer can be handed over as it arrives
+(``on_answer``), so a run that fails later keeps it.
 
 The transport is aiohttp, one session per run whose pool holds a connection per call the semaphore lets
 run, none closed between calls. Not httpx: its pool rescans every connection on every request start and
@@ -24,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_before_delay, wait_exponential
 from tqdm import tqdm
 
 from services.env_proxy import env_proxy
@@ -38,7 +42,7 @@ class ExecutorHTTPError(RuntimeError):
 
     def __init__(self, url: str, status: int, body: str) -> None:
         super().__init__(f"{url} answered HTTP {status}: {body[:300]}")
-        self.status = status
+        self.status, self.body = status, body[:300]
 
 
 class GenerationFailed(RuntimeError):
@@ -51,6 +55,8 @@ class GenerationFailed(RuntimeError):
 
 
 def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, TimeoutError):  # the call's deadline is spent (aiohttp's ServerTimeoutError included)
+        return False
     if isinstance(exc, ExecutorHTTPError):
         return exc.status == 429 or exc.status >= 500
     return isinstance(exc, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError))
@@ -70,19 +76,26 @@ class GenerationConfig:
     temperature: float = 0.0
     seed: int = 0
     concurrency: int = 16
-    timeout_s: float = 300.0
+    timeout_s: float = 300.0  # one call's deadline, its retries included
     max_attempts: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_s", "concurrency", "max_attempts", "max_tokens"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"GenerationConfig.{name}: must be > 0, got {getattr(self, name)!r}")
 
 
 class Completion(str):
-    """One answer's text, with the executor's ``finish_reason`` ("length": cut at ``max_tokens``). A ``str``
-    everywhere a text is expected; :func:`truncated` reads the reason where it matters."""
+    """One answer's text, with the executor's ``finish_reason`` ("length": cut at ``max_tokens``), or, for a prompt
+    the executor refused (HTTP 400), the empty text and ``refused``: why. A ``str`` everywhere a text is expected;
+    :func:`truncated` and :func:`refusal` read them where it matters."""
 
     finish_reason: str | None
+    refused: str | None
 
-    def __new__(cls, text: str, finish_reason: str | None = None) -> Completion:
+    def __new__(cls, text: str, finish_reason: str | None = None, refused: str | None = None) -> Completion:
         out = super().__new__(cls, text)
-        out.finish_reason = finish_reason
+        out.finish_reason, out.refused = finish_reason, refused
         return out
 
 
@@ -91,8 +104,35 @@ def truncated(text: object) -> bool:
     return getattr(text, "finish_reason", None) == "length"
 
 
+def refusal(text: object) -> str | None:
+    """Why the executor refused the prompt of this answer (its HTTP 400), or None: it answered."""
+    return getattr(text, "refused", None)
+
+
+# the executor's answer to a request it cannot serve (vLLM: a prompt over its context, a bad parameter): that
+# prompt's outcome, where the run keeps refusals; any other 4xx (401, 404: an unknown model) concerns every prompt
+REFUSED_STATUS = 400
+
+
 class TruncatedAnswersError(RuntimeError):
     """More answers than allowed stopped at the token limit: the scores would count cut answers as wrong."""
+
+
+class RefusedAnswersError(RuntimeError):
+    """More prompts than allowed were refused by the executor (HTTP 400): the scores would count them as wrong."""
+
+
+def check_refused(what: str, refused: int, total: int, ids: Sequence[str], max_share: float) -> None:
+    """Raise :class:`RefusedAnswersError`, naming the first documents (``ids``), when more than ``max_share`` of
+    ``total`` prompts were refused."""
+    share = refused / total if total else 0.0
+    if refused and share > max_share:
+        named = ", ".join(ids[:5]) + (f" and {refused - len(ids[:5])} more" if refused > len(ids[:5]) else "")
+        raise RefusedAnswersError(
+            f"{what}: the executor refused {refused} of {total} prompts (HTTP 400, e.g. longer than its context; "
+            f"share {share:.1%} > {max_share:.1%}): {named}; a refused document is scored as wrong. Serve the model "
+            "with a longer context, or allow the share (--max-refused-share)"
+        )
 
 
 def check_truncated(what: str, cut: int, total: int, max_tokens: int | None, max_share: float) -> None:
@@ -107,13 +147,27 @@ def check_truncated(what: str, cut: int, total: int, max_tokens: int | None, max
 
 
 class GenerationClient:
-    """``POST /v1/chat/completions`` for many message lists, concurrently, results in input order."""
+    """``POST /v1/chat/completions`` for many message lists, concurrently, results in input order.
 
-    def __init__(self, url: str, model: str, gen: GenerationConfig | None = None) -> None:
+    ``keep_refused``: a prompt the executor refuses (HTTP 400) is answered by an empty :class:`Completion` that
+    says why (:func:`refusal`) instead of failing the run. ``on_answer(i, answer)``: called with each answer of
+    :meth:`generate` as it arrives (``i``: its place in the prompts), so a run that fails later has kept it."""
+
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        gen: GenerationConfig | None = None,
+        *,
+        keep_refused: bool = False,
+        on_answer: Callable[[int, Completion], None] | None = None,
+    ) -> None:
         self.url = f"{base_url(url)}/v1/chat/completions"
         self.model = model
         self.gen = gen or GenerationConfig()
         self.proxy = env_proxy(self.url)  # HTTP(S)_PROXY unless NO_PROXY covers the host, read once
+        self.keep_refused = keep_refused
+        self.on_answer = on_answer
 
     def _http(self) -> aiohttp.ClientSession:
         """One pool for a run: a connection per call the semaphore lets run, none closed between calls.
@@ -133,9 +187,9 @@ class GenerationClient:
         }
         if n != 1:
             body["n"] = n
-        async with sem:
+        async with sem, asyncio.timeout(self.gen.timeout_s):  # one deadline for the call, its retries included
             async for attempt in AsyncRetrying(
-                stop=stop_after_attempt(self.gen.max_attempts),
+                stop=stop_after_attempt(self.gen.max_attempts) | stop_before_delay(self.gen.timeout_s),
                 wait=wait_exponential(multiplier=0.5, max=10),
                 retry=retry_if_exception(_retryable),
                 reraise=True,
@@ -155,26 +209,39 @@ class GenerationClient:
         self, prompts: Sequence[Sequence[Message]], on_done: Callable[[], None] | None = None
     ) -> list[str]:
         """Completions for ``prompts`` in order (each a :class:`Completion`, with its ``finish_reason``);
-        ``on_done`` is called after each (progress bars)."""
+        ``on_done`` is called after each (progress bars). The first call that fails stops the others and raises
+        :class:`GenerationFailed`; the answers that came before it went to ``on_answer``."""
         sem = asyncio.Semaphore(self.gen.concurrency)
+        out: list[str] = [""] * len(prompts)
         async with self._http() as client:
 
-            async def run(i: int, msgs: Sequence[Message]) -> str:
+            async def run(i: int, msgs: Sequence[Message]) -> None:
                 try:
-                    out = (await self._choices(client, sem, msgs, 1, self.gen.seed))[0]
+                    answer = (await self._choices(client, sem, msgs, 1, self.gen.seed))[0]
+                except ExecutorHTTPError as exc:
+                    if not (self.keep_refused and exc.status == REFUSED_STATUS):
+                        raise GenerationFailed(f"{self.model} at {self.url}, prompt {i}", i, self._why(exc)) from exc
+                    answer = Completion("", refused=f"HTTP {exc.status}: {exc.body}")
                 except Exception as exc:
                     raise GenerationFailed(f"{self.model} at {self.url}, prompt {i}", i, self._why(exc)) from exc
+                out[i] = answer
+                if self.on_answer:
+                    self.on_answer(i, answer)
                 if on_done:
                     on_done()
-                return out
 
-            return list(await asyncio.gather(*(run(i, p) for i, p in enumerate(prompts))))
+            try:
+                async with asyncio.TaskGroup() as group:
+                    for i, p in enumerate(prompts):
+                        group.create_task(run(i, p))
+            except BaseExceptionGroup as failed:  # the first failure, with its cause; the others were cancelled
+                raise failed.exceptions[0] from failed.exceptions[0].__cause__
+        return out
 
     def _why(self, exc: BaseException) -> str:
-        tries = f"{self.gen.max_attempts} attempt(s)"
         if isinstance(exc, TimeoutError):
-            return f"no answer within {self.gen.timeout_s} s ({tries})"
-        return f"{type(exc).__name__}: {exc} ({tries} at most)"
+            return f"no answer within {self.gen.timeout_s} s (the call's deadline, its retries included)"
+        return f"{type(exc).__name__}: {exc} ({self.gen.max_attempts} attempt(s) at most)"
 
     async def sample(
         self, prompts: Sequence[Sequence[Message]], n: int, on_done: Callable[[], None] | None = None

@@ -59,10 +59,10 @@ def infer(
 
 
 def write_jsonl(path: Path, records: Sequence[dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as fh:
-        for r in records:
-            fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+    """``records``, one JSON line each, written whole or not at all (never a truncated file)."""
+    from trainer.evaluation.answer_log import write_atomic
+
+    write_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

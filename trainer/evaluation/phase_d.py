@@ -6,6 +6,11 @@ Invalid outputs count as zero in every quality metric (and lower the valid rates
 cannot gain by emitting nothing. Each setting's serving mode (the executors' build, eager, prefix caching,
 batch-invariant mode; the client's concurrency and max tokens) is recorded beside its scores: what a rerun
 must match to give the same answers (docs/reliability.md#evaluations-that-repeat).
+
+Answers cut at the token limit and prompts the executor refused (HTTP 400) are counted per setting and stage,
+named, and limited to a share of the answers: the outputs are written, then the evaluation fails past it. Final
+files are written whole (a temporary file renamed over them); the answers themselves are kept as they come in each
+setting's answer log (:mod:`trainer.evaluation.answer_log`), which a rerun under the same key continues from.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from shared import (
     compute_table_reward_single,
 )
 from shared.golden import source_of
-from trainer.evaluation.generation import GenerationConfig, check_truncated
+from trainer.evaluation.answer_log import AnswerLog, write_atomic
+from trainer.evaluation.generation import GenerationConfig, check_refused, check_truncated
 from trainer.evaluation.inference import read_jsonl, write_jsonl
 from trainer.evaluation.report import SCHEMA_METRICS, TABLE_METRICS, aligned_key, markdown_report, plot_metrics
 from trainer.evaluation.significance import intervals, paired_tests
@@ -40,6 +46,8 @@ DEFAULT_DECISION_METRIC = "aligned_cell_f1"
 DEFAULT_PAIRED_METRIC = "aligned_cell_f1"
 # Past this share of a stage's answers cut at max_tokens, an evaluation fails (the scores would count them wrong).
 DEFAULT_MAX_TRUNCATED_SHARE = 0.02
+# Past this share of a stage's prompts refused by the executor (HTTP 400), likewise.
+DEFAULT_MAX_REFUSED_SHARE = 0.02
 
 
 @dataclass(frozen=True)
@@ -86,9 +94,10 @@ def score_example(ex: GoldenExample, pred: Mapping[str, Any]) -> dict[str, Any]:
         row.update(
             schema_valid=float(s.valid_json), schema_precision=s.precision, schema_recall=s.recall, schema_f1=s.f1
         )
-    for stage in ("schema", "table"):  # cut at the token limit (records of a run that read finish_reason)
-        if pred.get(f"{stage}_truncated") is not None:
-            row[f"{stage}_truncated"] = bool(pred[f"{stage}_truncated"])
+    for stage in ("schema", "table"):  # cut at the token limit, refused (records of a run that read them)
+        for flag in ("truncated", "refused"):
+            if pred.get(f"{stage}_{flag}") is not None:
+                row[f"{stage}_{flag}"] = bool(pred[f"{stage}_{flag}"])
     if "table_prediction" in pred:
         text = pred["table_prediction"]
         t = compute_table_reward_single(text, ex.table_dict()) if text is not None else None
@@ -159,9 +168,35 @@ def normalize_prediction_record(rec: Mapping[str, Any]) -> dict[str, Any]:
 # ---- running ----------------------------------------------------------------------------------
 
 
-def run_pipeline(setting: Setting, examples: Sequence[GoldenExample], gen: GenerationConfig) -> list[dict[str, Any]]:
-    """Stage 1 with π1, then Stage 2 with π2 on each *predicted* schema, both at the setting's URLs."""
-    return run_two_stage(setting.name, setting.schema_model, setting.table_model, examples, setting.endpoint, gen)
+def run_pipeline(
+    setting: Setting, examples: Sequence[GoldenExample], gen: GenerationConfig, log: AnswerLog | None = None
+) -> list[dict[str, Any]]:
+    """Stage 1 with π1, then Stage 2 with π2 on each *predicted* schema, both at the setting's URLs; ``log``: the
+    setting's answers kept so far (only the others are asked), and where each new one is kept."""
+    return run_two_stage(
+        setting.name, setting.schema_model, setting.table_model, examples, setting.endpoint, gen, log=log
+    )
+
+
+def answer_log_path(out: Path, name: str) -> Path:
+    """Where ``evaluate pipeline`` keeps setting ``name``'s answers as they come (its key beside it)."""
+    return out / f"predictions_{name}.partial.jsonl"
+
+
+def pipeline_key(setting: Setting, gen: GenerationConfig, serving: ServingMode | None = None) -> dict[str, Any]:
+    """What a setting's answers depend on besides their prompts: the setting, its models (name and URL), the
+    generation settings (max tokens, temperature, seed, concurrency, timeout, attempts), the prompts' version and
+    how the executors serve (unknown for servers started elsewhere)."""
+    import dataclasses
+
+    return {
+        "setting": setting.name,
+        "schema_model": {"model": setting.schema_model, "url": setting.schema_url},
+        "table_model": {"model": setting.table_model, "url": setting.table_url},
+        "generation": dataclasses.asdict(gen),
+        "prompt_version": PROMPT_VERSION,
+        "serving": (serving or ServingMode()).as_dict(),
+    }
 
 
 # ---- decision and report ----------------------------------------------------------------------
@@ -226,15 +261,25 @@ def comparison_pairs(names: Sequence[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def truncation(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per stage: answers cut at the token limit, of the answers whose finish reason is known, and their ids."""
+def _flagged(rows: Sequence[Mapping[str, Any]], flag: str, count: str) -> dict[str, dict[str, Any]]:
+    """Per stage: the answers with ``flag``, of those where it is known, as ``count``, their share and ids."""
     out: dict[str, dict[str, Any]] = {}
     for stage in ("schema", "table"):
-        known = [r for r in rows if f"{stage}_truncated" in r]
+        known = [r for r in rows if f"{stage}_{flag}" in r]
         if known:
-            cut = [str(r["id"]) for r in known if r[f"{stage}_truncated"]]
-            out[stage] = {"cut": len(cut), "answers": len(known), "share": len(cut) / len(known), "ids": cut[:20]}
+            hit = [str(r["id"]) for r in known if r[f"{stage}_{flag}"]]
+            out[stage] = {count: len(hit), "answers": len(known), "share": len(hit) / len(known), "ids": hit[:20]}
     return out
+
+
+def truncation(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per stage: answers cut at the token limit, of the answers whose finish reason is known, and their ids."""
+    return _flagged(rows, "truncated", "cut")
+
+
+def refusals(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per stage: prompts the executor refused (HTTP 400), of the prompts of a run that recorded it, and their ids."""
+    return _flagged(rows, "refused", "refused")
 
 
 def serving_record(
@@ -270,6 +315,7 @@ def write_outputs(
     max_truncated_share: float = DEFAULT_MAX_TRUNCATED_SHARE,
     serving: Mapping[str, ServingMode | None] | None = None,
     concurrency: int | None = None,
+    max_refused_share: float = DEFAULT_MAX_REFUSED_SHARE,
 ) -> EvalOutputs:
     """Score every setting's predictions; write metrics.json, report.md, plots/ (and predictions).
 
@@ -280,6 +326,9 @@ def write_outputs(
     Answers cut at the token limit (``max_tokens``, recorded) are counted per setting and stage
     (``truncated``); past ``max_truncated_share`` of a stage's answers, the outputs are written and then
     :class:`~trainer.evaluation.generation.TruncatedAnswersError` names the setting, the stage and the count.
+    Prompts the executor refused (HTTP 400; scored as wrong) likewise: ``refused``, ``max_refused_share``,
+    :class:`~trainer.evaluation.generation.RefusedAnswersError`, which also names the documents.
+    Every file is written whole or not at all.
 
     ``serving`` (each setting's executors' mode, as far as the caller knows it) and ``concurrency`` are
     recorded per setting (metrics.json ``serving``, one line of report.md), with ``max_tokens``.
@@ -296,6 +345,7 @@ def write_outputs(
         metrics[name] = aggregate(rows)
         metrics[name]["ci95"] = intervals(rows, (*SCHEMA_METRICS, *TABLE_METRICS))
         metrics[name]["truncated"] = truncation(rows)
+        metrics[name]["refused"] = refusals(rows)
         if write_predictions:
             pred_paths[name] = out / f"predictions_{name}.jsonl"
             write_jsonl(pred_paths[name], [{**p, **r} for p, r in zip(preds, rows, strict=True)])
@@ -308,12 +358,14 @@ def write_outputs(
     tests = paired_tests(scored, comparison_pairs(names), paired_metric)
     served = serving_record(names, serving, concurrency, max_tokens)
     metrics_path = out / "metrics.json"
-    metrics_path.write_text(
+    write_atomic(
+        metrics_path,
         json.dumps(
             {
                 "prompt_version": PROMPT_VERSION,
                 "max_tokens": max_tokens,
                 "max_truncated_share": max_truncated_share,
+                "max_refused_share": max_refused_share,
                 "serving": served,
                 "settings": metrics,
                 "loop2": decision,
@@ -321,11 +373,15 @@ def write_outputs(
             },
             indent=2,
         )
-        + "\n"
+        + "\n",
     )
     report = out / "report.md"
-    report.write_text(markdown_report(metrics, decision, title, tests, max_tokens, served))
+    write_atomic(report, markdown_report(metrics, decision, title, tests, max_tokens, served))
     plots = plot_metrics(metrics, out / "plots")
+    for name in metrics:
+        for stage, r in metrics[name]["refused"].items():
+            what = f"{title}: setting {name!r}, {'π1 schemas' if stage == 'schema' else 'π2 tables'}"
+            check_refused(what, r["refused"], r["answers"], r["ids"], max_refused_share)
     for name in metrics:
         for stage, t in metrics[name]["truncated"].items():
             what = f"{title}: setting {name!r}, {'π1 schemas' if stage == 'schema' else 'π2 tables'}"

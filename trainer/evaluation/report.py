@@ -47,6 +47,7 @@ def markdown_report(
     if serving:
         lines += [serving_line(serving), ""]
     lines += _truncation_lines(metrics, names)
+    lines += _refusal_lines(metrics, names)
     if all("macro" in metrics[n] for n in names):
         n_src = max(int(metrics[n]["macro"].get("n", 0)) for n in names)
         lines += [f"## Macro mean over {n_src} sources (the headline: every source weighs the same)", ""]
@@ -107,6 +108,20 @@ def _truncation_lines(metrics: Mapping[str, Mapping[str, Any]], names: Sequence[
         return []
     lines = ["## Answers cut at the token limit", "", "| setting | stage | cut | of | share |", "|---|---|---|---|---|"]
     lines += [f"| {n} | {stage} | {t['cut']} | {t['answers']} | {t['share']:.1%} |" for n, stage, t in rows]
+    return [*lines, ""]
+
+
+def _refusal_lines(metrics: Mapping[str, Mapping[str, Any]], names: Sequence[str]) -> list[str]:
+    """Prompts the executor refused (HTTP 400), per setting and stage, with the first documents' ids."""
+    rows = [(n, stage, r) for n in names for stage, r in (metrics[n].get("refused") or {}).items() if r["refused"]]
+    if not rows:
+        return []
+    lines = ["## Prompts the executor refused (scored as wrong)", "",
+             "| setting | stage | refused | of | share | documents |", "|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        f"| {n} | {stage} | {r['refused']} | {r['answers']} | {r['share']:.1%} | {', '.join(r['ids'])} |"
+        for n, stage, r in rows
+    ]
     return [*lines, ""]
 
 

@@ -5,7 +5,8 @@ finished Stage 1 when it runs again.
 The key (:func:`stage1_key`) is what the schemas depend on: the model's content, the test file's content and how
 many of its documents, the generation settings, the Stage-1 prompt's version and how the executor served. A file
 written for another key is not used, and is replaced.
-Each schema is kept with its finish reason, so answers cut at the token limit are still counted as cut.
+Each schema is kept with its finish reason and, where the executor refused its prompt, why: answers cut at the
+token limit are still counted as cut, refused ones as refused.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from trainer.evaluation.generation import Completion, GenerationConfig
+from trainer.evaluation.generation import Completion, GenerationConfig, refusal
 
 
 def stage1_key(
@@ -47,9 +48,11 @@ def cached_stage1(path: Path, key: Mapping[str, Any], run: Callable[[], list[str
     if path.is_file():
         kept = json.loads(path.read_text())
         if kept.get("key") == want:
-            return [Completion(s["text"], s.get("finish_reason")) for s in kept["schemas"]], True
+            return [Completion(s["text"], s.get("finish_reason"), s.get("refused")) for s in kept["schemas"]], True
     schemas = run()
-    rows = [{"text": str(s), "finish_reason": getattr(s, "finish_reason", None)} for s in schemas]
+    rows = [
+        {"text": str(s), "finish_reason": getattr(s, "finish_reason", None), "refused": refusal(s)} for s in schemas
+    ]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"key": want, "schemas": rows}, ensure_ascii=False) + "\n")

@@ -14,14 +14,20 @@ a context manager that yields an :class:`~trainer.serving.endpoint.Endpoint` whi
 (an external URL, an executor started for that stage, or one the caller keeps up across both stages).
 π1's is closed before π2's is opened, so one server at a time is enough, and π2 is not served at all
 when no schema was valid.
+
+A prompt the executor refuses (HTTP 400: longer than its context, say) is that document's outcome, not the run's:
+its answer is empty (the document scores as wrong), and its record says so (``schema_refused``/``table_refused``
+and why), for Phase D to count and limit. With an :class:`~trainer.evaluation.answer_log.AnswerLog`, each answer
+is kept as it arrives and the answers it holds for the same prompts are not asked again: a run stopped by a dead
+executor continues where it stopped, and a model whose answers are all kept is not served.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from shared import PROMPT_VERSION, GoldenExample, build_stage1_messages, stage2_handoff, stage2_template
 from shared.prompts import PromptTemplate
@@ -32,9 +38,13 @@ from trainer.evaluation.generation import (
     Message,
     generate_with_progress,
     messages_hash,
+    refusal,
     truncated,
 )
 from trainer.serving.endpoint import Endpoint
+
+if TYPE_CHECKING:
+    from trainer.evaluation.answer_log import AnswerLog
 
 PromptStage = Literal["stage1", "stage2"]
 
@@ -62,6 +72,46 @@ def stage2_on_prediction(
     return stage2_handoff(text, predicted_schema, template or stage2_template()).messages
 
 
+def answer_stage(
+    stage: PromptStage,
+    where: str,
+    model: str,
+    examples: Sequence[GoldenExample],
+    prompts: Mapping[int, Sequence[Message]],
+    serve: ServeModel,
+    gen: GenerationConfig,
+    generate: Generate,
+    desc: str,
+    log: AnswerLog | None = None,
+) -> dict[int, str]:
+    """One stage's answers, by example index, to ``prompts`` (example index → messages): those ``log`` holds for
+    the same prompt, then the others from ``model`` (served only if some are left), each kept in ``log`` as it
+    arrives; a refused prompt's answer is empty and says why. A call that fails raises
+    :class:`GenerationFailed` naming ``where``, the document and why."""
+    hashes = {i: messages_hash(p) for i, p in prompts.items()}
+    answers: dict[int, str] = {}
+    for i in prompts:
+        if log is not None and (kept := log.get(stage, examples[i].id, hashes[i])) is not None:
+            answers[i] = kept
+    todo = [i for i in sorted(prompts) if i not in answers]
+    if not todo:
+        return answers
+
+    def keep(j: int, answer: str) -> None:
+        if log is not None:
+            log.add(stage, examples[todo[j]].id, hashes[todo[j]], answer)
+
+    with serve(model, stage) as ep:
+        client = GenerationClient(ep.url, ep.served_name, gen, keep_refused=True, on_answer=keep)
+        try:
+            outs = asyncio.run(generate(client, [prompts[i] for i in todo], desc))
+        except GenerationFailed as exc:
+            i = todo[exc.index]
+            raise GenerationFailed(f"{where}, document {examples[i].id} ({exc.where})", i, exc.why) from exc
+    answers.update(zip(todo, outs, strict=True))
+    return answers
+
+
 def stage1_schemas(
     label: str,
     pi1: str,
@@ -69,15 +119,15 @@ def stage1_schemas(
     serve: ServeModel,
     gen: GenerationConfig,
     generate: Generate = generate_with_progress,
+    *,
+    log: AnswerLog | None = None,
 ) -> list[str]:
-    """Stage 1 alone: π1's schemas, one per example in order (``label`` names the progress bar)."""
-    s1 = [build_stage1_messages(ex.text) for ex in examples]
-    with serve(pi1, "stage1") as ep:
-        try:
-            return asyncio.run(generate(GenerationClient(ep.url, ep.served_name, gen), s1, f"{label} π1 schemas"))
-        except GenerationFailed as exc:
-            where = f"setting {label!r}, Stage 1 (π1 {pi1}), document {examples[exc.index].id} ({exc.where})"
-            raise GenerationFailed(where, exc.index, exc.why) from exc
+    """Stage 1 alone: π1's schemas, one per example in order (``label`` names the progress bar); ``log``: the
+    answers kept so far, and where each new one is kept."""
+    s1 = {i: build_stage1_messages(ex.text) for i, ex in enumerate(examples)}
+    where = f"setting {label!r}, Stage 1 (π1 {pi1})"
+    out = answer_stage("stage1", where, pi1, examples, s1, serve, gen, generate, f"{label} π1 schemas", log)
+    return [out[i] for i in range(len(examples))]
 
 
 def run_two_stage(
@@ -90,36 +140,29 @@ def run_two_stage(
     generate: Generate = generate_with_progress,
     *,
     schemas: Sequence[str] | None = None,
+    log: AnswerLog | None = None,
 ) -> list[dict[str, Any]]:
     """One Phase-D setting: π1's schemas, then π2's tables on the valid ones; one record per example
     (``schema_prediction``, ``table_prediction`` or None, whether each stopped at the token limit
-    (``schema_truncated``, ``table_truncated``), the prompts' hashes, the models).
+    (``schema_truncated``, ``table_truncated``), whether the executor refused it and why (``schema_refused``,
+    ``schema_refusal``, ``table_refused``, ``table_refusal``), the prompts' hashes, the models).
 
     ``schemas``: π1's schemas from a Stage 1 already run (:func:`stage1_schemas`, shared by the settings
-    with this π1); then Stage 1 is not run again and π1 is not served."""
+    with this π1); then Stage 1 is not run again and π1 is not served. ``log``: the setting's answers kept so
+    far (only the others are asked), and where each new one is kept."""
     if schemas is not None and len(schemas) != len(examples):
         raise ValueError(f"schemas: {len(schemas)} for {len(examples)} examples")
     s1 = [build_stage1_messages(ex.text) for ex in examples]
     if schemas is None:
-        schemas = stage1_schemas(setting, pi1, examples, serve, gen, generate)
+        schemas = stage1_schemas(setting, pi1, examples, serve, gen, generate, log=log)
     template = stage2_template()
     s2 = {
         i: prompt
         for i, (ex, schema) in enumerate(zip(examples, schemas, strict=True))
         if (prompt := stage2_on_prediction(ex.text, schema, template)) is not None
     }
-    order = sorted(s2)
-    tables: dict[int, str] = {}
-    if order:
-        with serve(pi2, "stage2") as ep:
-            client = GenerationClient(ep.url, ep.served_name, gen)
-            try:
-                outs = asyncio.run(generate(client, [s2[i] for i in order], f"{setting} π2 tables"))
-            except GenerationFailed as exc:
-                doc = examples[order[exc.index]].id
-                where = f"setting {setting!r}, Stage 2 (π2 {pi2}), document {doc} ({exc.where})"
-                raise GenerationFailed(where, order[exc.index], exc.why) from exc
-        tables = dict(zip(order, outs, strict=True))
+    where = f"setting {setting!r}, Stage 2 (π2 {pi2})"
+    tables = answer_stage("stage2", where, pi2, examples, s2, serve, gen, generate, f"{setting} π2 tables", log)
     return [
         {
             "id": ex.id,
@@ -128,6 +171,10 @@ def run_two_stage(
             "table_prediction": tables.get(i),
             "schema_truncated": truncated(schemas[i]),
             "table_truncated": truncated(tables[i]) if i in tables else None,
+            "schema_refused": refusal(schemas[i]) is not None,
+            "schema_refusal": refusal(schemas[i]),
+            "table_refused": refusal(tables[i]) is not None if i in tables else None,
+            "table_refusal": refusal(tables[i]) if i in tables else None,
             "stage1_messages_sha256": messages_hash(s1[i]),
             "stage2_messages_sha256": messages_hash(s2[i]) if i in s2 else None,
             "schema_model": pi1,

@@ -356,7 +356,7 @@ class Experiment:
     def stage_eval(self) -> None:
         """Phase D's settings at once on the kept executors; before it ends (a run cut off keeps them) pi2-ab's π2 on
         gold schemas (the B2 target) and pi1-ab's π1 schemas alone (the B1 target) are written."""
-        from trainer.evaluation.generation import GenerationClient, truncated
+        from trainer.evaluation.generation import GenerationClient, refusal, truncated
         from trainer.evaluation.inference import infer
         from trainer.evaluation.phase_d import load_predictions
         from trainer.evaluation.two_stage import generate_quietly
@@ -370,7 +370,8 @@ class Experiment:
         modes = {name: eps[p1].mode for name, (p1, _p2) in phases.items()}
 
         def stage1_eval(schemas: Mapping[str, Sequence[str]]) -> None:
-            preds = {name: [{"id": ex.id, "schema_prediction": s, "schema_truncated": truncated(s)}
+            preds = {name: [{"id": ex.id, "schema_prediction": s, "schema_truncated": truncated(s),
+                             "schema_refused": refusal(s) is not None}
                             for ex, s in zip(examples, schemas[name], strict=True)] for name in settings}  # fmt: skip
             phase_d.write(ctx, "stage1_eval", wd.stage1_eval, settings, examples, preds, modes,
                           f"π1 schemas alone ({d.name})", write_predictions=False)  # fmt: skip

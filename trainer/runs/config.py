@@ -77,8 +77,11 @@ class RunConfig:
     eval_max_truncated_share: float = option(0.02, "Phase D fails when more than this share of a setting's schemas or "
                                              "tables stop at the max tokens (a cut answer would be scored as wrong).",
                                              min=0.0, max=1.0)  # fmt: skip
+    eval_max_refused_share: float = option(0.02, "Phase D fails when the executor refuses (HTTP 400, e.g. a prompt "
+                                           "over its context) more than this share of a setting's prompts (a "
+                                           "refused document is scored as wrong).", min=0.0, max=1.0)  # fmt: skip
     eval_concurrency: int = option(256, "Concurrent requests per executor.", min=1)
-    eval_timeout_s: float = option(600.0, "Timeout of one request (s).", min=1.0)
+    eval_timeout_s: float = option(600.0, "Deadline of one request (s), its retries included.", min=1.0)
 
     def __post_init__(self) -> None:
         check_share(self.rl_mix_share)

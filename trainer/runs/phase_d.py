@@ -1,6 +1,12 @@
 """One Phase D for every recipe: each π1 writes its schemas once for the settings that share it, kept under
 ``stage1_cache/`` with the key of what produced them (:mod:`trainer.evaluation.stage1_cache`: a Phase D cut short
-does not redo them), then each setting's π2 writes its tables on them; scored, written and recorded."""
+does not redo them), then each setting's π2 writes its tables on them; scored, written and recorded.
+
+Every answer is kept as it arrives, in an answer log under the same key (:mod:`trainer.evaluation.answer_log`):
+π1's beside its schemas (``stage1_cache/answers/<setting>.jsonl``), each setting's tables in
+``phase_d_answers/<setting>.jsonl``; a Phase D stopped by a dead executor asks, when run again, only what it lacks.
+A prompt an executor refuses (HTTP 400) is that document's outcome, counted and limited by
+``--eval-max-refused-share``."""
 
 from __future__ import annotations
 
@@ -26,6 +32,8 @@ if TYPE_CHECKING:
 
 # (the settings that share a π1, that π1) -> where its schemas are kept and the key they are kept under
 Keep = Callable[[Sequence[str], str], tuple[Path, dict[str, Any]]]
+# a setting -> where its Stage-2 answers are kept as they come, and their key
+KeepTables = Callable[[str], tuple[Path, dict[str, Any]]]
 
 
 def by_pi1(settings: Mapping[str, tuple[str, str]]) -> dict[str, list[str]]:
@@ -46,13 +54,17 @@ def score_settings(
     together: bool,
     say: Callable[[str], None] = print,
     on_stage1: Callable[[Mapping[str, Sequence[str]]], None] | None = None,
+    keep_tables: KeepTables | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Every setting's two-stage records (settings → (π1, π2) models; ``serve(setting)`` serves its models).
 
     ``together``: every Stage 1 and Stage 2 at once, one thread each (a setting's Stage 2 waits for its π1's
     schemas in its own thread); else one after another, each π1's Stage 1 and then its settings' Stage 2, so
     that one model is served at a time. ``on_stage1`` gets each setting's schemas as soon as every Stage 1 has
-    ended (a recipe scores them before Stage 2 ends, so a Phase D cut short still has them)."""
+    ended (a recipe scores them before Stage 2 ends, so a Phase D cut short still has them). π1's answers are kept
+    as they come beside its schemas (``answers/<schemas' name>.jsonl``, same key); ``keep_tables``: where each setting's
+    Stage-2 answers are kept (none: not kept)."""
+    from trainer.evaluation.answer_log import AnswerLog
     from trainer.evaluation.stage1_cache import cached_stage1
 
     groups = by_pi1(settings)
@@ -61,19 +73,31 @@ def score_settings(
         names = groups[pi1]
         label = "+".join(names)
         path, key = keep(names, pi1)
-        schemas, kept = cached_stage1(
-            path,
-            key,
-            lambda: two_stage.stage1_schemas(label, pi1, examples, serve(names[0]), gen, two_stage.generate_quietly),
-        )
+
+        def write() -> list[str]:
+            log = opened(path.parent / "answers" / f"{path.stem}.jsonl", key, f"{label}: π1's")
+            return two_stage.stage1_schemas(
+                label, pi1, examples, serve(names[0]), gen, two_stage.generate_quietly, log=log
+            )
+
+        schemas, kept = cached_stage1(path, key, write)
         if kept:
             say(f"[phase D] {label}: π1's schemas from an earlier run of this evaluation ({path})")
         return schemas
 
+    def opened(path: Path, key: Mapping[str, Any], what: str) -> AnswerLog:
+        log = AnswerLog.open(path, key)
+        if log.changed:
+            say(f"[phase D] {what} answers in {path} were generated otherwise, starting over: {'; '.join(log.changed)}")
+        elif len(log):
+            say(f"[phase D] {what} answers: {len(log)} kept from an earlier run ({path})")
+        return log
+
     def stage2(name: str, schemas: list[str]) -> list[dict[str, Any]]:
         pi1, pi2 = settings[name]
+        log = opened(*keep_tables(name), f"{name}: π2's") if keep_tables is not None else None
         return two_stage.run_two_stage(
-            name, pi1, pi2, examples, serve(name), gen, two_stage.generate_quietly, schemas=schemas
+            name, pi1, pi2, examples, serve(name), gen, two_stage.generate_quietly, schemas=schemas, log=log
         )
 
     def each_setting(schemas: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
@@ -153,8 +177,14 @@ def score(
         key = stage1_key(fingerprint(pi1), test_file, ctx.cfg.eval_limit, gen, serving)
         return ctx.root / "stage1_cache" / f"{names[0]}.json", key
 
+    def keep_tables(name: str) -> tuple[Path, dict[str, Any]]:
+        pi1, pi2 = settings[name]
+        key = {"setting": name, "table_model": fingerprint(pi2), **keep([name], pi1)[1]}
+        return ctx.root / "phase_d_answers" / f"{name}.jsonl", key
+
     if waves is None:
-        records = score_settings(settings, examples, gen, serve, keep, together=False, say=ctx.say, on_stage1=on_stage1)
+        records = score_settings(settings, examples, gen, serve, keep, together=False, say=ctx.say,
+                                 on_stage1=on_stage1, keep_tables=keep_tables)  # fmt: skip
         ctx.servers.pool.stop_except([])
         return Scored(records, modes)
     records = {}
@@ -168,7 +198,8 @@ def score(
         eps.update(zip([m for _n, m in wanted], ctx.servers.serve([spec(n, m) for n, m in wanted]), strict=True))
         modes.update({name: eps[pi1].mode for name, (pi1, _pi2) in wave.items()})
         hook = on_stage1 if len(names) <= waves else None  # the schemas of every setting at once: one wave only
-        records.update(score_settings(wave, examples, gen, serve, keep, together=True, say=ctx.say, on_stage1=hook))
+        records.update(score_settings(wave, examples, gen, serve, keep, together=True, say=ctx.say, on_stage1=hook,
+                                      keep_tables=keep_tables))  # fmt: skip
     return Scored(records, modes)
 
 
@@ -184,7 +215,8 @@ def write(
     cfg = ctx.cfg
     res = write_outputs(
         out, examples, predictions, title, max_tokens=cfg.eval_max_tokens, serving=modes,
-        max_truncated_share=cfg.eval_max_truncated_share, concurrency=cfg.eval_concurrency, **decide,
+        max_truncated_share=cfg.eval_max_truncated_share, concurrency=cfg.eval_concurrency,
+        max_refused_share=cfg.eval_max_refused_share, **decide,
     )  # fmt: skip
     ctx.record.phase_d(tag, out, dict(settings), res.decision)
     ctx.record.write_report()

@@ -4,6 +4,7 @@ which failures it retries. ``FaultyExecutor`` slows or fails answers on purpose 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import aiohttp
 import pytest
@@ -67,12 +68,42 @@ def test_a_refused_connection_is_retried_then_raises() -> None:
     assert isinstance(err.value.__cause__, aiohttp.ClientConnectionError)
 
 
-def test_a_hung_executor_times_out_within_the_deadline() -> None:
+def test_a_hung_executor_costs_one_timeout_not_one_per_attempt() -> None:
+    """The call's timeout is one deadline, its retries included: a hung executor is not asked 3 times."""
     with FaultyExecutor("hang", hang_s=30.0) as ex:
-        gen = GenerationConfig(concurrency=1, max_attempts=1, timeout_s=1.0)
-        with pytest.raises(GenerationFailed, match=r"prompt 0: no answer within 1.0 s \(1 attempt\(s\)\)") as err:
+        gen = GenerationConfig(concurrency=1, max_attempts=3, timeout_s=1.0)
+        start = time.monotonic()
+        with pytest.raises(GenerationFailed, match=r"prompt 0: no answer within 1.0 s \(the call's deadline") as err:
             asyncio.run(GenerationClient(ex.url, ex.model, gen).generate([PROMPT]))
+        took = time.monotonic() - start
         assert isinstance(err.value.__cause__, TimeoutError)
+        assert 1.0 <= took < 2.0 and ex.calls == 1, (took, ex.calls)
+
+
+def test_retries_of_a_failing_executor_stop_at_the_deadline() -> None:
+    """5xx answers are retried while the deadline lasts, and the last one is what the error says."""
+    with FaultyExecutor("http_500") as ex:
+        gen = GenerationConfig(concurrency=1, max_attempts=100, timeout_s=1.0)
+        start = time.monotonic()
+        with pytest.raises(GenerationFailed, match=r"HTTP 500"):
+            asyncio.run(GenerationClient(ex.url, ex.model, gen).generate([PROMPT]))
+        assert time.monotonic() - start < 2.0 and 2 <= ex.calls < 100
+
+
+def test_a_refused_prompt_is_its_own_answer_and_the_others_arrive_as_they_come() -> None:
+    """``keep_refused``: the executor's 400 for one prompt is that prompt's empty answer saying why; every answer,
+    that one included, is handed over as it arrives."""
+    from trainer.evaluation.generation import refusal
+
+    long = [{"role": "user", "content": "x" * 500}]
+    with FaultyExecutor("ok", content="fine", too_long_chars=100) as ex:
+        seen: dict[int, str] = {}
+        client = GenerationClient(ex.url, ex.model, GenerationConfig(concurrency=2), keep_refused=True,
+                                  on_answer=seen.__setitem__)  # fmt: skip
+        out = asyncio.run(client.generate([PROMPT, long, PROMPT]))
+        assert out == ["fine", "", "fine"] and seen == dict(enumerate(out)) and ex.calls == 3
+        assert refusal(out[0]) is None and "HTTP 400" in str(refusal(out[1]))
+        assert "maximum context length" in str(refusal(out[1]))
 
 
 def test_the_environment_proxy_is_read_once_per_client(monkeypatch: pytest.MonkeyPatch) -> None:

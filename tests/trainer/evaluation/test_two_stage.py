@@ -166,9 +166,10 @@ def test_evaluate_score_reads_the_cut_answers_of_infer_records(tmp_path: Any) ->
     assert cut["cut"] == 1 and cut["answers"] == 3
 
 
-def test_a_failed_request_names_the_setting_the_stage_and_the_document() -> None:
-    """A document too long for π2 (vLLM's 400) and a π1 that never answers: the evaluation stops with the
-    setting, the stage, the model and the document named, and why."""
+def test_a_refused_document_is_its_own_outcome_and_a_failed_request_names_where_and_why() -> None:
+    """A document too long for π2 (vLLM's 400) is that document's outcome: no table, refused and why, the others
+    answered. A π1 that never answers: the evaluation stops with the setting, the stage, the model and the
+    document named, and why."""
     from trainer.evaluation.generation import GenerationFailed
 
     schema = json.dumps(EXAMPLES[0].schema_dict())
@@ -177,13 +178,17 @@ def test_a_failed_request_names_the_setting_the_stage_and_the_document() -> None
     longest = max(range(len(EXAMPLES)), key=sizes.__getitem__)
     with two_executors(schema) as (pi1, pi2, _events, serve):
         pi2.too_long_chars = sizes[longest] - 1  # only the longest Stage-2 prompt is over the context
-        with pytest.raises(GenerationFailed) as err:
-            run_two_stage("pipe", "/pi1", "/pi2", EXAMPLES, serve, GEN, generate_quietly)
-        message = str(err.value)
-        assert message.startswith(f"setting 'pipe', Stage 2 (π2 /pi2), document {EXAMPLES[longest].id} (")
-        assert "HTTP 400" in message and "maximum context length" in message and err.value.index == longest
+        records = run_two_stage("pipe", "/pi1", "/pi2", EXAMPLES, serve, GEN, generate_quietly)
+        assert pi2.calls == 3  # one call each: a refusal is not retried
+        for i, r in enumerate(records):
+            assert r["schema_refused"] is False and r["schema_refusal"] is None
+            assert r["table_refused"] is (i == longest)
+            assert r["table_prediction"] == ("" if i == longest else '{"a": 1}')
+        assert "HTTP 400" in records[longest]["table_refusal"] and "maximum context length" in records[longest][
+            "table_refusal"]  # fmt: skip
         pi1.mode, pi1.hang_s = "hang", 30.0
         quick = GenerationConfig(max_tokens=8, timeout_s=1.0, max_attempts=1)
         with pytest.raises(GenerationFailed, match=r"^setting 'sft', Stage 1 \(π1 /pi1\), document ") as err:
             run_two_stage("sft", "/pi1", "/pi2", EXAMPLES, serve, quick, generate_quietly)
-        assert str(err.value).endswith("no answer within 1.0 s (1 attempt(s))")
+        assert str(err.value).endswith("no answer within 1.0 s (the call's deadline, its retries included)")
+        assert f"policy at {pi1.url}/v1/chat/completions" in str(err.value)  # the executor, named

@@ -74,7 +74,8 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         "--rl-micro", "8", "--rl-seed", "4", "--rl-extra", "x=1", "--rl-extra", "y=2", "--rl-stagger-s", "5",
         "--reward-max-tokens", "96",
         "--eval-limit", "4",
-        "--eval-max-tokens", "64", "--eval-max-truncated-share", "0.5", "--eval-concurrency", "2",
+        "--eval-max-tokens", "64", "--eval-max-truncated-share", "0.5", "--eval-max-refused-share", "0.25",
+        "--eval-concurrency", "2",
         "--eval-timeout-s", "30", "--reward-workers", "3", "--executor-cuda-graphs", "--strict-splits",
     ]  # fmt: skip
     res = CliRunner().invoke(app, [*base, *given])
@@ -92,7 +93,7 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         c2_train_prompts=99, rl_steps=3, rl_test_freq=1, rl_micro=8, rl_seed=4, rl_extra=("x=1", "y=2"),
         rl_stagger_s=5.0,
         reward_max_tokens=96, eval_limit=4, eval_max_tokens=64, eval_max_truncated_share=0.5, eval_concurrency=2,
-        eval_timeout_s=30.0, reward_workers=3, executor_eager=False, strict_splits=True,
+        eval_max_refused_share=0.25, eval_timeout_s=30.0, reward_workers=3, executor_eager=False, strict_splits=True,
     )  # fmt: skip
     # every field but the dry run was given something other than its default
     default = ExperimentConfig(golden=SAMPLE, out=tmp_path)

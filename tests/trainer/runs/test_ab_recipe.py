@@ -112,7 +112,7 @@ def node(monkeypatch: pytest.MonkeyPatch) -> Node:
 
     lock = threading.Lock()
 
-    def stage1_schemas(_label: str, pi1: str, examples: Any, serve: Any, *_: Any) -> list[str]:
+    def stage1_schemas(_label: str, pi1: str, examples: Any, serve: Any, *_: Any, **_kw: Any) -> list[str]:
         """Each Stage-1 run's schemas differ (by trailing blanks; the same parsed schema): greedy vLLM is
         not bit-identical across batches, so only a shared run gives the settings the same schemas."""
         with serve(pi1, "stage1") as a, lock:
@@ -122,7 +122,7 @@ def node(monkeypatch: pytest.MonkeyPatch) -> Node:
         return schemas
 
     def run_two_stage(
-        setting: str, pi1: str, pi2: str, examples: Any, serve: Any, *_: Any, schemas: Any = None
+        setting: str, pi1: str, pi2: str, examples: Any, serve: Any, *_: Any, schemas: Any = None, **_kw: Any
     ) -> list[dict[str, Any]]:
         if schemas is None:
             schemas = stage1_schemas(setting, pi1, examples, serve)

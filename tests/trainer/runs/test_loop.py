@@ -456,12 +456,12 @@ def test_phase_d_serves_without_prefix_caching_and_records_the_mode(
         asked.append({"eager": pool.eager, "prefix_caching": pool.prefix_caching, "models": [s.model for s in specs]})
         return [Endpoint("http://127.0.0.1:9", "policy", mode=mode) for _ in specs]
 
-    def stage1_schemas(_label: str, pi1: str, examples: Any, serve: Any, *_a: Any) -> list[str]:
+    def stage1_schemas(_label: str, pi1: str, examples: Any, serve: Any, *_a: Any, **_kw: Any) -> list[str]:
         with serve(pi1, "stage1"):
             return [json.dumps(ex.schema_dict()) for ex in examples]
 
     def run_two_stage(
-        _name: str, _pi1: str, pi2: str, examples: Any, serve: Any, *_a: Any, schemas: list[str]
+        _name: str, _pi1: str, pi2: str, examples: Any, serve: Any, *_a: Any, schemas: list[str], **_kw: Any
     ) -> list[dict[str, Any]]:
         with serve(pi2, "stage2"):
             pass
@@ -502,12 +502,14 @@ def test_phase_d_cut_in_stage_2_keeps_stage_1_for_the_resumed_loop(
         mode = ServingMode("CPU", eager=True, prefix_caching=False)
         return [Endpoint("http://127.0.0.1:9", "policy", mode=mode) for _ in specs]
 
-    def stage1_schemas(label: str, pi1_dir: str, examples: Any, serve: Any, *_a: Any) -> list[str]:
+    def stage1_schemas(label: str, pi1_dir: str, examples: Any, serve: Any, *_a: Any, **_kw: Any) -> list[str]:
         stage1_runs.append(label)
         with serve(pi1_dir, "stage1"):
             return [json.dumps(ex.schema_dict()) + " " * len(stage1_runs) for ex in examples]  # which run wrote it
 
-    def run_two_stage(_n: str, _p1: str, _p2: str, examples: Any, *_a: Any, schemas: list[str]) -> list[dict[str, Any]]:
+    def run_two_stage(
+        _n: str, _p1: str, _p2: str, examples: Any, *_a: Any, schemas: list[str], **_kw: Any
+    ) -> list[dict[str, Any]]:
         if cut["on"]:
             raise RuntimeError("the allocation ended")
         return [{"id": ex.id, "schema_prediction": s, "table_prediction": None}

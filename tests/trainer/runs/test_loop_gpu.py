@@ -240,13 +240,15 @@ def test_phase_d_on_gpus_serves_the_settings_in_waves_that_give_their_gpus_back(
         events.append(("stop",))
         return []
 
-    def stage1_schemas(_label: str, pi1: str, examples: Any, serve: Any, *_a: Any) -> list[str]:
+    def stage1_schemas(_label: str, pi1: str, examples: Any, serve: Any, *_a: Any, **_kw: Any) -> list[str]:
         with serve(pi1, "stage1") as ep:
             return [ep.url for _ in examples]
 
     tables_by: dict[str, str] = {}
 
-    def run_two_stage(name: str, _p1: str, pi2: str, examples: Any, serve: Any, *_a: Any, schemas: Any) -> Any:
+    def run_two_stage(
+        name: str, _p1: str, pi2: str, examples: Any, serve: Any, *_a: Any, schemas: Any, **_kw: Any
+    ) -> Any:
         with serve(pi2, "stage2") as ep:
             tables_by[name] = ep.url
             return [{"id": ex.id, "schema_prediction": "{}", "table_prediction": None} for ex in examples]

@@ -46,7 +46,9 @@ class StageRecorder:
 
         return served
 
-    def write_schemas(self, label: str, pi1: str, examples: Sequence[Any], serve: Any, *_a: Any) -> list[str]:
+    def write_schemas(
+        self, label: str, pi1: str, examples: Sequence[Any], serve: Any, *_a: Any, log: Any = None
+    ) -> list[str]:
         with serve(pi1, "stage1"):
             if pi1 == self.fail_stage1:
                 raise RuntimeError(f"Stage 1 of {pi1} failed")
@@ -55,8 +57,9 @@ class StageRecorder:
             return [f"schema of {ex.id} by {pi1}" for ex in examples]
 
     def write_tables(
-        self, name: str, pi1: str, pi2: str, examples: Sequence[Any], serve: Any, *_a: Any, schemas: list[str]
-    ) -> list[dict[str, Any]]:
+        self, name: str, pi1: str, pi2: str, examples: Sequence[Any], serve: Any, *_a: Any, schemas: list[str],
+        log: Any = None,
+    ) -> list[dict[str, Any]]:  # fmt: skip
         if self.hold_stage2 is not None and not self.hold_stage2.wait(10):
             raise AssertionError(f"{name}: Stage 2 was held for 10 s")
         with serve(pi2, "stage2"), self.lock:
@@ -150,3 +153,44 @@ def test_a_failed_stage_1_fails_phase_d_and_no_setting_of_its_pi1_runs_stage_2(
     with pytest.raises(RuntimeError, match="Stage 1 of /pi1-pipe failed"):
         score_settings(SETTINGS, EXAMPLES, gen, rec.serve, keep_in(tmp_path), together=together)
     assert "pipe" not in [name for name, _s in rec.stage2] and not (tmp_path / "pipe.json").exists()
+
+
+def test_a_dead_executor_during_stage_2_keeps_its_answers_and_a_rerun_asks_only_the_rest(tmp_path: Path) -> None:
+    """Real two-stage runs against fault-injecting executors: π2 dies at its 3rd request; run again (π2 restarted
+    at the same URL), Stage 1 is not asked again and Stage 2 only for the tables it lacks."""
+    import json
+
+    from tests.helpers.fault_injecting_executor import FaultInjectingDyingExecutor
+    from tests.helpers.faulty_executor import FaultyExecutor
+    from trainer.evaluation.generation import GenerationFailed
+
+    settings = {"sft": ("/pi1", "/pi2")}
+    schema = json.dumps(EXAMPLES[0].schema_dict())
+    gen = GenerationConfig(max_tokens=32, concurrency=1, timeout_s=5.0)
+
+    def keep_tables(name: str) -> tuple[Path, dict[str, Any]]:
+        return tmp_path / "answers" / f"{name}.jsonl", {"setting": name, "model": settings[name][1]}
+
+    def serving(pi1: FaultyExecutor, pi2: FaultyExecutor) -> Any:
+        def serve(_setting: str) -> Any:
+            @contextlib.contextmanager
+            def served(model: str, _stage: str) -> Iterator[Endpoint]:
+                yield Endpoint((pi1 if model == "/pi1" else pi2).url, "policy")
+
+            return served
+
+        return serve
+
+    said: list[str] = []
+    with FaultyExecutor("ok", content=schema) as pi1, FaultInjectingDyingExecutor(3, content='{"a": 1}') as pi2:
+        with pytest.raises(GenerationFailed, match=rf"setting 'sft', Stage 2 \(π2 /pi2\).*at {pi2.url}/v1"):
+            score_settings(settings, EXAMPLES, gen, serving(pi1, pi2), keep_in(tmp_path), together=False,
+                           say=said.append, keep_tables=keep_tables)  # fmt: skip
+        kept = (tmp_path / "answers" / "sft.jsonl").read_text().splitlines()
+        assert len(kept) == 2 and pi1.calls == 3  # the two tables answered before it died
+        with pi2.restarted() as back:
+            out = score_settings(settings, EXAMPLES, gen, serving(pi1, back), keep_in(tmp_path), together=True,
+                                 say=said.append, keep_tables=keep_tables)  # fmt: skip
+            assert pi1.calls == 3 and back.calls == 1  # Stage 1 kept whole, Stage 2 asked only for the third table
+    assert [r["table_prediction"] for r in out["sft"]] == ['{"a": 1}'] * 3
+    assert f"[phase D] sft: π2's answers: 2 kept from an earlier run ({tmp_path / 'answers' / 'sft.jsonl'})" in said

@@ -69,10 +69,12 @@ def phase_d_without_executors(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]
         mode = ServingMode("CPU", eager=True, prefix_caching=False)
         return [Endpoint("http://127.0.0.1:9", "policy", mode=mode) for _ in specs]
 
-    def stage1_schemas(_label: str, _pi1: str, examples: Any, *_a: Any) -> list[str]:
+    def stage1_schemas(_label: str, _pi1: str, examples: Any, *_a: Any, **_kw: Any) -> list[str]:
         return [json.dumps(ex.schema_dict()) for ex in examples]
 
-    def run_two_stage(_n: str, _p1: str, _p2: str, examples: Any, *_a: Any, schemas: list[str]) -> list[dict[str, Any]]:
+    def run_two_stage(
+        _n: str, _p1: str, _p2: str, examples: Any, *_a: Any, schemas: list[str], **_kw: Any
+    ) -> list[dict[str, Any]]:
         return [{"id": ex.id, "schema_prediction": s, "table_prediction": None}
                 for ex, s in zip(examples, schemas, strict=True)]  # fmt: skip
 
