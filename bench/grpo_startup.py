@@ -40,7 +40,8 @@ MARKERS = (
     Marker("worker_group", r"create worker group", "resource pool"),
     Marker("actor_ref_ready", r"actor and ref model engine initialized", "FSDP actor + reference workers"),
     # vLLM at WARNING (VERL's default for it) logs no INFO line: its first warnings stand in for the same points
-    Marker("vllm_server_up", r"Enabling cumem allocator|Resolved architecture|vLLMHttpServer pid=\d+\S* WARNING .*\[vllm\.py",
+    Marker("vllm_server_up",
+           r"Enabling cumem allocator|Resolved architecture|vLLMHttpServer pid=\d+\S* WARNING .*\[vllm\.py",
            "vLLM server actor start + import"),
     Marker("vllm_engine_init", r"Initializing a V1 LLM engine|Overriding VLLM_WORKER_MULTIPROC_METHOD",
            "vLLM engine config + EngineCore process start"),

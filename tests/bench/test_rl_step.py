@@ -181,7 +181,8 @@ def test_a_run_still_going_is_timed_from_its_job_log_and_an_executor_from_its_fi
                                            f"b1_stock\t{T0}\t{T0 + 105}\t105\n")  # fmt: skip
     (jobs / "exec_pi2.rc").write_text("0\n")
     start = dt.datetime.fromtimestamp(T0, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
-    (jobs / "b1_stock.log").write_text(f"=== 2026-01-01T00:00:00Z python3 -m bench.verl_stock\n=== {start}Z python3 -m bench.verl_stock\n")
+    earlier = "=== 2026-01-01T00:00:00Z python3 -m bench.verl_stock\n"
+    (jobs / "b1_stock.log").write_text(f"{earlier}=== {start}Z python3 -m bench.verl_stock\n")
     p = rl_step.build([root])
     row = next(r for r in p["rows"] if r["name"] == "b1_stock")
     assert row["unfinished"] is True and row["startup_s"] == pytest.approx(240) and row["step_s"] == 78
