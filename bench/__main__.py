@@ -157,7 +157,7 @@ def rl_step(
         str, typer.Option(help="The SFT runs (<phase>_<SETTING>) whose epoch is the report's sft_epoch_s.")
     ] = "after",
 ) -> None:
-    """A GRPO step, an SFT epoch and a start-up, before and after, against the floor: bench/results/rl_step.*."""
+    """A GRPO step, an SFT epoch and a start-up against the floor and VERL's own trainer: bench/results/rl_step.*."""
     from bench import rl_step as rs
 
     p = rs.run(collected, notes, name, sft_setting)

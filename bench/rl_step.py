@@ -219,7 +219,7 @@ def reward_share(c1: dict[str, Any], b1: dict[str, Any]) -> float | None:
     if not c1.get("step_s"):
         return None
     extra = (c1["split_s"].get("gen") or 0) - (b1["split_s"].get("gen") or 0)
-    return round(max(extra, 0.0) / c1["step_s"], 3)
+    return round(max(float(extra), 0.0) / float(c1["step_s"]), 3)
 
 
 def largest_part(row: dict[str, Any]) -> str:

@@ -18,8 +18,8 @@ from rich.console import Console
 from rich.table import Table
 
 from shared import EVAL_ANSWER_MAX_TOKENS, read_golden
-from shared.golden import GoldenFormatError
-from shared.split_overlap import EmptySplitError, SplitOverlapError
+from shared.golden import EmptySplitError, GoldenFormatError
+from shared.split_overlap import SplitOverlapError
 from trainer.data.datasets import build_datasets
 from trainer.data.precompute import precompute_c2
 from trainer.data.prompt_fit import PhaseLengths, Stage2Fit

@@ -21,8 +21,8 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from typer.core import TyperCommand, TyperGroup
 
-from shared.golden import GoldenFormatError
-from shared.split_overlap import EmptySplitError, SplitOverlapError
+from shared.golden import EmptySplitError, GoldenFormatError
+from shared.split_overlap import SplitOverlapError
 from trainer.config_cli import command_signature, given_values, set_signature
 from trainer.phases.cli import bad_param, default_model
 from trainer.phases.launch import check_profile

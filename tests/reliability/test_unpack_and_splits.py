@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from shared.split_overlap import EmptySplitError, SplitOverlapError, read_overlaps
+from shared.golden import EmptySplitError
+from shared.split_overlap import SplitOverlapError, read_overlaps
 from tests.shared.test_split_overlap import DROPPED, overlapping_golden
 from tests.trainer.runs.test_loop import FaultyPhaseRunner
 from tests.trainer.transfer.test_unpack_refusals import FILES, forged_pack

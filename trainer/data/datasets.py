@@ -42,8 +42,8 @@ from shared import (
     golden_filename,
     read_golden,
 )
-from shared.golden import SPLITS, sha256_file
-from shared.split_overlap import EmptySplitError, SplitOverlap, check_not_empty, check_splits, find_overlaps
+from shared.golden import SPLITS, EmptySplitError, sha256_file
+from shared.split_overlap import SplitOverlap, check_not_empty, check_splits, find_overlaps
 from trainer.data.prompt_fit import PhaseLengths, Stage2Fit
 from trainer.data.sft_mix import SourceMix
 from trainer.data_source import data_source

@@ -12,7 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from shared import GoldenExample, golden_filename, read_golden
-from shared.split_overlap import EmptySplitError, SplitOverlapError
+from shared.golden import EmptySplitError
+from shared.split_overlap import SplitOverlapError
 from tests.shared.test_split_overlap import DROPPED, overlapping_golden
 from trainer.cli import app
 from trainer.data.datasets import build_datasets, read_rows, train_examples

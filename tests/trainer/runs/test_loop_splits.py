@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from shared.split_overlap import EmptySplitError, SplitOverlapError
+from shared.golden import EmptySplitError
+from shared.split_overlap import SplitOverlapError
 from tests.shared.test_split_overlap import DROPPED, overlapping_golden
 from tests.trainer.runs.test_loop import FaultyPhaseRunner
 from trainer.data.datasets import read_rows
