@@ -424,16 +424,13 @@ def test_reward_api_points_at_the_pi2_executor(overlay):
 @pytest.mark.parametrize(
     ("services", "trainer"), [("gpu-cluster", "gpu-cluster/trainer"), ("single-node", "single-node/trainer")]
 )
-def test_trainer_urls_reach_reward_api_and_pi1(services, trainer):
+def test_trainer_urls_reach_reward_api(services, trainer):
     docs, job_docs = render(services), render(trainer)
     (container,) = one(job_docs, "Job", of_kind(job_docs, "Job")[0]["metadata"]["name"])["spec"]["template"]["spec"][
         "containers"
     ]
     env = container_env(job_docs, container)
     assert deployment_behind(docs, url_service(docs, env["REWARD_API_URL"]))["metadata"]["name"] == "reward-api"
-    assert deployment_behind(docs, url_service(docs, env["EXECUTOR_URL"]))["metadata"]["name"] == "executor-pi1"
-    (pi1,) = one(docs, "Deployment", "executor-pi1")["spec"]["template"]["spec"]["containers"]
-    assert env["EXECUTOR_MODEL"] == container_env(docs, pi1)["EXECUTOR_SERVED_MODEL_NAME"]
     # Trainer and reward API share the token's Secret key.
     (api,) = one(docs, "Deployment", "reward-api")["spec"]["template"]["spec"]["containers"]
     assert secret_refs(container)["REWARD_API_TOKEN"] == secret_refs(api)["REWARD_API_TOKEN"]
@@ -598,14 +595,14 @@ def test_trainer_job(overlay):
     env = container_env(docs, container)
     phase = env["TRAINER_PHASE"]
     assert re.fullmatch(r"[a-z0-9][a-z0-9-]*", phase), phase
-    assert container["command"] == ["python", "-m", "trainer"]
+    assert container["command"] == ["python3", "-m", "trainer"]
     # Kubernetes expands $(TRAINER_PHASE) from the container env (the ConfigMap).
     assert container["args"] == ["run", "$(TRAINER_PHASE)"]
     assert job["metadata"]["name"] == f"trainer-{phase}", "each phase gets its own Job (nameSuffix = phase)"
     assert pod["restartPolicy"] == "Never" and job["spec"]["backoffLimit"] == 0
     assert pod_labels(job)["app.kubernetes.io/name"] == "trainer"
     assert secret_refs(container)["REWARD_API_TOKEN"] == (SECRET_NAME, "reward-api-token", False)
-    assert {"REWARD_API_URL", "EXECUTOR_URL", "EXECUTOR_MODEL", "TRAINER_ACTOR_MODEL_PATH"} <= set(env)
+    assert {"REWARD_API_URL", "TRAINER_DATA_DIR", "TRAINER_OUTPUT_DIR", "TRAINER_ACTOR_MODEL_PATH"} <= set(env)
     assert gpus(container) >= 1
     assert not container["image"].startswith("schema-table-rl/")
 

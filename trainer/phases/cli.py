@@ -9,6 +9,7 @@ register`` + ``register(app)``), or run alone as ``python -m trainer.phases.cli`
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,6 +24,14 @@ from trainer.serving.reward_api_env import CLIENT_URL_ENV
 
 console = Console()
 app = typer.Typer(help="Training phases and the checks before RL.", no_args_is_help=True)
+
+# What a container (the compose `trainer` service, the Kubernetes trainer Job) sets instead of ``run``'s options:
+# the data folder, the start model and the folder of the phases' output folders (<it>/<phase>). The launcher
+# hands VERL's processes the phase's resolved data folder under the same first name.
+DATA_DIR_ENV = "TRAINER_DATA_DIR"
+MODEL_PATH_ENV = "TRAINER_ACTOR_MODEL_PATH"
+OUTPUT_DIR_ENV = "TRAINER_OUTPUT_DIR"
+RUN_ENV = (DATA_DIR_ENV, MODEL_PATH_ENV, OUTPUT_DIR_ENV)
 
 ProfileOpt = typer.Option("gpu", "--profile", help=f"One of {list(PROFILES)} (cpu-smoke loads the CPU shim).")
 
@@ -59,9 +68,15 @@ def run_cmd(
     ctx: typer.Context,
     phase: str = typer.Argument(..., help=f"Phase: {', '.join(PHASES)}."),
     profile: str = ProfileOpt,
-    data: Path = typer.Option(Path("data"), help="Folder of `trainer data build` (<phase>/<split>.parquet)."),
-    out: Path | None = typer.Option(None, help="Output folder (default runs/<phase>)."),
-    model: str | None = typer.Option(None, help="Start model (HF dir). cpu-smoke default: SmolLM2-135M-Instruct."),
+    data: Path = typer.Option(
+        Path("data"), envvar=DATA_DIR_ENV, help="Folder of `trainer data build` (<phase>/<split>.parquet)."
+    ),
+    out: Path | None = typer.Option(
+        None, help=f"Output folder (default ${OUTPUT_DIR_ENV}/<phase> when that is set, else runs/<phase>)."
+    ),
+    model: str | None = typer.Option(
+        None, envvar=MODEL_PATH_ENV, help="Start model (HF dir). cpu-smoke default: SmolLM2-135M-Instruct."
+    ),
     reward_url: str | None = typer.Option(None, help=f"Reward API URL (default: ${CLIENT_URL_ENV})."),
     nproc: int = typer.Option(1, min=1, help="SFT: torchrun processes (GPUs) per node."),
     export: bool = typer.Option(True, help="Export the best checkpoint to <out>/hf."),
@@ -80,7 +95,7 @@ def run_cmd(
         phase=ph,
         profile=prof,
         data_dir=data,
-        out_dir=out or Path("runs") / ph.name,
+        out_dir=out or Path(os.environ.get(OUTPUT_DIR_ENV) or "runs") / ph.name,
         model_path=model or default_model(prof),
         reward_url=reward_url,
         overrides=overrides,
@@ -90,7 +105,8 @@ def run_cmd(
         run.env()
     except ValueError as exc:
         raise bad_param("--reward-url", exc) from None
-    console.print(" ".join(run.command()))
+    console.print(f"{ph.name}: data {run.data_dir}, model {run.model_path}, out {run.out_dir}", markup=False)
+    console.print(" ".join(run.command()), markup=False)  # Hydra lists ([model,extra]) are not markup
     if dry_run:
         return
     res = run_phase(run, export=export)
@@ -241,7 +257,7 @@ def positive_control_cmd(
         run.env()
     except ValueError as exc:
         raise bad_param("--reward-url", exc) from None
-    console.print(" ".join(run.command()))
+    console.print(" ".join(run.command()), markup=False)  # Hydra lists ([model,extra]) are not markup
     if dry_run:
         return
     res, verdict = run_control(run, prompts, cfg)
