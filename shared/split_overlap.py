@@ -200,6 +200,19 @@ def read_overlaps(folder: Path | str, train_limit: int | None = None) -> SplitOv
     )
 
 
+def train_examples(folder: Path | str, limit: int | None = None) -> list[GoldenExample]:
+    """The train documents that are trained on: the first ``limit`` of the train split less those that repeat a
+    validation or test document; for what samples training prompts outside ``data build`` (RFT, the preflight)."""
+    check_not_empty(folder)
+    full = {s: read_golden(Path(folder) / golden_filename(s), limit if s == "train" else None) for s in SPLITS}
+    drop = set(find_overlaps(full).train_drop)
+    kept = [ex for ex in full["train"] if ex.id not in drop]
+    if not kept:
+        raise EmptySplitError(f"{Path(folder) / golden_filename('train')}: every train row repeats a validation or "
+                              "test document")  # fmt: skip
+    return kept
+
+
 def check_splits(report: SplitOverlap, strict: bool) -> SplitOverlap:
     """``report`` back, or :class:`SplitOverlapError` where ``strict`` and two splits share a document."""
     if strict and not report.clean:

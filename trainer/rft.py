@@ -29,7 +29,8 @@ from tqdm import tqdm
 
 from shared import EVAL_ANSWER_MAX_TOKENS, GoldenExample, read_golden
 from shared.golden import source_of
-from trainer.data.datasets import SFT_SCHEMA, sft_row, train_examples, write_parquet
+from shared.split_overlap import train_examples
+from trainer.data.datasets import SFT_SCHEMA, sft_row, write_parquet
 from trainer.evaluation.generation import GenerationClient, GenerationConfig, truncated
 from trainer.evaluation.reward_scoring import prompt_for, reward_item, score
 from trainer.phases.registry import RewardKind, sft_phase_for

@@ -182,12 +182,6 @@ def read_splits(
     return out, report
 
 
-def train_examples(golden: Path, limit: int | None = None) -> list[GoldenExample]:
-    """The train documents that are trained on: the first ``limit`` less those that repeat a validation or test
-    document (:func:`read_splits`); for what samples training prompts outside ``data build`` (RFT, preflight)."""
-    return read_splits(golden, ("train",), limit)[0]["train"]
-
-
 def build_datasets(
     golden: Path,
     out: Path,

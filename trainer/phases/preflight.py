@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 
 from shared import EVAL_ANSWER_MAX_TOKENS, GoldenExample
 from shared.golden import source_of
-from trainer.data.datasets import train_examples
+from shared.split_overlap import train_examples
 from trainer.evaluation.generation import GenerationClient, GenerationConfig
 from trainer.evaluation.reward_scoring import prompt_for, reward_item, score_results
 from trainer.phases.registry import RewardKind

@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 
 from shared import GoldenExample, golden_filename, read_golden
 from shared.golden import EmptySplitError
-from shared.split_overlap import SplitOverlapError
+from shared.split_overlap import SplitOverlapError, train_examples
 from tests.shared.test_split_overlap import DROPPED, overlapping_golden
 from trainer.cli import app
-from trainer.data.datasets import build_datasets, read_rows, train_examples
+from trainer.data.datasets import build_datasets, read_rows
 from trainer.data.precompute import precompute_c2
 from trainer.data.sample_data import SAMPLE_DIR
 
@@ -94,7 +94,7 @@ def test_data_build_command_prints_the_drop_and_refuses_with_strict_splits(tmp_p
     empty = overlapping_golden(tmp_path / "empty", empty="test")
     res = cli.invoke(app, ["data", "build", "--golden", str(empty), "--out", str(tmp_path / "e"), "--phases", "b1"])
     assert res.exit_code == 1
-    said = f"error: --golden: {empty / 'common_test_schemas.jsonl'}: the test split is empty (no example)"
+    said = f"error: --golden: {empty / 'common_test_schemas.jsonl'}: the test split is empty (no examples)"
     assert res.output.strip() == said
 
 
