@@ -163,6 +163,8 @@ class Experiment:
     def refuse_stale(self, stage: str) -> None:
         """Before a finished stage is skipped: each of its phases must have finished from the inputs this run would
         give it (StaleResultError, naming the differences, if not)."""
+        if stage == "sft" and self.cfg.sft_from:
+            return  # --sft-from names the SFT to start from: used as it is (link_sft_from checked it finished)
         if stage == "sft":
             runs = self.sft_runs()
         elif stage == "rl":

@@ -132,7 +132,8 @@ class LoopConfig(RunConfig):
 @dataclass(kw_only=True)
 class ExperimentConfig(RunConfig):
     sft_from: Path | None = option(None, "Another experiment's folder whose data build and SFT (data/, a1/, a2/) this "
-                                   "one reuses; it must have finished them and built this experiment's data phases.",
+                                   "one reuses as they are (not compared with this run's settings); it must have "
+                                   "finished them and built this experiment's data phases.",
                                    exists=True, file_okay=False)  # fmt: skip
     data_phases: tuple[str, ...] = csv_option("Comma-separated phases `data build` writes (default: a1,a2 and the arms "
                                               "built from golden data); add another experiment's (e.g. b2) for its "
