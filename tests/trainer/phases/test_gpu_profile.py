@@ -58,9 +58,10 @@ def test_grpo_gpu_recipe(env: None, phase: str, response: int) -> None:  # noqa:
     assert c.sizing.auto is True and c.prompt_filter.enabled is True
     assert arr.model.enable_gradient_checkpointing is None and actor.ppo_micro_batch_size_per_gpu is None
     assert "tensorboard" in c.trainer.logger and "file" in c.trainer.logger
-    # sdpa without packing: packed micro batches make sdpa attend over the whole pack
-    assert arr.model.override_config.attn_implementation == "sdpa"
-    assert arr.model.use_remove_padding is False
+    # padding-free micro batches by tokens through PyTorch's varlen kernel (trainer/in_verl/packed_attention.py)
+    assert arr.model.override_config.attn_implementation == "packed_sdpa"
+    assert arr.model.use_remove_padding is True
+    assert actor.use_dynamic_bsz is True and actor.ppo_max_token_len_per_gpu == 40960
     assert c.trainer.test_freq == c.trainer.save_freq == 5
     assert c.data.train_max_samples == 4096 and c.data.train_files.endswith("train.parquet")
     # decode graphs without torch.compile; the first batch carries dynamic sampling's expected shortfall
@@ -160,8 +161,9 @@ def test_sft_gpu_is_the_recipe_chosen_on_validation(env: None, phase: str) -> No
     assert c.trainer.total_epochs == 3 and c.data.train_batch_size == 128 and c.epoch_selection.enabled is True
     assert c.data.train_batch_size % c.data.micro_batch_size_per_gpu == 0 and c.data.micro_batch_size_per_gpu == 64
     assert composed(f"{phase}_sft", "sft_profile=cpu-smoke").epoch_selection.enabled is False
-    assert c.model.override_config.attn_implementation == "sdpa" and c.model.use_remove_padding is False
-    assert c.data.use_dynamic_bsz is False and c.model.enable_gradient_checkpointing is False
+    assert c.model.override_config.attn_implementation == "packed_sdpa" and c.model.use_remove_padding is True
+    assert c.data.use_dynamic_bsz is True and c.data.max_token_len_per_gpu == 32768
+    assert c.model.enable_gradient_checkpointing is False
     assert "tensorboard" in c.trainer.logger
 
 
@@ -204,9 +206,11 @@ def test_verl_accepts_the_recipe_and_the_positive_control(env: None, gpus: int, 
                           ControlConfig(), (f"trainer.n_gpus_per_node={gpus}",))  # fmt: skip
         _verl_validate(composed_command(ctl), tmp_path / "m")
     # and they can fail: VERL rejects a train batch below the mini batch and an unknown loss aggregation
-    # (it instantiates the actor's config dataclass); the micro-batch split per GPU is test_grpo_gpu_recipe's
+    # (it instantiates the actor's config dataclass); the micro-batch split per GPU is test_grpo_gpu_recipe's.
+    # VERL checks the batch sizes only for micro batches by count (micro batches by tokens skip that check).
+    padded = ("data.train_batch_size=4", "actor_rollout_ref.actor.use_dynamic_bsz=false")
     with pytest.raises(ValueError, match=r"train_batch_size \(4\) must be >= actor.ppo_mini_batch_size \(8\)"):
-        _verl_validate(composed_command(gpu_run("b1", "data.train_batch_size=4")), tmp_path / "m")
+        _verl_validate(composed_command(gpu_run("b1", *padded)), tmp_path / "m")
     with pytest.raises(Exception, match="Invalid loss_agg_mode: foo"):
         _verl_validate(composed_command(gpu_run("b1", "actor_rollout_ref.actor.loss_agg_mode=foo")), tmp_path / "m")
 
@@ -221,19 +225,22 @@ def _script_array(script: Path, name: str) -> list[str]:
     return shlex.split(m.group(1), comments=True)
 
 
-def test_the_speed_benchmarks_before_overrides_give_the_recipe_as_it_was(env: None) -> None:  # noqa: F811
-    """``scripts/gpu_node/rl_step.sh`` runs "before" as the gpu profile without its newest speed settings: the
-    eager rollout and one batch a step come back, and nothing else changes."""
+def test_the_speed_benchmarks_padded_overrides_give_the_padded_recipe(env: None) -> None:  # noqa: F811
+    """``scripts/gpu_node/rl_step.sh`` runs "padded" as the gpu profile on padded micro batches (its setting before
+    packing): sdpa, no padding removal, micro batches by count, and nothing else changes."""
     from trainer.phases.launch import REPO_ROOT
 
-    before = _script_array(REPO_ROOT / "scripts" / "gpu_node" / "rl_step.sh", "BEFORE")
-    c = composed_command(gpu_run("c1", *before))
-    rollout = c.actor_rollout_ref.rollout
-    assert rollout.enforce_eager is True and rollout.engine_kwargs.vllm.compilation_config is None
-    assert c.replay_buffer.prefetch_max_factor == 1.0
+    padded = _script_array(REPO_ROOT / "scripts" / "gpu_node" / "rl_step.sh", "PADDED")
+    c = composed_command(gpu_run("c1", *padded))
+    model = c.actor_rollout_ref.model
+    assert model.use_remove_padding is False and model.override_config.attn_implementation == "sdpa"
+    assert c.actor_rollout_ref.actor.use_dynamic_bsz is False
     after = composed_command(gpu_run("c1"))
     changed = {k for k in _leaves(_container(after)) if _get(after, k) != _get(c, k)}
-    assert changed == {k.split("=")[0] for k in before}
+    # and the keys VERL's config interpolates from those three
+    derived = {"actor_rollout_ref.actor.use_remove_padding", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
+               "actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "critic.use_dynamic_bsz"}  # fmt: skip
+    assert changed == {k.split("=")[0] for k in padded} | derived
 
 
 def _container(c: Any) -> Any:

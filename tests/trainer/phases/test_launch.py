@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from trainer.phases.export import ExportError, check_hf_dir, fsdp_dir, merge_command
 from trainer.phases.launch import (
+    ALWAYS_LOADED,
     CONFIG_DIR,
     CPU_ENV,
     RAY_WORKER_NICENESS,
@@ -135,7 +136,7 @@ def test_phase_run_command_and_env(tmp_path: Path) -> None:
     assert cmd[1:] == ["-m", "trainer.in_verl.verl_main", "--config-name", "c1_grpo", "profile=cpu-smoke", "a.b=1"]
     env = run.env({"PATH": "/bin"})
     for k, v in CPU_ENV.items():
-        assert env[k] == (f"{v},trainer.in_verl.fast_logprobs" if k == "VERL_USE_EXTERNAL_MODULES" else v)
+        assert env[k] == (f"{v},{','.join(ALWAYS_LOADED)}" if k == "VERL_USE_EXTERNAL_MODULES" else v)
     assert env["TRAINER_REWARD_URL"] == "http://r" and env["POLICY_MODEL_PATH"] == "/m"
     assert env["TRAINER_DATA_DIR"] == str((tmp_path / "d").resolve())
     assert env["VERL_FILE_LOGGER_PATH"] == str((tmp_path / "o" / "metrics.jsonl").resolve())

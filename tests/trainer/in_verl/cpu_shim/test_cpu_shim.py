@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from trainer.in_verl.cpu_shim.guard import PINNED, CpuShimVersionError, check_versions
-from trainer.phases.launch import CPU_ENV, PhaseRun
+from trainer.phases.launch import ALWAYS_LOADED, CPU_ENV, PhaseRun
 from trainer.phases.registry import get_phase
 
 REPO = Path(__file__).resolve().parents[4]
@@ -175,7 +175,7 @@ def test_gpu_path_never_imports_the_shim() -> None:
     env = PhaseRun(get_phase("c1"), "gpu", Path("d"), Path("o"), "m", reward_url="http://x").env(
         {**os.environ, "VERL_USE_EXTERNAL_MODULES": "trainer.in_verl.cpu_shim", "VERL_PLATFORM": "cpu"}
     )
-    assert env["VERL_USE_EXTERNAL_MODULES"] == "trainer.in_verl.fast_logprobs" and "VERL_PLATFORM" not in env
+    assert env["VERL_USE_EXTERNAL_MODULES"] == ",".join(ALWAYS_LOADED) and "VERL_PLATFORM" not in env
     proc = run_py(
         """
         import json, sys
