@@ -1,4 +1,4 @@
-"""Benchmark 2: the pipeline reward against its ceiling and against the seed's loop, on one executor.
+"""Benchmark 2: the pipeline reward against its ceiling and against a sequential loop, on one executor.
 
 Three rates over the same distinct Stage-2 prompts (one per item, built by ``shared`` exactly as the
 service builds them) and the same sampling parameters:
@@ -7,11 +7,11 @@ service builds them) and the same sampling parameters:
   ``/v1/chat/completions``;
 - ours: one batched ``POST /reward/pipeline`` through a real reward_api (its LRU cache off, so nothing
   is served from memory; the prompts are distinct, so de-duplication does not apply either);
-- seed: one executor call per sample, in sequence, then the reward computed in-process.
+- sequential: one executor call per sample, in sequence, then the reward computed in-process.
 
 All prompts go through the executor once before timing, so vLLM's prefix cache is equally warm for the
 three modes (none gets an advantage from running later). Ceiling and ours alternate for ``repeats``
-rounds and the median is reported. Goals (docs/benchmarks.md): ours ≥ 0.9× ceiling; ours ≥ 10× seed
+rounds and the median is reported. Goals (docs/benchmarks.md): ours ≥ 0.9× ceiling; ours ≥ 10× sequential
 (informational on a CPU executor, whose own ceiling bounds it; binding on GPU: ``sequential_binding``).
 """
 
@@ -131,7 +131,7 @@ async def ceiling(url: str, payloads: list[dict[str, Any]]) -> tuple[float, list
 
 
 def sequential(url: str, items: list[dict[str, Any]], payloads: list[dict[str, Any]]) -> tuple[float, list[float]]:
-    """The seed's loop: generate for one sample, score it, next sample."""
+    """The sequential loop: generate for one sample, score it, next sample."""
     rewards = []
     with httpx.Client(timeout=1800.0) as client:
         t0 = time.perf_counter()
@@ -276,7 +276,7 @@ def render_md(p: dict[str, Any]) -> str:
                 ", ".join(f"{x:.2f}" for x in s["ceiling"]),
             ],
             ["/reward/pipeline (one batched request)", r["ours"], ", ".join(f"{x:.2f}" for x in s["ours"])],
-            ["seed loop (one call per sample, in sequence)", r["sequential"], f"{s['sequential'][0]:.2f}"],
+            ["sequential loop (one call per sample, in sequence)", r["sequential"], f"{s['sequential'][0]:.2f}"],
         ],
     )
     eq = p["rewards_equal_to_ceiling_outputs"]

@@ -494,7 +494,7 @@ def run(
                 "target": None,
             },
             {
-                "goal": "seed's positional table reward: wrong-way moves (for contrast)",
+                "goal": "the original positional table reward: wrong-way moves (for contrast)",
                 "value": summary["table_positional"]["wrong_way"],
                 "target": None,
             },

@@ -107,7 +107,7 @@ def align_rows(
 ) -> list[tuple[int, int]]:
     """One-to-one (pred, gold) row pairs maximising the number of matching non-empty cells.
 
-    Ties go to the positional pairing: a tiny bonus on the diagonal keeps the seed's order when
+    Ties go to the positional pairing: a tiny bonus on the diagonal keeps the rows' order when
     content does not decide. Only the first ``max_rows`` rows of each side go to the solver (it is
     cubic in the rows); the rest are paired in linear time, identical rows first, then in order.
     """

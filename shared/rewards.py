@@ -1,4 +1,4 @@
-"""Reward definitions (docs/rewards.md). Every number is a field of a config with the seed's default.
+"""Reward definitions (docs/rewards.md). Every number is a field of a config, with its default.
 
 - Schema: ``f1_weight·F1 + precision_weight·P + recall_weight·R``; unparseable → ``invalid_json_penalty``;
   clipped to ``[min_reward, max_reward]``.
@@ -15,7 +15,7 @@
     2·(tp−1)/(n−1+g) < 2·tp/(n+g) whenever tp < n + g), duplicating a row (precision falls). Equivalent
     predictions (row order, column order, name formatting) score the same. ``bench reward-audit``
     checks all of this on real data.
-  - ``positional`` (the seed's, for fidelity and ablations): ``cell_accuracy``, positional rows over the
+  - ``positional`` (the original metric, for comparison and ablations): ``cell_accuracy``, positional rows over the
     union of keys with literal names, where ``"" == ""`` counts as correct: on open-domain headers a
     null-filled junk column raises it (padding pays).
 - Pipeline: ``a·schema + (1 − a)·table``, clipped. An invalid schema makes no executor call and both
@@ -93,7 +93,7 @@ class TableRewardConfig(_RewardConfig):
     table_metric: TableMetric = Field(
         "aligned",
         description="'aligned' (default): cell F1 after Hungarian row alignment, names normalised, empty cells "
-        "earn nothing (= Phase D's aligned_cell_f1). 'positional': the seed's positional cell accuracy.",
+        "earn nothing (= Phase D's aligned_cell_f1). 'positional': the original positional cell accuracy.",
     )
     aligned_metrics: bool = Field(
         True, description="Also report every order-invariant metric (the result's 'aligned' field)."
@@ -126,7 +126,7 @@ class SchemaReward:
 @dataclass(frozen=True, slots=True)
 class TableReward:
     """``score`` is what the reward maps (the ``metric``'s number); ``cell_accuracy`` is always the
-    seed's positional accuracy, reported whichever metric is chosen."""
+    original positional accuracy, reported whichever metric is chosen."""
 
     reward: float
     valid_json: bool

@@ -1,4 +1,4 @@
-"""Table parsing and the seed's positional cell accuracy (docs/rewards.md).
+"""Table parsing and the original positional cell accuracy (docs/rewards.md).
 
 The cell comparison form (``normalize_cell``) is shared by every table metric: ``str(v).strip()``,
 with ``None`` (and a missing key) as ``""``, JSON booleans as ``true``/``false`` and JSON numbers as
@@ -92,7 +92,7 @@ def gold_table_to_rows(gold_table: Mapping[str, Any]) -> list[Row]:
 
 
 def cell_accuracy(pred_rows: Sequence[Mapping[str, Any]], gold_rows: Sequence[Mapping[str, Any]]) -> float:
-    """Positional cell accuracy, as in the seed.
+    """Positional cell accuracy, the original table metric (``table_metric: positional``).
 
     Rows are paired by position over n = max(#pred, #gold) (a missing row is ``{}``). Each pair
     contributes one cell per key in the union of both rows' keys; a cell is correct when

@@ -134,7 +134,7 @@ class TableResult(BaseModel):
     valid_json: bool
     table_score: float = Field(description="The table_metric's number that the reward maps onto [min, max].")
     table_metric: str = Field(description="Which metric made the reward: 'aligned' or 'positional'.")
-    cell_accuracy: float = Field(description="The seed's positional cell accuracy (reported for every metric).")
+    cell_accuracy: float = Field(description="The original positional cell accuracy (reported for every metric).")
     n_pred_rows: int
     n_gold_rows: int
     error: str | None = None

@@ -270,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         "--chunk-mb",
         type=float,
         default=48.0,
-        # a device call carries 64 MiB with the repo tree: 60 MB chunks left the tree 7 MB, and a 7.3 MB
-        # tree was refused
+        # a transfer of at most 64 MiB holds a chunk and the repo tree: 60 MB chunks left the tree 7 MB, and
+        # a 7.3 MB tree did not fit
         help="Largest chunk, MB (10^6 bytes).",
     )
     ap.add_argument("--xz-min-mb", type=float, default=20.0, help="xz wheels at least this big (0: never).")

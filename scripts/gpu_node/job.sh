@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One job on a GPU node, across device calls that each end within minutes: start a command in a session
-# of its own (it outlives the call that started it), wait on it from later calls, bring back what is small.
+# One job on a GPU node, across connections that each end within minutes: start a command in a session
+# of its own (it outlives the connection that started it), wait on it from later connections, bring back
+# what is small.
 #   scripts/gpu_node/job.sh start NAME -- CMD...   # background; log $JOBS/NAME.log, exit status $JOBS/NAME.rc
 #   scripts/gpu_node/job.sh wait NAME SECONDS      # exit 0: done, 1: failed or lost, 3: still running
 #   scripts/gpu_node/job.sh collect NAME PATH...   # $OUT/NAME.tar.gz, at most 16 MiB
@@ -11,7 +12,7 @@
 set -euo pipefail
 JOBS=${JOBS:-/tmp/jobs}
 LOG_TAIL=${LOG_TAIL:-300000}       # bytes of each *.log that come back
-MAX_BYTES=${MAX_BYTES:-16777216}   # the archive's cap: what a device call brings back
+MAX_BYTES=${MAX_BYTES:-16777216}   # the archive's cap: transfers of at most 16 MiB
 SELF=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
 
 die() { echo "job.sh: $*" >&2; exit 2; }

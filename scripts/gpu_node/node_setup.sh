@@ -18,7 +18,7 @@ t0=$(date +%s)
 python3 scripts/gpu_node/install.py --staging "$STAGE" --target "$SITE"
 export PYTHONPATH=$SITE:$PWD
 # The wheels go in with --no-compile: without this, a node's first processes spent ~50 s compiling
-# modules. In a session of its own, so it outlives the device call; a second run only checks mtimes.
+# modules. In a session of its own, so it outlives the connection; a second run only checks mtimes.
 # STX_COMPILE=off leaves it out (a measurement of import times without bytecode runs it itself).
 if [[ ${STX_COMPILE:-background} != off ]]; then
   setsid python3 -m compileall -q -j 16 "$SITE" < /dev/null > /tmp/stx-compileall.log 2>&1 &

@@ -94,7 +94,7 @@ wait_jobs() {  # NAME...: until each job ends; its status line, and its log's ta
 run_info() {
   python3 - "$R/run_info.json" <<PY
 import json, os, subprocess, sys
-head = os.environ.get("STX_COMMIT")  # first: a device call's copy of the tree may carry an older .git
+head = os.environ.get("STX_COMMIT")  # first: a copied tree may carry an older .git
 if not head:
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None

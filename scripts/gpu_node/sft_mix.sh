@@ -50,7 +50,7 @@ python3 - "$R/run_info.json" "$TREATMENT_MIX" "$TEST_FREQ" "$MAX_TOKENS" "$REPEA
   "$TREATMENT" "$TREATMENT_ARGS" "$BASE_MIX" "$BASE_ARGS" <<'PY'
 import json, os, subprocess, sys
 path, mix, freq, max_tokens, repeat, seed, treatment, treatment_args, base_mix, base_args = sys.argv[1:]
-# STX_COMMIT first: a device call's copy of the tree may carry a .git of an earlier commit
+# STX_COMMIT first: a copied tree may carry a .git of an earlier commit
 head = os.environ.get("STX_COMMIT")
 if not head:
     try:

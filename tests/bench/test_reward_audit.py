@@ -1,5 +1,5 @@
 """The reward audit at small size (CI): the defaults move no reward the wrong way, and the audit can fail
-(the seed's positional reward is caught paying for null padding and punishing name formatting)."""
+(the original positional reward is caught paying for null padding and punishing name formatting)."""
 
 from __future__ import annotations
 

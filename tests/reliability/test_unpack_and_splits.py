@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 
 from shared.golden import EmptySplitError
 from shared.split_overlap import SplitOverlapError, read_overlaps
+from tests.helpers.tampered_packs import FILES, OTHER_RUN_FILES, flip_byte, forged_pack, record_over_other_pieces
 from tests.shared.test_split_overlap import DROPPED, overlapping_golden
 from tests.trainer.runs.test_loop import FaultyPhaseRunner
-from tests.trainer.transfer.test_unpack_refusals import FILES, forged_pack
 from trainer.data.datasets import build_datasets, read_rows
 from trainer.runs.config import LoopConfig
 from trainer.runs.loop import Loop
@@ -41,10 +41,7 @@ def beside(tmp_path: Path) -> list[str]:
 def test_unpack_tampered_piece(tmp_path: Path, record_property: Any) -> None:
     """`loop unpack` with one byte of one piece flipped (its size kept)."""
     pieces = forged_pack(tmp_path / "pieces", FILES, {})
-    piece = pieces / "batch-000" / "piece-00001"
-    data = bytearray(piece.read_bytes())
-    data[10] ^= 0x01
-    piece.write_bytes(bytes(data))
+    flip_byte(pieces / "batch-000" / "piece-00001", 10)
     code, lines = unpack_cli(pieces, tmp_path / "new")
     record_property("expected", "exit 1, one line naming the piece and its sha256; nothing written")
     said = lines[0].replace(str(pieces), "PIECES")
@@ -68,12 +65,8 @@ def test_unpack_missing_piece(tmp_path: Path, record_property: Any) -> None:
 def test_unpack_pieces_of_another_run(tmp_path: Path, record_property: Any) -> None:
     """`loop unpack` of one run's artifacts.json over another run's pieces (same piece names)."""
     ours = forged_pack(tmp_path / "pieces_ours", FILES, {})
-    theirs = forged_pack(tmp_path / "pieces_theirs", {**FILES, "run.json": b'{"config": {"out": "other"}}\n'}, {})
-    mixed = tmp_path / "pieces_mixed"
-    mixed.mkdir()
-    (mixed / ARTIFACTS).write_bytes((ours / ARTIFACTS).read_bytes())
-    for p in theirs.rglob("piece-*"):
-        (mixed / p.name).write_bytes(p.read_bytes())
+    theirs = forged_pack(tmp_path / "pieces_theirs", OTHER_RUN_FILES, {})
+    mixed = record_over_other_pieces(ours, theirs, tmp_path / "pieces_mixed")
     code, lines = unpack_cli(mixed, tmp_path / "new")
     record_property("expected", "exit 1, one line naming the first foreign piece; nothing written")
     record_property("observed", f"exit {code}: piece {lines[0].split()[2]} ... {lines[0].rsplit('(', 1)[-1]}")

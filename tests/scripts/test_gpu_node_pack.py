@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.tampered_packs import flip_byte
+
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts" / "gpu_node"))
 import build_wheelhouse as bw  # noqa: E402
@@ -124,10 +126,7 @@ def test_a_corrupt_chunk_is_caught(files: list[tuple[Path, str]], tmp_path: Path
     out = tmp_path / "chunks"
     pack(files, out, chunk_bytes=4000)
     stage = staged(out, tmp_path)
-    blob = stage / "chunk-001" / "blob.001"
-    data = bytearray(blob.read_bytes())
-    data[10] ^= 0xFF
-    blob.write_bytes(bytes(data))
+    flip_byte(stage / "chunk-001" / "blob.001", 10, 0xFF)
     with pytest.raises(PackError, match=r"chunk-001/blob\.001 sha256 mismatch"):
         restore(stage, tmp_path / "files")
 

@@ -64,7 +64,7 @@ def test_table_default_is_aligned_cell_f1() -> None:
     assert r.metric == "aligned" and r.score == pytest.approx(6 / 7)
     assert r.aligned is not None and r.aligned.cell_f1 == r.score
     assert r.reward == pytest.approx(-1 + 2 * 6 / 7)
-    assert r.cell_accuracy == 0.75  # the seed's number is still reported
+    assert r.cell_accuracy == 0.75  # the original positional number is still reported
     no_extras = compute_table_reward_single(
         '{"a": "1"}\n{"a": "3", "b": "x"}', TABLE, TableRewardConfig(aligned_metrics=False)
     )
@@ -76,7 +76,7 @@ def test_table_default_ignores_null_padding_and_row_order() -> None:
     padded = compute_table_reward_single('{"a": "1", "b": "2", "z": null}\n{"a": "3", "b": "x", "z": null}', TABLE)
     swapped = compute_table_reward_single('{"A": "3", "B": "x"}\n{"b": "2", "a": "1"}', TABLE)
     assert padded.reward == base.reward == swapped.reward
-    # the seed's positional metric pays for the same padding: null == null counts as a correct cell
+    # the original positional metric pays for the same padding: null == null counts as a correct cell
     pos_base = compute_table_reward_single('{"a": "1", "b": "2"}\n{"a": "3", "b": "x"}', TABLE, POSITIONAL)
     pos_padded = compute_table_reward_single(
         '{"a": "1", "b": "2", "z": null}\n{"a": "3", "b": "x", "z": null}', TABLE, POSITIONAL

@@ -1,6 +1,6 @@
 """The default table reward matches column names
 through ``normalize_name``, as the schema reward does, so a correct value under ``teamName`` counts
-when the gold says ``team_name``. The seed's positional metric keeps literal keys (``table_metric:
+when the gold says ``team_name``. The original positional metric keeps literal keys (``table_metric:
 positional``). These tests pin both, so a change to either side is a visible choice.
 """
 

@@ -95,7 +95,7 @@ def test_equivalent_predictions_score_the_same(edit: str, ex: GoldenExample, see
 
 
 def test_the_padding_attack_is_pinned() -> None:
-    """Fails on the seed's default (positional): null-filled junk columns raise it from 0.5 to 0.75."""
+    """Fails on the original metric (positional): null-filled junk columns raise it from 0.5 to 0.75."""
     gold = {"columns": ["season", "team"], "data": [["2001", "hawks"]]}
     base = compute_table_reward_single('{"season": "2001", "team": "bulls"}', gold)
     padded = compute_table_reward_single('{"season": "2001", "team": "bulls", "notes": null, "rank": null}', gold)

@@ -73,7 +73,7 @@ def render_pipeline_debug(console: Console, ex: GoldenExample, schema_prediction
         ("schema P / R / F1", f"{res['precision']:.3f} / {res['recall']:.3f} / {res['f1']:.3f}"),
         ("table_reward", res["table_reward"]),
         (f"table_score ({res.get('table_metric', 'aligned')}: the number table_reward maps)", res.get("table_score")),
-        ("cell_accuracy (the seed's positional, reported)", res["cell_accuracy"]),
+        ("cell_accuracy (the original positional metric, reported)", res["cell_accuracy"]),
         ("aligned cell F1", aligned.get("cell_f1")),
         ("error", res.get("error")),
     ):

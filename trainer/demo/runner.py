@@ -1,4 +1,4 @@
-"""The README's main job, as one command (``python -m trainer demo``): the seed's story in small.
+"""The README's main job, as one command (``python -m trainer demo``): the loop (docs/training.md) in small.
 
 On the bundled E2E sample (real public data, ``trainer/data/e2e_sample``), on CPU:
 

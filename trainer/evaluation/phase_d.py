@@ -208,8 +208,9 @@ def loop2_decision(
     min_gain_points: float = 1.0,
     compare: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The seed's loop-2 rule: stop when ``last`` gains < ``min_gain_points`` (×100) over ``previous``,
-    on the macro mean over sources (the pooled mean where a setting has no ``macro``).
+    """The loop's second-round rule (``trainer loop --loops 2``, docs/training.md): stop when ``last`` gains
+    < ``min_gain_points`` (×100) over ``previous``, on the macro mean over sources (the pooled mean where a
+    setting has no ``macro``).
 
     ``compare`` = (previous, last); default: the last two settings.
     """

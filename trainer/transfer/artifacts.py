@@ -57,7 +57,7 @@ from trainer.runs.reuse import finished as phase_done
 
 ARTIFACTS = "artifacts.json"
 FORMAT = 1
-DEFAULT_PIECE_BYTES = 15 * 2**20  # a device call brings back files of at most 16 MiB
+DEFAULT_PIECE_BYTES = 15 * 2**20  # fits transfers of at most 16 MiB a file
 DEFAULT_BATCH_PIECES = 4  # ... and at most 64 MiB in all
 CHUNK = 2**20
 SHA256 = r"^[0-9a-f]{64}$"

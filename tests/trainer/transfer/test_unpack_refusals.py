@@ -4,46 +4,22 @@ absolute, hold ``..``, or reach a recorded link on their way. Each refusal is on
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
-import tarfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
-from trainer.transfer.artifacts import ARTIFACTS, FORMAT, ArtifactError, PieceWriter, pack, unpack
-
-FILES = {"run.json": b'{"config": {}}\n', "a1/hf/model.safetensors": b"w" * 3000, "data/b1/train.parquet": b"p" * 900}
-
-
-def forged_pack(out: Path, files: dict[str, bytes], links: dict[str, str], piece_bytes: int = 1024) -> Path:
-    """A pack written as :func:`pack` writes one (tar stream cut into pieces, every size and sha256 recorded) but of
-    any files and links: what someone who controls the pieces and their ``artifacts.json`` can send."""
-    out.mkdir(parents=True)
-    writer = PieceWriter(out, piece_bytes, 4)
-    with writer, tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    record = {
-        "format": FORMAT, "created": "t", "commit": None, "source": {"workdir": "/old/loop", "recorded_as": []},
-        "piece_bytes": piece_bytes, "batch_pieces": 4, "models": [],
-        "files": [{"path": n, "size": len(d), "sha256": hashlib.sha256(d).hexdigest()} for n, d in files.items()],
-        "links": links, "pieces": writer.pieces,
-    }  # fmt: skip
-    (out / ARTIFACTS).write_text(json.dumps(record))
-    return out
-
-
-def edit(pieces: Path, change: Any) -> None:
-    path = pieces / ARTIFACTS
-    rec = json.loads(path.read_text())
-    change(rec)
-    path.write_text(json.dumps(rec))
+from tests.helpers.tampered_packs import (
+    FILES,
+    OTHER_RUN_FILES,
+    edit_record,
+    flip_byte,
+    forged_pack,
+    record_over_other_pieces,
+)
+from trainer.transfer.artifacts import ARTIFACTS, ArtifactError, pack, unpack
 
 
 def outside_untouched(tmp_path: Path, new: Path) -> list[str]:
@@ -131,10 +107,7 @@ def test_a_path_through_a_recorded_link_is_refused(
 
 def test_a_tampered_piece_is_refused_naming_it_even_with_its_size_kept(tmp_path: Path) -> None:
     pieces = forged_pack(tmp_path / "pieces", FILES, {})
-    piece = pieces / "batch-000" / "piece-00002"
-    data = bytearray(piece.read_bytes())
-    data[7] ^= 0x01
-    piece.write_bytes(bytes(data))
+    flip_byte(pieces / "batch-000" / "piece-00002", 7)
     with pytest.raises(ArtifactError, match=r"piece piece-00002 \(.*piece-00002\): sha256 \w+ is not the recorded"):
         unpack(pieces, tmp_path / "new")
     assert not (tmp_path / "new").exists()
@@ -144,12 +117,8 @@ def test_pieces_of_another_pack_are_refused(tmp_path: Path) -> None:
     """The same piece names from another run: found by name, refused by sha256, before anything is written; both
     runs' pieces under one folder: the name found twice is refused."""
     ours = forged_pack(tmp_path / "pieces", FILES, {})
-    theirs = forged_pack(tmp_path / "other", {**FILES, "run.json": b'{"config": {"out": "other"}}\n'}, {})
-    mixed = tmp_path / "mixed"
-    mixed.mkdir()
-    (mixed / ARTIFACTS).write_bytes((ours / ARTIFACTS).read_bytes())
-    for p in theirs.rglob("piece-*"):
-        (mixed / p.name).write_bytes(p.read_bytes())
+    theirs = forged_pack(tmp_path / "other", OTHER_RUN_FILES, {})
+    mixed = record_over_other_pieces(ours, theirs, tmp_path / "mixed")
     with pytest.raises(ArtifactError, match=r"piece piece-00000 \(.*\): sha256 \w+ .*\(corrupt, or a piece of another"):
         unpack(mixed, tmp_path / "new")
     assert not (tmp_path / "new").exists()
@@ -182,7 +151,7 @@ def test_a_missing_piece_is_named(tmp_path: Path) -> None:
 )
 def test_malformed_entries_are_named(tmp_path: Path, change: Any, message: str) -> None:
     pieces = forged_pack(tmp_path / "pieces", FILES, {})
-    edit(pieces, change)
+    edit_record(pieces, change)
     with pytest.raises(ArtifactError, match=message):
         unpack(pieces, tmp_path / "new")
     assert not (tmp_path / "new").exists()
@@ -192,7 +161,7 @@ def test_a_file_whose_recorded_hash_is_not_its_content_is_not_left_behind(tmp_pa
     """The pieces are intact but ``artifacts.json`` records another sha256 for one file (pieces re-hashed after a
     forged record): the file is named, and not left in the new folder."""
     pieces = forged_pack(tmp_path / "pieces", FILES, {})
-    edit(pieces, lambda r: r["files"][1].update(sha256="0" * 64))
+    edit_record(pieces, lambda r: r["files"][1].update(sha256="0" * 64))
     with pytest.raises(ArtifactError, match=r"file a1/hf/model.safetensors: 3000 bytes, sha256 \w+; artifacts.json"):
         unpack(pieces, tmp_path / "new")
     assert not (tmp_path / "new" / "a1" / "hf" / "model.safetensors").exists()
