@@ -129,3 +129,13 @@ def test_the_defaults_are_the_loops() -> None:
     `trainer evaluate pipeline` at its defaults evaluates as the loop does."""
     assert (ONE.concurrency, ONE.timeout_s, ONE.eager, ONE.prefix_caching) == (256, 600.0, True, False)
     assert ONE.config() == GenerationConfig(max_tokens=ONE.max_tokens, concurrency=256, timeout_s=600.0)
+
+
+def test_the_docs_state_the_one_default_and_where_it_lives() -> None:
+    docs = Path(__file__).resolve().parents[3] / "docs"
+    trainer_md, training_md = (docs / "trainer.md").read_text(), (docs / "training.md").read_text()
+    for text in (f"`--concurrency` ({ONE.concurrency} requests in flight)", f"`--timeout` ({ONE.timeout_s:g} s",
+                 "`GenerationSettings` (`trainer/evaluation/generation.py`"):  # fmt: skip
+        assert text in trainer_md, text
+    for text in (f"`--eval-concurrency` ({ONE.concurrency})", f"`--eval-timeout-s` ({ONE.timeout_s:g})"):
+        assert text in training_md, text
