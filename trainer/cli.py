@@ -17,9 +17,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from shared import EVAL_ANSWER_MAX_TOKENS, read_golden
+from shared import read_golden
 from shared.golden import EmptySplitError, GoldenFormatError
 from shared.split_overlap import SplitOverlapError
+from trainer.config_cli import field_option
 from trainer.data.datasets import build_datasets
 from trainer.data.precompute import precompute_c2
 from trainer.data.prompt_fit import PhaseLengths, Stage2Fit
@@ -31,6 +32,7 @@ from trainer.evaluation.generation import (
     GenerationClient,
     GenerationConfig,
     GenerationFailed,
+    GenerationSettings,
     RefusedAnswersError,
     TruncatedAnswersError,
 )
@@ -73,16 +75,14 @@ def _bad(param: str, msg: str) -> typer.BadParameter:
 
 
 def _gen(max_tokens: int, concurrency: int, timeout: float, seed: int) -> GenerationConfig:
-    return GenerationConfig(max_tokens=max_tokens, concurrency=concurrency, timeout_s=timeout, seed=seed)
+    return GenerationSettings(max_tokens=max_tokens, concurrency=concurrency, timeout_s=timeout).config(seed=seed)
 
 
-MaxTokens = typer.Option(
-    EVAL_ANSWER_MAX_TOKENS,
-    help="max_tokens per generation: the evaluation answer's budget (shared.EVAL_ANSWER_MAX_TOKENS), as the loop's "
-    "and the experiments' Phase D.",
-)
-Concurrency = typer.Option(16, help="Concurrent requests to the executor.")
-Timeout = typer.Option(300.0, min=0.001, help="Deadline of one request, seconds, its retries included.")
+# The generation options of infer, precompute-schemas and evaluate pipeline: GenerationSettings' fields, whose
+# defaults are the loop's Phase D's.
+MaxTokens = field_option(GenerationSettings, "max_tokens")
+Concurrency = field_option(GenerationSettings, "concurrency")
+Timeout = field_option(GenerationSettings, "timeout_s")
 MaxRefusedShare = typer.Option(
     DEFAULT_MAX_REFUSED_SHARE,
     min=0.0,
@@ -426,9 +426,10 @@ def rft_cmd(
     k: int = typer.Option(4, min=1, help="Samples per prompt."),
     threshold: float = typer.Option(0.5, help="Keep the best sample only if its reward ≥ this."),
     temperature: float = typer.Option(1.0, help="Sampling temperature."),
-    max_tokens: int = typer.Option(
-        EVAL_ANSWER_MAX_TOKENS,
-        help="max_tokens per sample: the evaluation answer's budget (shared.EVAL_ANSWER_MAX_TOKENS), as in the loop.",
+    max_tokens: int = field_option(
+        GenerationSettings,
+        "max_tokens",
+        "max_tokens per sample: the evaluation answer's budget (shared.EVAL_ANSWER_MAX_TOKENS), as in the loop.",
     ),
     limit: int | None = typer.Option(None, min=1, help="First N training examples."),
     per_source: str | None = typer.Option(
@@ -436,8 +437,10 @@ def rft_cmd(
         help="Prompts per source, SOURCE=N,... (e.g. wikitabletext=2000,e2e=500), drawn with --seed; "
         "sources left out are not sampled (default: every training example).",
     ),
-    concurrency: int = typer.Option(8, min=1, help="Concurrent requests (each asks for k samples)."),
-    timeout: float = typer.Option(300.0, min=1.0, help="Timeout of one request, seconds."),
+    concurrency: int = field_option(
+        GenerationSettings, "concurrency", "Concurrent requests per executor (each asks for k samples)."
+    ),
+    timeout: float = Timeout,
     seed: int = typer.Option(0, help="Seed of the sampling (prompt i gets seed + i) and of --per-source."),
     beat_greedy: bool = typer.Option(
         False, help="Keep a prompt's best sample only if its reward beats the policy's greedy answer's."

@@ -6,7 +6,10 @@ field: ``option`` (the parameter name, so the flag is ``--option-name``), ``cli_
 ``min``, ``max``, ``exists`` ...). ``cli=False`` marks a field that is not an option (e.g. trailing Hydra
 overrides). :func:`command_signature` gives a command function one keyword parameter per option, so a
 field added to the config is an option without a line in the command (``trainer loop``,
-``trainer experiment``).
+``trainer experiment``). A command whose other parameters are written by hand takes one field's option with
+:func:`field_option` (``trainer evaluate``, ``infer``, ``rft``, ``preflight``: the generation settings and the
+preflight's size), and a config holds another config's knob under its own name with :func:`field_like`
+(``--eval-concurrency`` is ``GenerationSettings.concurrency``): the default, help and checks stay the owner's.
 """
 
 from __future__ import annotations
@@ -59,22 +62,46 @@ def option_name(f: dataclasses.Field[Any]) -> str:
     return str(f.metadata["option"] or f.name)
 
 
+def _field(config: type, name: str) -> dataclasses.Field[Any]:
+    (found,) = (f for f in dataclasses.fields(config) if f.name == name)
+    return found
+
+
+def _option(f: dataclasses.Field[Any], help: str | None = None) -> Any:
+    """The ``typer.Option`` of a field: its command-line default (required where it has none), help and checks."""
+    meta = f.metadata
+    default = meta["cli_default"] if meta["cli_default"] is not MISSING else f.default
+    if default is MISSING and f.default_factory is not MISSING:
+        default = f.default_factory()
+    return typer.Option(... if default is MISSING else default, help=help or meta["help"], **meta["typer"])
+
+
 def options(config: type) -> list[inspect.Parameter]:
     """One keyword parameter per option, as Typer reads a command's signature."""
     hints = get_type_hints(config)
     params = []
     for f in cli_fields(config):
-        meta = f.metadata
-        default = meta["cli_default"] if meta["cli_default"] is not MISSING else f.default
-        if default is MISSING and f.default_factory is not MISSING:
-            default = f.default_factory()
-        required = default is MISSING
-        opt = typer.Option(... if required else default, help=meta["help"], **meta["typer"])
-        annotation = meta["cli_type"] or hints[f.name]
+        annotation = f.metadata["cli_type"] or hints[f.name]
         params.append(
-            inspect.Parameter(option_name(f), inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=annotation)
+            inspect.Parameter(option_name(f), inspect.Parameter.KEYWORD_ONLY, default=_option(f), annotation=annotation)
         )
     return params
+
+
+def field_option(config: type, name: str, help: str | None = None) -> Any:
+    """The option of ``config``'s field ``name`` (its default, help and checks) as the default of a parameter written
+    by hand; the parameter's name makes the flag. ``help``: where the command says more than the field."""
+    return _option(_field(config, name), help)
+
+
+def field_like(config: type, name: str, help: str | None = None, **meta: Any) -> Any:
+    """A field that is ``config``'s field ``name`` under another name (``eval_concurrency`` is
+    ``GenerationSettings.concurrency``): the same default and checks; ``help`` and ``meta`` (:func:`cli_meta`'s
+    ``option``, ``cli_type``, ``cli_default``) where its option differs."""
+    f = _field(config, name)
+    own = f.metadata
+    settings = {k: own[k] for k in ("option", "cli_type", "cli_default", "cli")} | meta
+    return dataclasses.field(default=f.default, metadata=cli_meta(help=help or own["help"], **settings, **own["typer"]))
 
 
 def given_values(config: type, given: dict[str, Any]) -> dict[str, Any]:

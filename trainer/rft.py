@@ -27,11 +27,11 @@ from typing import Any
 
 from tqdm import tqdm
 
-from shared import EVAL_ANSWER_MAX_TOKENS, GoldenExample, read_golden
+from shared import GoldenExample, read_golden
 from shared.golden import source_of
 from shared.split_overlap import train_examples
 from trainer.data.datasets import SFT_SCHEMA, sft_row, write_parquet
-from trainer.evaluation.generation import GenerationClient, GenerationConfig, truncated
+from trainer.evaluation.generation import GenerationClient, GenerationConfig, GenerationSettings, truncated
 from trainer.evaluation.reward_scoring import prompt_for, reward_item, score
 from trainer.phases.registry import RewardKind, sft_phase_for
 
@@ -41,9 +41,10 @@ class RftConfig:
     k: int = 4
     threshold: float = 0.5
     temperature: float = 1.0
-    max_tokens: int = EVAL_ANSWER_MAX_TOKENS
-    concurrency: int = 8
-    timeout_s: float = 300.0
+    # the trainer's generation settings (one default each); concurrency counts requests of k samples each
+    max_tokens: int = GenerationSettings.max_tokens
+    concurrency: int = GenerationSettings.concurrency
+    timeout_s: float = GenerationSettings.timeout_s
     seed: int = 0
     # keep a prompt's best sample only where its reward beats the policy's greedy answer's (the greedy baseline's
     # rule: only what evaluation would not already write is learnt)

@@ -17,8 +17,8 @@
 # then `job.sh wait rft 540` and `job.sh collect rft /tmp/rft` from later calls. WAVES=rft,test reuses the SFT
 # models an earlier run left in RFT_RUN. PROFILE=cpu-smoke runs the same waves on CPU (no GPU, the CPU shim), to
 # rehearse the script before a GPU run: GOLDEN_DIR=trainer/data/sample SFT_ARGS= RFT_ARGS=trainer.total_training_steps=4
-# RFT_PER_SOURCE=invoice=2,people=2,product=2 RFT_K=2 RFT_THRESHOLD=-1 CONCURRENCY=8 RFT_REWARDS=pipeline,table took
-# 21 minutes on 2 cores.
+# RFT_PER_SOURCE=invoice=2,people=2,product=2 RFT_K=2 RFT_THRESHOLD=-1 CONCURRENCY=8 RFT_CONCURRENCY=1
+# RFT_REWARDS=pipeline,table took 21 minutes on 2 cores.
 set -uo pipefail
 J=scripts/gpu_node/job.sh
 R=${RFT_RUN:-/tmp/rft}
@@ -33,8 +33,12 @@ RFT_THRESHOLD=${RFT_THRESHOLD:-0.5}
 RFT_PER_SOURCE=${RFT_PER_SOURCE:-wikitabletext=2000,e2e=500,rotowire_sent=500}
 RFT_SEED=${RFT_SEED:-0}
 RFT_FLAGS=${RFT_FLAGS:-}  # more `trainer rft` options, e.g. "--beat-greedy --with-gold"
-MAX_TOKENS=${MAX_TOKENS:-384}
-CONCURRENCY=${CONCURRENCY:-256}
+# Empty: the trainer's one default (GenerationSettings, trainer/evaluation/generation.py), no flag given.
+MAX_TOKENS=${MAX_TOKENS:-}
+CONCURRENCY=${CONCURRENCY:-}  # Phase D's requests in flight
+# `trainer rft`'s requests each ask for RFT_K (8) samples: 32 keep 256 sequences in flight, as Phase D's 256
+# single answers do (its default of 256 requests would be 2,048 sequences)
+RFT_CONCURRENCY=${RFT_CONCURRENCY:-32}
 MEM=${SERVE_MEM:-0.08}
 PORT=${RFT_PORT:-18700}  # π1ˢ, π2ˢ, reward_api, then the RFT models (pipeline, schema, table)
 : "${MODEL_DIR:?MODEL_DIR (the base model) must be set}" "${GOLDEN_DIR:?GOLDEN_DIR must be set}"
@@ -76,7 +80,8 @@ placement() {  # the trainer's overrides of one process on one GPU
   [[ $PROFILE == gpu ]] && echo "trainer.n_gpus_per_node=1"
 }
 serve() {  # I NAME MODEL_DIR: an executor on GPU I % NGPU at PORT + I, up before the next one starts (two vLLM
-  # engines profiling one GPU's memory at once fail their start)
+  # engines profiling one GPU's memory at once fail their start). --eager: `serve start` defaults to CUDA graphs;
+  # evaluation executors run eager (GenerationSettings); prefix caching stays on, as the measured runs had it
   local i=$1 name=$2 model=$3 where=()
   [[ $PROFILE == gpu ]] && where=(--gpus "$(gpu_of "$i")" --mem "$MEM" --eager)
   python3 -m trainer serve start --model "$model" --name "$name" --port $((PORT + i)) "${where[@]}" --wait
@@ -94,6 +99,7 @@ wait_jobs() {  # NAME...: until each job ends; its status line, and its log's ta
 run_info() {
   python3 - "$R/run_info.json" <<PY
 import json, os, subprocess, sys
+from trainer.evaluation.generation import GenerationSettings as G  # what an empty MAX_TOKENS / CONCURRENCY means
 head = os.environ.get("STX_COMMIT")  # first: a copied tree may carry an older .git
 if not head:
     try:
@@ -103,7 +109,8 @@ if not head:
 json.dump({"command": "bash scripts/gpu_node/rft.sh", "commit": head, "profile": "$PROFILE", "waves": "$WAVES",
            "sft_args": "$SFT_ARGS", "sft_mix": "$SFT_MIX", "rft_args": "$RFT_ARGS", "rft_rewards": "$RFT_REWARDS", "rft_k": $RFT_K,
            "rft_threshold": $RFT_THRESHOLD, "rft_per_source": "$RFT_PER_SOURCE", "rft_seed": $RFT_SEED, "rft_flags": "$RFT_FLAGS",
-           "max_tokens": $MAX_TOKENS, "concurrency": $CONCURRENCY, "serve_mem": $MEM, "gpus": ${NGPU:-0},
+           "max_tokens": ${MAX_TOKENS:-G.max_tokens}, "concurrency": ${CONCURRENCY:-G.concurrency},
+           "rft_concurrency": $RFT_CONCURRENCY, "serve_mem": $MEM, "gpus": ${NGPU:-0},
            "test_golden": "$TEST"}, open(sys.argv[1], "w"), indent=1)
 PY
 }
@@ -149,9 +156,9 @@ if on rft; then
     [[ $pi == 2 ]] && policy=(--policy-url "$(url 1)" --policy-model a2 --start-model "$R/a2/hf")
     # shellcheck disable=SC2046,SC2086
     on_gpu "$i" $J start "$name" -- python3 -m trainer rft --golden "$GOLDEN_DIR" --reward "$reward" "${policy[@]}" \
-      --reward-url "$(url 2)" --out "$R/$name" --k "$RFT_K" --threshold "$RFT_THRESHOLD" --max-tokens "$MAX_TOKENS" \
-      --per-source "$RFT_PER_SOURCE" --concurrency $((CONCURRENCY / 8 > 0 ? CONCURRENCY / 8 : 1)) --seed "$RFT_SEED" \
-      $RFT_FLAGS --profile "$PROFILE" $(placement) $RFT_ARGS
+      --reward-url "$(url 2)" --out "$R/$name" --k "$RFT_K" --threshold "$RFT_THRESHOLD" \
+      ${MAX_TOKENS:+--max-tokens "$MAX_TOKENS"} --per-source "$RFT_PER_SOURCE" --concurrency "$RFT_CONCURRENCY" \
+      --seed "$RFT_SEED" $RFT_FLAGS --profile "$PROFILE" $(placement) $RFT_ARGS
     names+=("$name")
   done
   wait_jobs "${names[@]}" || echo "an RFT run failed: the test wave evaluates the others"
@@ -177,8 +184,8 @@ if on test; then
     && settings+=("rft_both=$(url "${MADE[pipeline]}"),rft_pipeline,$(url "${MADE[table]}"),rft_table")
   args=()
   for s in "${settings[@]}"; do args+=(--setting "$s"); done
-  python3 -m trainer evaluate pipeline --golden "$TEST" "${args[@]}" --out "$R/test" --max-tokens "$MAX_TOKENS" \
-    --max-truncated-share 1 --concurrency "$CONCURRENCY" --timeout 600 > "$R/test.log" 2>&1 \
+  python3 -m trainer evaluate pipeline --golden "$TEST" "${args[@]}" --out "$R/test" --max-truncated-share 1 \
+    ${MAX_TOKENS:+--max-tokens "$MAX_TOKENS"} ${CONCURRENCY:+--concurrency "$CONCURRENCY"} > "$R/test.log" 2>&1 \
     || { echo "Phase D failed"; tail -20 "$R/test.log"; exit 1; }
   # the answers under names job.sh collect keeps (it leaves predictions_* out): the report pools seeds from them
   for f in "$R"/test/predictions_*.jsonl; do gzip -c "$f" > "$R/test_rows_$(basename "$f" .jsonl | sed 's/^predictions_//').jsonl.gz"; done

@@ -30,7 +30,7 @@ TEST_FREQ=${SFT_TEST_FREQ:-280}
 WAVES=${WAVES:-sft,val,test}
 REPEAT_SOURCE=${REPEAT_SOURCE:-wikitabletext}
 REPEAT_CHECK=${REPEAT_CHECK:-1}  # 0: no repeat check beside the validation wave
-MAX_TOKENS=${MAX_TOKENS:-384}
+MAX_TOKENS=${MAX_TOKENS:-}  # empty: the trainer's one default (GenerationSettings, trainer/evaluation/generation.py)
 SFT_SEED=${SFT_SEED:-}  # set: the SFT train rows in an order of this seed (a second SFT seed)
 : "${MODEL_DIR:?MODEL_DIR (the base model) must be set}" "${GOLDEN_DIR:?GOLDEN_DIR must be set}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -50,6 +50,9 @@ python3 - "$R/run_info.json" "$TREATMENT_MIX" "$TEST_FREQ" "$MAX_TOKENS" "$REPEA
   "$TREATMENT" "$TREATMENT_ARGS" "$BASE_MIX" "$BASE_ARGS" <<'PY'
 import json, os, subprocess, sys
 path, mix, freq, max_tokens, repeat, seed, treatment, treatment_args, base_mix, base_args = sys.argv[1:]
+if not max_tokens:
+    from trainer.evaluation.generation import GenerationSettings
+    max_tokens = GenerationSettings.max_tokens
 # STX_COMMIT first: a copied tree may carry a .git of an earlier commit
 head = os.environ.get("STX_COMMIT")
 if not head:
@@ -100,6 +103,8 @@ PY
 fi
 
 serve() {  # I NAME [ENV...]: NAME's export on GPU I at PORT+I (PORT+4: the batch-invariant π1)
+  # --eager: `serve start` defaults to CUDA graphs; evaluation executors run eager (GenerationSettings). Prefix
+  # caching stays on, as in the measured runs (bench/results/sft_mix.md) that showed it breaks repeats.
   local i=$1 name=$2 port=$((PORT + $1)); shift 2
   env "$@" python3 -m trainer serve start --model "$R/${name%_bi}/hf" --name "$name" --gpus "$(( i % 4 ))" \
     --port "$port" --mem 0.15 --eager
@@ -113,8 +118,9 @@ repeat_check() {  # π1 (a1_base) on REPEAT_SOURCE's validation documents, three
   for mode in default:0:a1_base batch_invariant:4:a1_base_bi; do
     IFS=: read -r m i name <<< "$mode"
     for run in c256_1:256 c256_2:256 c32:32; do
+      # each run's concurrency spelled out: the check compares runs at 256 (the default) with one at 32
       python3 -m trainer infer stage1 --executor-url "$(url "$i")" --model "$name" --golden "$R/val/repeat_golden.jsonl" \
-        --out "$R/repeat/${m}_${run%:*}.jsonl" --max-tokens "$MAX_TOKENS" --concurrency "${run#*:}" --timeout 600 \
+        --out "$R/repeat/${m}_${run%:*}.jsonl" ${MAX_TOKENS:+--max-tokens "$MAX_TOKENS"} --concurrency "${run#*:}" \
         || echo "repeat $m ${run%:*} failed"
     done
   done
@@ -133,7 +139,7 @@ if on val; then
   for i in 0 1 2 3; do
     name=${NAMES[$i]}; stage=stage1; [[ $name == a2_* ]] && stage=stage2
     python3 -m trainer infer "$stage" --executor-url "$(url $i)" --model "$name" --golden "$VAL" \
-      --out "$R/val/$name.jsonl" --max-tokens "$MAX_TOKENS" --concurrency 256 --timeout 600 > "$R/val/$name.log" 2>&1 &
+      --out "$R/val/$name.jsonl" ${MAX_TOKENS:+--max-tokens "$MAX_TOKENS"} > "$R/val/$name.log" 2>&1 &
     pids+=($!)
   done
   if [[ $REPEAT_CHECK == 1 ]]; then
@@ -160,7 +166,7 @@ if on test; then
     IFS=: read -r name p1 p2 <<< "$s"
     python3 -m trainer evaluate pipeline --golden "$TEST" \
       --setting "$name=$(url "$(index "$p1")"),$p1,$(url "$(index "$p2")"),$p2" --out "$R/test_$name" \
-      --max-tokens "$MAX_TOKENS" --max-truncated-share 1 --concurrency 256 --timeout 600 > "$R/test_$name.log" 2>&1 &
+      ${MAX_TOKENS:+--max-tokens "$MAX_TOKENS"} --max-truncated-share 1 > "$R/test_$name.log" 2>&1 &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid" || { echo "a test evaluation failed"; tail -5 "$R"/test_*.log; exit 1; }; done

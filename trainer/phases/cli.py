@@ -16,8 +16,10 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from shared import EVAL_ANSWER_MAX_TOKENS
+from trainer.config_cli import field_option
+from trainer.evaluation.generation import GenerationSettings
 from trainer.phases.launch import PROFILES, PhaseRun, check_profile, run_phase
+from trainer.phases.preflight import PreflightSize
 from trainer.phases.registry import GRPO_PHASES, PHASES, get_phase, reward_of
 from trainer.phases.token_overrides import TokenInOverrideError, check_no_token
 from trainer.serving.reward_api_env import CLIENT_URL_ENV
@@ -124,14 +126,14 @@ def preflight_cmd(
     policy_url: str = typer.Option(..., help="Executor serving the phase's start policy."),
     policy_model: str = typer.Option(..., help="Served model name of the policy."),
     reward_url: str = typer.Option(..., help="Reward API the phase will use (C1: its executor serves π2)."),
-    n: int = typer.Option(8, min=2, help="Samples per prompt (the phase's rollout.n)."),
-    prompts: int = typer.Option(32, min=1, help="Training prompts to sample per source."),
+    n: int = field_option(PreflightSize, "n"),
+    prompts: int = field_option(PreflightSize, "prompts"),
     sources: str | None = typer.Option(None, help="Comma-separated sources to check (default: every source)."),
     temperature: float = typer.Option(1.0, min=0.0, help="Sampling temperature (the phase's rollout temperature)."),
-    max_tokens: int = typer.Option(
-        EVAL_ANSWER_MAX_TOKENS,
-        min=1,
-        help="max_tokens per sample and greedy answer: the evaluation answer's budget (shared.EVAL_ANSWER_MAX_TOKENS), "
+    max_tokens: int = field_option(
+        GenerationSettings,
+        "max_tokens",
+        "max_tokens per sample and greedy answer: the evaluation answer's budget (shared.EVAL_ANSWER_MAX_TOKENS), "
         "as the loop's and the experiments' preflight.",
     ),
     min_informative: float = typer.Option(0.25, min=0.0, max=1.0, help="Fail below this share of informative groups."),

@@ -19,7 +19,10 @@ and not run blind. The improvable prompts' ids go into the report, and ``improva
 writes them as a prompt set in the phase's RLHFDataset format (offline difficulty filtering).
 
     python -m trainer preflight --golden DIR --phase b1 --policy-url URL --policy-model NAME \\
-        --reward-url URL [--n 16] [--prompts 64] [--temperature 1.0] [--min-improvable 0.10]
+        --reward-url URL [--n N] [--prompts N] [--temperature 1.0] [--min-improvable 0.10]
+
+How much it samples (:class:`PreflightSize`) has one default, for that command, the loop's ``--preflight-min`` and
+the experiments' sweep.
 """
 
 from __future__ import annotations
@@ -35,10 +38,11 @@ from typing import Any, Literal, NamedTuple
 
 import pyarrow.parquet as pq
 
-from shared import EVAL_ANSWER_MAX_TOKENS, GoldenExample
+from shared import GoldenExample
 from shared.golden import source_of
 from shared.split_overlap import train_examples
-from trainer.evaluation.generation import GenerationClient, GenerationConfig
+from trainer.config_cli import option
+from trainer.evaluation.generation import GenerationClient, GenerationConfig, GenerationSettings
 from trainer.evaluation.reward_scoring import prompt_for, reward_item, score_results
 from trainer.phases.registry import RewardKind
 from trainer.phases.train_set import rl_row_ids
@@ -49,10 +53,27 @@ EQUAL = 1e-9  # rewards closer than this count as equal (GRPO's std would be ~0)
 MIN_IMPROVABLE = 0.10
 Criterion = Literal["improvable", "informative"]
 # Calls in flight to the policy's executor: sampling requests of n completions each, and greedy ones.
-# GenerationConfig's default 16 kept 16 x n 16 = 256 sequences running (a quarter of the 1,024 vLLM runs at
-# once on a >= 70 GiB GPU) and sent 600 greedy prompts in ~40 waves of 16 (measured on GPU nodes).
+# A concurrency of 16 (the client's default then) kept 16 x n 16 = 256 sequences running (a quarter of the 1,024
+# vLLM runs at once on a >= 70 GiB GPU) and sent 600 greedy prompts in ~40 waves of 16 (measured on GPU nodes).
 SAMPLE_REQUESTS_IN_FLIGHT = 64
 GREEDY_IN_FLIGHT = 256
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreflightSize:
+    """How much the preflight samples: ``prompts`` training prompts of each source, ``n`` samples each (plus one
+    greedy answer). One default for ``trainer preflight``, the loop's ``--preflight-min`` and the experiments' sweep
+    (their ``--preflight-prompts`` / ``--preflight-n`` are these fields).
+
+    Why 16 x 64: ``n`` is the phase's ``rollout.n``, and the gpu profile's is 16 (``configs/profile/gpu.yaml``: 8 was
+    the recipe before it), so the preflight measures the groups the phase will train on; a group of 8 has fewer
+    chances of a sample that beats greedy and understates the headroom. 64 prompts per source: the size
+    docs/training.md's recipe runs; they hold a 10% improvable share to about +-4 points (binomial standard error),
+    where 32 give +-5.
+    """
+
+    n: int = option(16, "Samples per prompt (the phase's rollout.n).", min=2)
+    prompts: int = option(64, "Training prompts to sample per source.", min=1)
 
 
 @dataclass(frozen=True)
@@ -269,10 +290,10 @@ def advantage_check(
     model: str,
     reward_url: str,
     *,
-    n: int = 8,
-    prompts: int = 32,
+    n: int = PreflightSize.n,
+    prompts: int = PreflightSize.prompts,
     temperature: float = 1.0,
-    max_tokens: int = EVAL_ANSWER_MAX_TOKENS,
+    max_tokens: int = GenerationSettings.max_tokens,
     min_informative: float = 0.25,
     min_improvable: float = MIN_IMPROVABLE,
     sources: Sequence[str] | None = None,

@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from shared.limits import EVAL_ANSWER_MAX_TOKENS, TABLE_ANSWER_MAX_TOKENS
-from trainer.config_cli import cli_meta, csv_values, option
+from shared.limits import TABLE_ANSWER_MAX_TOKENS
+from trainer.config_cli import cli_meta, csv_values, field_like, option
+from trainer.evaluation.generation import GenerationSettings
 from trainer.phases.launch import PROFILES, Profile
+from trainer.phases.preflight import PreflightSize
 from trainer.phases.registry import GRPO_PHASES, SFT_PHASES
 from trainer.phases.token_overrides import check_no_token
 from trainer.phases.train_mix import check_restricted, check_share, rl_mix_share_field
@@ -66,22 +68,26 @@ class RunConfig:
     reward_workers: int | None = option(None, "uvicorn workers of each reward API the run starts (default: 1 on CPU; "
                                         "on GPUs 4, 8 for the pipeline reward).", min=1)  # fmt: skip
     # --executor-cuda-graphs = not eager: a 135M model's executors start in well under a minute without compiling
-    executor_eager: bool = option(True, "GPU executors with CUDA graphs + torch.compile (slower start; for larger "
-                                  "models). Default: eager.", option="executor_cuda_graphs",
-                                  cli_default=False)  # fmt: skip
+    executor_eager: bool = field_like(GenerationSettings, "eager", "GPU executors with CUDA graphs + torch.compile "
+                                      "(slower start; for larger models). Default: eager.",
+                                      option="executor_cuda_graphs",
+                                      cli_default=not GenerationSettings.eager)  # fmt: skip
     c2_train_prompts: int = option(4096, "C2's schemas: a seeded N train documents (and every validation one); VERL "
                                    "draws data.train_max_samples prompts from them.", min=1)  # fmt: skip
     eval_limit: int | None = option(None, "First N test documents in Phase D (default: all).", min=1)
-    eval_max_tokens: int = option(EVAL_ANSWER_MAX_TOKENS, "Max new tokens of the run's own generation: Phase D, C2's "
-                                  "schemas, the preflight, RFT.", min=1)  # fmt: skip
+    eval_max_tokens: int = field_like(GenerationSettings, "max_tokens", "Max new tokens of the run's own generation: "
+                                      "Phase D, C2's schemas, the preflight, RFT.")  # fmt: skip
     eval_max_truncated_share: float = option(0.02, "Phase D fails when more than this share of a setting's schemas or "
                                              "tables stop at the max tokens (a cut answer would be scored as wrong).",
                                              min=0.0, max=1.0)  # fmt: skip
     eval_max_refused_share: float = option(0.02, "Phase D fails when the executor refuses (HTTP 400, e.g. a prompt "
                                            "over its context) more than this share of a setting's prompts (a "
                                            "refused document is scored as wrong).", min=0.0, max=1.0)  # fmt: skip
-    eval_concurrency: int = option(256, "Concurrent requests per executor.", min=1)
-    eval_timeout_s: float = option(600.0, "Deadline of one request (s), its retries included.", min=1.0)
+    eval_concurrency: int = field_like(GenerationSettings, "concurrency")
+    eval_timeout_s: float = field_like(GenerationSettings, "timeout_s")
+    preflight_prompts: int = field_like(PreflightSize, "prompts", "Preflight (the loop's --preflight-min, the "
+                                        "experiments' sweep): training prompts per source.")  # fmt: skip
+    preflight_n: int = field_like(PreflightSize, "n", "Preflight: samples per prompt (rollout.n).")
 
     def __post_init__(self) -> None:
         check_share(self.rl_mix_share)
@@ -91,6 +97,11 @@ class RunConfig:
 
     def folder(self, recipe: str) -> Path:
         return self.out or Path("runs") / recipe
+
+    @property
+    def executor_prefix_caching(self) -> bool:
+        """Whether the run's executors cache prefixes: never (GenerationSettings.prefix_caching; no option)."""
+        return GenerationSettings.prefix_caching
 
     def workers(self, pipeline: bool) -> int:
         if self.reward_workers:
@@ -142,10 +153,8 @@ class ExperimentConfig(RunConfig):
                                       cli_type=str, cli_default="1.0,1.3,1.6")  # fmt: skip
     preflight_phases: tuple[str, ...] = csv_option("Comma-separated RL phases the preflight sweeps (default: b1,c1 for "
                                                    "pi1-ab, b2 for pi2-ab).")  # fmt: skip
-    preflight_prompts: int = option(64, "Preflight: training prompts per source.", min=1)
     preflight_sources: tuple[str, ...] = csv_option("Comma-separated sources the preflight samples (default: every "
                                                     "source of the train split).")  # fmt: skip
-    preflight_n: int = option(16, "Preflight: samples per prompt (rollout.n).", min=2)
     min_share: float = option(0.10, "The rollout temperature: the lowest swept one at which every swept phase has at "
                               "least this macro improvable share; a phase below it has no headroom.", min=0.0,
                               max=1.0)  # fmt: skip

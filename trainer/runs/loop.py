@@ -252,8 +252,8 @@ class Loop:
         (ep,) = self.ctx.servers.serve([ModelSpec(run.model_path, slot=slot, log=log)])
         rep = advantage_check(
             cfg.golden, reward_of(run.phase.name), ep.url, ep.served_name, run.reward_url,
-            min_informative=float(cfg.preflight_min or 0.0), max_tokens=cfg.eval_max_tokens,
-            sources=cfg.rl_sources or None, limit=cfg.limit,
+            n=cfg.preflight_n, prompts=cfg.preflight_prompts, min_informative=float(cfg.preflight_min or 0.0),
+            max_tokens=cfg.eval_max_tokens, sources=cfg.rl_sources or None, limit=cfg.limit,
         )  # fmt: skip
         self.ctx.servers.pool.stop_except([])
         write_report(rep, run.out_dir / "preflight.json")
@@ -275,7 +275,8 @@ class Loop:
             "golden": {"test": sha256_file(cfg.golden / "common_test_schemas.jsonl")},
             "config": {
                 "eval_limit": cfg.eval_limit, "max_tokens": cfg.eval_max_tokens, "prompt_version": PROMPT_VERSION,
-                "concurrency": cfg.eval_concurrency, "serving": {"eager": cfg.executor_eager, "prefix_caching": False},
+                "concurrency": cfg.eval_concurrency,
+                "serving": {"eager": cfg.executor_eager, "prefix_caching": cfg.executor_prefix_caching},
             },
         }  # fmt: skip
 

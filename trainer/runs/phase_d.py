@@ -124,9 +124,10 @@ def score_settings(
 
 def generation(cfg: RunConfig) -> GenerationConfig:
     """The run's own requests: greedy, ``--eval-max-tokens``, ``--eval-concurrency``, ``--eval-timeout-s``."""
-    from trainer.evaluation.generation import GenerationConfig
+    from trainer.evaluation.generation import GenerationSettings
 
-    return GenerationConfig(cfg.eval_max_tokens, concurrency=cfg.eval_concurrency, timeout_s=cfg.eval_timeout_s)
+    return GenerationSettings(max_tokens=cfg.eval_max_tokens, concurrency=cfg.eval_concurrency,
+                              timeout_s=cfg.eval_timeout_s).config()  # fmt: skip
 
 
 def test_examples(cfg: RunConfig) -> list[GoldenExample]:
@@ -171,7 +172,8 @@ def score(
         return served
 
     # how the servers serve (every executor of the run alike): schemas repeat only in one mode
-    serving = {"profile": ctx.cfg.profile, "eager": ctx.cfg.executor_eager, "prefix_caching": False}
+    cfg = ctx.cfg
+    serving = {"profile": cfg.profile, "eager": cfg.executor_eager, "prefix_caching": cfg.executor_prefix_caching}
 
     def keep(names: Sequence[str], pi1: str) -> tuple[Path, dict[str, Any]]:
         key = stage1_key(fingerprint(pi1), test_file, ctx.cfg.eval_limit, gen, serving)

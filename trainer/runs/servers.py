@@ -22,7 +22,7 @@ from trainer.serving.reward_api import reward_api_process, serve_reward_api
 class Servers(contextlib.AbstractContextManager["Servers"]):
     def __init__(self, cfg: RunConfig, logs: Path, record: RunRecord) -> None:
         self.cfg, self.logs, self.record = cfg, logs, record
-        self.pool = ExecutorPool(eager=cfg.executor_eager, prefix_caching=False)
+        self.pool = ExecutorPool(eager=cfg.executor_eager, prefix_caching=cfg.executor_prefix_caching)
         self.apis: dict[str, tuple[contextlib.ExitStack, str]] = {}
 
     def __exit__(self, *_exc: object) -> None:

@@ -160,10 +160,10 @@ def test_preflight_stops_the_loop_before_a_phase_whose_groups_teach_nothing(
     out = tmp_path / "loop"
     for p in ("a1", "a2"):
         recorded_as_run(config(out, ("0",)), p, "/base")
-    seen: list[tuple[str, str, float]] = []
+    seen: list[tuple[object, ...]] = []
 
     def fake_check(golden: Path, reward: str, url: str, model: str, reward_url: str, **kw: object):  # type: ignore[no-untyped-def]
-        seen.append((reward, reward_url, float(kw["min_informative"])))  # type: ignore[arg-type]
+        seen.append((reward, reward_url, float(kw["min_informative"]), kw["n"], kw["prompts"]))  # type: ignore[arg-type]
         return preflight.PreflightReport(reward, 32, 8, 1.0, 2, 0.0625, 0.9, 0.01, 0.25, False)
 
     monkeypatch.setattr(preflight, "advantage_check", fake_check)
@@ -174,7 +174,8 @@ def test_preflight_stops_the_loop_before_a_phase_whose_groups_teach_nothing(
     runner = RecordingRunnerForTests(0.01)
     with pytest.raises(RuntimeError, match=r"phase b1: TOO LITTLE SIGNAL: .*only 2/32 groups .* GRPO would learn"):
         Loop(cfg, runner=runner).run()
-    assert "b1" not in runner.runs and seen == [("schema", "http://127.0.0.1:9", 0.25)]
+    size = preflight.PreflightSize()  # the one preflight size, the loop's default as the experiments'
+    assert "b1" not in runner.runs and seen == [("schema", "http://127.0.0.1:9", 0.25, size.n, size.prompts)]
     assert json.loads((out / "b1" / "preflight.json").read_text())["ok"] is False
 
     # groups that differ are not enough; no sample beating the greedy answer is no headroom
