@@ -53,7 +53,11 @@ PADDED=(
 profile() {  # NAME: py-spy over the run's process tree once two steps are logged
   local name=$1 m=$R/$1/metrics.jsonl spy
   spy=$(command -v py-spy || echo "${SITE:-/tmp/site}/bin/py-spy")
-  for _ in $(seq 900); do [[ -f $m ]] && (( $(wc -l < "$m") >= 2 )) && break; sleep 1; done
+  for _ in $(seq 900); do
+    [[ -f $m ]] && (( $(wc -l < "$m") >= 2 )) && break
+    [[ -f ${JOBS:-/tmp/jobs}/$name.rc ]] && return  # ended before its second step: nothing to profile
+    sleep 1
+  done
   timeout $((PROFILE_S + 60)) "$spy" record --subprocesses --nonblocking --rate 50 --duration "$PROFILE_S" --format raw \
     --output "$R/$name/pyspy.txt" --pid "$(cat "${JOBS:-/tmp/jobs}/$name.pid")" > "$R/$name/pyspy.log" 2>&1
 }

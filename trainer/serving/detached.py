@@ -101,7 +101,10 @@ def wait(ports: Sequence[int], timeout: float = START_TIMEOUT_S) -> None:
     t0 = time.monotonic()
     while pending:
         for p in list(pending):
-            pid = int((run_dir() / f"stx-vllm-{p}.pid").read_text())
+            pid_file = run_dir() / f"stx-vllm-{p}.pid"
+            if not pid_file.is_file():
+                raise SystemExit(f"vLLM on port {p}: its PID file {pid_file} is gone (`trainer serve stop` ended it?)")
+            pid = int(pid_file.read_text())
             if not alive(pid):
                 tail = (run_dir() / f"stx-vllm-{p}.log").read_text(errors="replace")[-4000:]
                 raise SystemExit(f"vLLM on port {p} exited:\n{tail}")

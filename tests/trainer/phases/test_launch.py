@@ -11,7 +11,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from trainer.phases.export import ExportError, check_hf_dir, fsdp_dir, merge_command
+from trainer.phases.export import ExportError, check_hf_dir, drop_attn_implementation, fsdp_dir, merge_command
 from trainer.phases.launch import (
     ALWAYS_LOADED,
     CONFIG_DIR,
@@ -249,6 +249,30 @@ def test_export_helpers(tmp_path: Path) -> None:
     for f in ("config.json", "model.safetensors", "tokenizer.json"):
         (hf / f).write_text("{}")
     check_hf_dir(hf)
+
+
+def test_an_export_names_no_training_attention(tmp_path: Path) -> None:
+    """VERL writes the phase's attention (packed_sdpa, registered only inside a phase) into the checkpoint's
+    config.json; a process without it (the merger, vLLM, transformers elsewhere) refuses that config until the
+    export drops the key."""
+    import json
+    import subprocess
+    import sys
+
+    from transformers import LlamaConfig
+
+    LlamaConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4).save_pretrained(tmp_path)
+    config = tmp_path / "config.json"
+    raw = json.loads(config.read_text()) | {"attn_implementation": "packed_sdpa"}
+    config.write_text(json.dumps(raw))
+    load = [sys.executable, "-c", f"from transformers import AutoModelForCausalLM as A, AutoConfig as C; "
+            f"A.from_config(C.from_pretrained({str(tmp_path)!r}))"]  # fmt: skip
+    refused = subprocess.run(load, capture_output=True, text=True, timeout=300, check=False)
+    assert refused.returncode != 0 and "packed_sdpa" in refused.stderr
+    assert drop_attn_implementation(config) is True
+    assert "attn_implementation" not in config.read_text() and not list(tmp_path.glob("*.tmp"))
+    assert subprocess.run(load, capture_output=True, text=True, timeout=300, check=False).returncode == 0
+    assert drop_attn_implementation(config) is False and drop_attn_implementation(tmp_path / "absent.json") is False
 
 
 @pytest.mark.parametrize(

@@ -144,6 +144,12 @@ def test_wait_fails_with_the_log_of_an_executor_that_died(run_dir: Path) -> None
         detached.wait([18201], timeout=5)
 
 
+def test_wait_names_an_executor_stopped_while_it_waited(run_dir: Path) -> None:
+    """Another command's ``serve stop`` ended the executor and removed its PID file: named, not a traceback."""
+    with pytest.raises(SystemExit, match=r"port 18201: its PID file .*stx-vllm-18201\.pid is gone"):
+        detached.wait([18201], timeout=5)
+
+
 def test_a_dead_unreaped_executor_counts_as_dead() -> None:
     import os
 
