@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from bench.common import RESULTS_DIR, md_table
 from trainer.phases.registry import GRPO_PHASES, SFT_PHASES
@@ -46,14 +46,21 @@ HF_BASELINE_SOURCES = ("e2e", "rotowire_sent")
 KEYS = tuple(HF_BASELINE)
 
 
-def read_stages(path: Path) -> dict[str, dict[str, float]]:
-    """``stages.tsv`` lines (name, start, end, seconds); a stage run twice keeps its last run."""
+def read_stages(
+    path: Path, keep: Literal["first", "last"] = "last", ok_only: bool = False
+) -> dict[str, dict[str, float]]:
+    """``stages.tsv`` lines (name, start, end, seconds[, exit status]): of a stage run twice, its ``keep`` run;
+    ``ok_only`` leaves out runs that exited non-zero (a line without a status counts as ok)."""
     out: dict[str, dict[str, float]] = {}
     for line in path.read_text().splitlines():
         parts = line.split("\t")
-        if len(parts) == 4:
-            name, start, end, seconds = parts
-            out[name] = {"start": float(start), "end": float(end), "seconds": float(seconds)}
+        if len(parts) not in (4, 5):
+            continue
+        name, start, end, seconds = parts[:4]
+        rc = int(parts[4]) if len(parts) == 5 and parts[4].strip().lstrip("-").isdigit() else 0
+        if (ok_only and rc != 0) or (keep == "first" and name in out):
+            continue
+        out[name] = {"start": float(start), "end": float(end), "seconds": float(seconds), "rc": float(rc)}
     return out
 
 

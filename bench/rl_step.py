@@ -193,15 +193,13 @@ def override_of(command: str, key: str) -> int | None:
 
 def executor_starts(stages_tsv: Path) -> dict[str, float]:
     """Seconds from ``trainer serve start --wait`` to its model listed, per ``exec_<name>`` job: the first run of
-    each (a later run of the same name found the executor already up)."""
-    out: dict[str, float] = {}
+    each that exited 0 (a later run of the same name found the executor already up; a failed one never served)."""
+    from bench.learning_gpu import read_stages
+
     if not stages_tsv.is_file():
-        return out
-    for line in stages_tsv.read_text().splitlines():
-        parts = line.split("\t")
-        if len(parts) == 4 and parts[0].startswith("exec_"):
-            out.setdefault(parts[0].removeprefix("exec_"), float(parts[3]))
-    return out
+        return {}
+    stages = read_stages(stages_tsv, keep="first", ok_only=True)
+    return {name.removeprefix("exec_"): t["seconds"] for name, t in stages.items() if name.startswith("exec_")}
 
 
 def job_log_start(log: Path) -> float | None:

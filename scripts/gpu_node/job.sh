@@ -6,7 +6,7 @@
 #   scripts/gpu_node/job.sh wait NAME SECONDS      # exit 0: done, 1: failed or lost, 3: still running
 #   scripts/gpu_node/job.sh collect NAME PATH...   # $OUT/NAME.tar.gz, at most 16 MiB
 #   scripts/gpu_node/job.sh status                 # every job: running or its exit status, last log line
-# A finished job appends "NAME<TAB>start<TAB>end<TAB>seconds" to $JOBS/stages.tsv (what
+# A finished job appends "NAME<TAB>start<TAB>end<TAB>seconds<TAB>exit status" to $JOBS/stages.tsv (what
 # bench/learning_gpu.py reads). A command that needs a shell (&&, pipes) is `bash -c '...'`; its
 # environment is the caller's, e.g. `CUDA_VISIBLE_DEVICES=1 job.sh start sft_a2 -- python3 -m trainer ...`.
 set -euo pipefail
@@ -36,7 +36,7 @@ run_job() {  # NAME CMD...: the job itself, in its own session (start runs it th
   echo "=== $(date -u +%FT%TZ) $*" >> "$JOBS/$name.log"
   "$@" >> "$JOBS/$name.log" 2>&1 < /dev/null || rc=$?
   end=$(date +%s)
-  printf '%s\t%s\t%s\t%s\n' "$name" "$start" "$end" $(( end - start )) >> "$JOBS/stages.tsv"
+  printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$start" "$end" $(( end - start )) "$rc" >> "$JOBS/stages.tsv"
   echo "$rc" > "$JOBS/$name.rc.tmp" && mv "$JOBS/$name.rc.tmp" "$JOBS/$name.rc"  # last: waiters see the row
 }
 

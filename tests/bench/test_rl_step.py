@@ -177,7 +177,9 @@ def test_a_run_still_going_is_timed_from_its_job_log_and_an_executor_from_its_fi
     jobs = root / "jobs"
     jobs.mkdir()
     # an earlier try of the same name failed; the run collected is the second, still going
-    jobs.joinpath("stages.tsv").write_text(f"exec_pi2\t{T0}\t{T0 + 97}\t97\nexec_pi2\t{T0 + 500}\t{T0 + 503}\t3\n"
+    # (a start that failed, with its exit status, never served: not an executor's ready time)
+    jobs.joinpath("stages.tsv").write_text(f"exec_pi2\t{T0 - 50}\t{T0 - 22}\t28\t1\n"
+                                           f"exec_pi2\t{T0}\t{T0 + 97}\t97\t0\nexec_pi2\t{T0 + 500}\t{T0 + 503}\t3\n"
                                            f"b1_stock\t{T0}\t{T0 + 105}\t105\n")  # fmt: skip
     (jobs / "exec_pi2.rc").write_text("0\n")
     start = dt.datetime.fromtimestamp(T0, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
@@ -186,5 +188,5 @@ def test_a_run_still_going_is_timed_from_its_job_log_and_an_executor_from_its_fi
     p = rl_step.build([root])
     row = next(r for r in p["rows"] if r["name"] == "b1_stock")
     assert row["unfinished"] is True and row["startup_s"] == pytest.approx(240) and row["step_s"] == 78
-    assert p["executor_ready_s"] == {"pi2": 97.0}  # the first start; the second found it up
+    assert p["executor_ready_s"] == {"pi2": 97.0}  # the first start that served; the next found it up
     assert rl_step.job_log_start(jobs / "missing.log") is None

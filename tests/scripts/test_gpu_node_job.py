@@ -48,8 +48,9 @@ def test_a_job_outlives_its_start_and_leaves_log_status_and_stage_time(env: dict
     jobs = Path(env["JOBS"])
     assert (jobs / "hello.rc").read_text().strip() == "0"
     (row,) = (jobs / "stages.tsv").read_text().splitlines()
-    name, start, end, seconds = row.split("\t")
+    name, start, end, seconds, rc = row.split("\t")
     assert name == "hello" and t0 - 1 <= int(start) <= int(end) and int(seconds) == int(end) - int(start) >= 1
+    assert rc == "0"
     assert "hello" in job(env, "status").stdout
 
 
@@ -58,6 +59,7 @@ def test_a_failing_command_reports_its_exit_status(env: dict[str, str]) -> None:
     waited = job(env, "wait", "bad", "30")
     assert waited.returncode == 1 and "oops" in waited.stdout and "bad: exit 7" in waited.stdout
     assert (Path(env["JOBS"]) / "bad.rc").read_text().strip() == "7"
+    assert (Path(env["JOBS"]) / "stages.tsv").read_text().rstrip().endswith("\t7")
     assert "exit 7" in job(env, "status").stdout
 
 
