@@ -122,7 +122,10 @@ collect() {
   mkdir -p "$stage/jobs" "$out"
   for p in "$@"; do
     if [[ -d $p ]]; then take_dir "${p%/}" "$stage/$(basename "$p")"
-    elif [[ -f $p && $(basename "$p") != predictions_* ]]; then take "$p" "$stage/$(basename "$p")"
+    elif [[ -f $p && $(basename "$p") != predictions_* ]]; then
+      f=$stage/$(basename "$p")
+      [[ -e $f ]] && f=$stage/$(basename "$(dirname "$p")")_$(basename "$p")  # a1/train.log beside a2/train.log
+      take "$p" "$f"
     else echo "collect: $p: not there (or a predictions file), left out" | tee -a "$stage/left_out.txt" >&2
     fi
   done

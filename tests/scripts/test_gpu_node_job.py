@@ -115,6 +115,20 @@ def test_collect_packs_small_files_log_tails_and_node_info(env: dict[str, str], 
     assert set(versions) == {"python", "torch", "transformers", "vllm", "verl", "ray"}
 
 
+def test_collect_keeps_two_files_of_one_name(env: dict[str, str], tmp_path: Path) -> None:
+    """Files named one by one may share a name (a1/train.log, a2/train.log): the second keeps its folder's name."""
+    for phase in ("a1", "a2"):
+        (tmp_path / phase).mkdir()
+        (tmp_path / phase / "train.log").write_text(phase)
+    job(env, "start", "sft", "--", "echo", "ran")
+    assert job(env, "wait", "sft", "30").returncode == 0
+    proc = job(env, "collect", "sft", str(tmp_path / "a1" / "train.log"), str(tmp_path / "a2" / "train.log"))
+    assert proc.returncode == 0, proc.stderr
+    with tarfile.open(Path(env["OUT"]) / "sft.tar.gz") as tf:
+        assert tf.extractfile("./train.log").read() == b"a1"  # type: ignore[union-attr]
+        assert tf.extractfile("./a2_train.log").read() == b"a2"  # type: ignore[union-attr]
+
+
 def test_collect_stays_under_its_cap_by_leaving_out_the_biggest_files(env: dict[str, str], tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
