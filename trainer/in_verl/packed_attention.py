@@ -103,7 +103,7 @@ def _varlen(
         kwargs["is_causal"] = True
     else:
         kwargs["window_size"] = (-1, 0)
-    out = _VARLEN(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, longest, longest, **kwargs)
+    out: torch.Tensor = _VARLEN(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, longest, longest, **kwargs)
     return out.unsqueeze(0)
 
 
