@@ -202,6 +202,19 @@ def executor_starts(stages_tsv: Path) -> dict[str, float]:
     return {name.removeprefix("exec_"): t["seconds"] for name, t in stages.items() if name.startswith("exec_")}
 
 
+def run_profile(folder: Path) -> dict[str, Any] | None:
+    """The py-spy summary of a run (``pyspy.txt.gz`` or ``pyspy.txt`` beside ``pyspy.log``), or None."""
+    from bench import pyspy
+
+    raw = next((f for f in (folder / "pyspy.txt.gz", folder / "pyspy.txt") if f.is_file()), None)
+    if raw is None:
+        return None
+    log = (folder / "pyspy.log").read_text(errors="replace") if (folder / "pyspy.log").is_file() else ""
+    m = re.search(r"Sampling process (\d+) times a second for (\d+) seconds", log)
+    rate, window = (float(m[1]), float(m[2])) if m else (50.0, 30.0)
+    return pyspy.summarize(pyspy.read_lines(raw), window, rate)
+
+
 def job_log_start(log: Path) -> float | None:
     """The epoch seconds of a job log's last ``=== <UTC time> <command>`` line (``job.sh`` writes one a start)."""
     if not log.is_file():
@@ -325,6 +338,7 @@ def build(
             rec["batch"] = override_of(command, "data.train_batch_size")
             rec["n"] = override_of(command, "actor_rollout_ref.rollout.n")
             rec["startup_s"] = rec["busy_share"] = rec["startup_split"] = None
+            rec["profile"] = run_profile(folder)
             if t is not None:
                 timed = timed_run(name, t["start"], t["end"], r["rc"], folder / "train.log")
                 rec["startup_s"] = timed["seconds_to_first_generation"]
@@ -333,8 +347,8 @@ def build(
                 rec["busy_share"] = busy_share(util, gpu_ids, t["start"] + first, t["end"]) if first else None
             if setting in ("before", "after"):
                 out[setting][phase] = rec
-            out["rows"].append({k: v for k, v in rec.items() if k not in ("command", "gpus")} | {"gpus": n_gpus,
-                               "name": name})  # fmt: skip
+            row = {k: v for k, v in rec.items() if k not in ("command", "gpus", "profile")}
+            out["rows"].append(row | {"gpus": n_gpus, "name": name})
         out["runs"][name] = {k: v for k, v in rec.items() if k != "command"} | {"command": rec["command"]}
     after = out["after"]
     if "c1" in after and "b1" in after and after["c1"]["step_s"]:
@@ -445,6 +459,11 @@ def render_md(p: dict[str, Any], command: str) -> str:
             [[n, ",".join(map(str, r["gpus"])), r["steps"], r["steps_per_epoch"], _f(r["epoch_s"], 0),
               _f(r["wall_s"], 0), _f(r.get("val_loss"), 4), _f(r["busy_share"])] for n, r in sorted(p["sft"].items())],
         )  # fmt: skip
+    profiled = [(n, r["profile"]) for n, r in sorted(p["runs"].items()) if r.get("profile")]
+    if profiled:
+        from bench import pyspy
+
+        md += "\n## Where a step's CPU time goes\n\n" + "\n".join(pyspy.markdown(prof, n) for n, prof in profiled)
     md += "\n## Commands\n\n" + "\n".join(
         f"- `{n}`: `{r['command']}`" for n, r in sorted(p["runs"].items()) if r["command"]
     )

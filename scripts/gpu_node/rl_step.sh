@@ -13,7 +13,7 @@
 # then `job.sh wait rl_step 540` and `job.sh collect rl /tmp/rl` from later calls; runs.json and gpu_util.csv
 # (nvidia-smi every 0.5 s) land in /tmp/rl beside the run folders. A failed run leaves the next ones going.
 # PROFILE=b1_fast,c1_fast: py-spy samples each named run's process tree (Ray's workers included) for PROFILE_S
-# seconds once it has logged two steps, into NAME/pyspy.txt (py-spy's collapsed stacks, one line per stack).
+# seconds once it has logged two steps, into NAME/pyspy.txt.gz (py-spy's collapsed stacks; bench/pyspy.py sums them).
 set -uo pipefail
 J=scripts/gpu_node/job.sh
 R=${RL_OUT:-/tmp/rl}
@@ -60,6 +60,7 @@ profile() {  # NAME: py-spy over the run's process tree once two steps are logge
   done
   timeout $((PROFILE_S + 60)) "$spy" record --subprocesses --nonblocking --rate 50 --duration "$PROFILE_S" --format raw \
     --output "$R/$name/pyspy.txt" --pid "$(cat "${JOBS:-/tmp/jobs}/$name.pid")" > "$R/$name/pyspy.log" 2>&1
+  gzip -f "$R/$name/pyspy.txt"  # ~20 MB of stacks for 30 s of a phase's tree; ~0.7 MB compressed
 }
 RL=(--profile gpu --data "$DATA" --no-export "trainer.n_gpus_per_node=$NG" "trainer.total_training_steps=$RL_STEPS"
     trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=-1 early_stopping.enabled=false
