@@ -6,6 +6,8 @@
 #   c1     c1_fast: C1 at BATCH x N, π2's executor behind a reward API on the same GPUs
 #   stock  b1_stock: VERL's own trainer on B1's work (python -m bench.verl_stock)
 #   padded b1_padded: B1 with PADDED, the gpu profile on padded micro batches (its setting before packing)
+#   workers b1_workers: B1 with WORKERS, twice VERL's agent-loop and reward-loop workers (a step's generation waits
+#          on their per-sample path: bench/results/rl_step_packed.md)
 #   b2     b2_fast: B2 at BATCH x N
 #   small  b1_small: B1 at SMALL_BATCH x SMALL_N
 # π1/π2 for RL are a1_fast's and a2_fast's exports unless PI1/PI2 are given. Run it as a job after node_setup.sh:
@@ -21,7 +23,7 @@ DATA=${RL_DATA:-/tmp/rl_data}
 SFT_STEPS=${SFT_STEPS:-100}
 RL_STEPS=${RL_STEPS:-6}
 BATCH=${BATCH:-64} N=${N:-16} SMALL_BATCH=${SMALL_BATCH:-32} SMALL_N=${SMALL_N:-8}
-WAVES=${WAVES:-sft,b1,c1,stock,padded,b2,small}
+WAVES=${WAVES:-sft,b1,c1,stock,padded,workers,b2,small}
 PROFILE=${PROFILE:-} PROFILE_S=${PROFILE_S:-30}
 : "${MODEL_DIR:?MODEL_DIR (the base model) must be set}" "${GOLDEN_DIR:?GOLDEN_DIR must be set}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -50,6 +52,7 @@ PADDED=(
   actor_rollout_ref.model.use_remove_padding=false actor_rollout_ref.model.override_config.attn_implementation=sdpa
   actor_rollout_ref.actor.use_dynamic_bsz=false
 )
+WORKERS=(actor_rollout_ref.rollout.agent.num_workers=16 reward.num_workers=8)
 profile() {  # NAME: py-spy over the run's process tree once two steps are logged
   local name=$1 m=$R/$1/metrics.jsonl spy
   spy=$(command -v py-spy || echo "${SITE:-/tmp/site}/bin/py-spy")
@@ -117,6 +120,7 @@ if on stock; then
   wait_all b1_stock
 fi
 on padded && rl b1_padded b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${PADDED[@]}"
+on workers && rl b1_workers b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${WORKERS[@]}"
 on b2 && rl b2_fast b2 http://127.0.0.1:18410 "$PI2" "$BATCH" "$N"
 on small && rl b1_small b1 http://127.0.0.1:18410 "$PI1" "$SMALL_BATCH" "$SMALL_N"
 echo "rl_step: done"

@@ -243,6 +243,16 @@ def test_the_speed_benchmarks_padded_overrides_give_the_padded_recipe(env: None)
     assert changed == {k.split("=")[0] for k in padded} | derived
 
 
+def test_the_speed_benchmarks_workers_overrides_set_existing_keys(env: None) -> None:  # noqa: F811
+    """``rl_step.sh``'s WORKERS row doubles VERL's agent-loop and reward-loop workers (keys VERL's config has)."""
+    from trainer.phases.launch import REPO_ROOT
+
+    workers = _script_array(REPO_ROOT / "scripts" / "gpu_node" / "rl_step.sh", "WORKERS")
+    c, base = composed_command(gpu_run("b1", *workers)), composed_command(gpu_run("b1"))
+    assert c.actor_rollout_ref.rollout.agent.num_workers == 2 * base.actor_rollout_ref.rollout.agent.num_workers == 16
+    assert c.reward.num_workers == 2 * base.reward.num_workers == 8
+
+
 def _container(c: Any) -> Any:
     from omegaconf import OmegaConf
 
