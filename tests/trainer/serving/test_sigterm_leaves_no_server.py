@@ -38,7 +38,8 @@ class Descendants:
     def poll(self) -> None:
         with contextlib.suppress(psutil.NoSuchProcess):
             for p in psutil.Process(self.root).children(recursive=True):
-                with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                # a child may exit between the listing and these calls (os.getpgid raises ProcessLookupError)
+                with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
                     self.seen.setdefault(p.pid, (p.create_time(), os.getpgid(p.pid), p.cmdline()))
 
     def server(self, module: str) -> tuple[int, int] | None:
