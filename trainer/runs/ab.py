@@ -15,7 +15,7 @@ from shared.golden import source_of
 from trainer.phases.launch import PhaseResult, PhaseRun, PhaseRunner, run_phase
 from trainer.phases.positive_control import ControlConfig, ControlVerdict, run_control
 from trainer.phases.registry import SFT_PHASES, get_phase, reward_of
-from trainer.runs import ab_plan, c2_data, phase_d
+from trainer.runs import ab_plan, c2_data, phase_d_part
 from trainer.runs.ab_plan import PIPE, ArmPlacement, Design, Stage, Workdir
 from trainer.runs.config import ExperimentConfig
 from trainer.runs.context import RunContext, first_error
@@ -368,23 +368,23 @@ class Experiment:
         eps = self.serve([p for pair in phases.values() for p in pair])
         by_model = {self.models[p]: p for p in eps}
         settings = {name: (self.models[p1], self.models[p2]) for name, (p1, p2) in phases.items()}
-        examples = phase_d.test_examples(self.cfg)
+        examples = phase_d_part.test_examples(self.cfg)
         modes = {name: eps[p1].mode for name, (p1, _p2) in phases.items()}
 
         def stage1_eval(schemas: Mapping[str, Sequence[str]]) -> None:
             preds = {name: [{"id": ex.id, "schema_prediction": s, "schema_truncated": truncated(s),
                              "schema_refused": refusal(s) is not None}
                             for ex, s in zip(examples, schemas[name], strict=True)] for name in settings}  # fmt: skip
-            phase_d.write(ctx, "stage1_eval", wd.stage1_eval, settings, examples, preds, modes,
+            phase_d_part.write(ctx, "stage1_eval", wd.stage1_eval, settings, examples, preds, modes,
                           f"π1 schemas alone ({d.name})", write_predictions=False)  # fmt: skip
 
         def spec(_name: str, model: str) -> ModelSpec:  # every one is up already
             return self.spec(by_model[model])
 
         gold = {name: pair[1] for name, pair in phases.items()} if d.gold_schema_eval else {}
-        gen = phase_d.generation(self.cfg)
+        gen = phase_d_part.generation(self.cfg)
         with ThreadPoolExecutor(max_workers=len(gold) + 1) as pool:
-            scored = pool.submit(phase_d.score, ctx, settings, examples, spec, waves=len(settings),
+            scored = pool.submit(phase_d_part.score, ctx, settings, examples, spec, waves=len(settings),
                                  on_stage1=stage1_eval if d.stage1_eval else None)  # fmt: skip
             on_gold = [
                 pool.submit(infer, "stage2", examples, GenerationClient(eps[p].url, eps[p].served_name, gen),
@@ -394,10 +394,10 @@ class Experiment:
             first_error(on_gold)
             if gold:  # scored before Phase D ends: a run cut off during it still has it
                 preds = {name: load_predictions(wd.gold_schema / f"{name}.jsonl") for name in gold}
-                phase_d.write(ctx, "gold_schema_eval", wd.gold_schema_eval, gold, examples, preds,
+                phase_d_part.write(ctx, "gold_schema_eval", wd.gold_schema_eval, gold, examples, preds,
                               {name: eps[p].mode for name, p in gold.items()}, f"π2 on gold schemas ({d.name})",
                               write_predictions=False)  # fmt: skip
             first_error([scored])
-        phase_d.write(ctx, "phase_d", wd.phase_d, settings, examples, scored.result().records, modes,
+        phase_d_part.write(ctx, "phase_d", wd.phase_d, settings, examples, scored.result().records, modes,
                       f"Phase D ({d.name})")  # fmt: skip
 
