@@ -62,8 +62,8 @@ def executor(url: str | None) -> Iterator[str]:
     if url:
         yield url.rstrip("/")
         return
-    from services.executor_vllm.cpu_launcher import DEFAULT_SERVED_NAME
     from services.executor_vllm.default_model import convert
+    from services.executor_vllm.vllm_server import DEFAULT_SERVED_NAME
     from trainer.serving.executors import serve_model
 
     model = str(convert())

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from services.reward_api.settings import Settings
-from trainer.in_verl.reward_client import RewardClientConfig
+from trainer.in_verl.reward_batcher import RewardClientConfig
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
 SCORING_MARGIN_S = 30.0  # scoring a request's items after its executor phase, and the network

@@ -19,7 +19,7 @@ Contract, stated once (the HTTP side: docs/reward_api.md#contract):
   last attempt :class:`RewardServiceError` is raised: a failed call never becomes a score.
 
 :class:`RewardClient` is synchronous (httpx); :class:`AsyncRewardClient` is the same contract on an event
-loop, for VERL's reward function (:mod:`trainer.in_verl.reward_client` batches samples over it) and load
+loop, for VERL's reward function (:mod:`trainer.in_verl.reward_batcher` batches samples over it) and load
 benchmarks. This module imports ``shared`` and httpx only: VERL's processes load it.
 """
 

@@ -1,8 +1,9 @@
 """Start a stock vLLM OpenAI-compatible server on chosen GPUs of this node, on 127.0.0.1.
 
-The GPU twin of :mod:`services.executor_vllm.cpu_launcher` (same process handling: a session of its
-own, ``start()`` waits for ``/v1/models``, ``stop()`` ends its process group). The trainer's loop
-and the GPU benchmarks start executors only through these two classes.
+The GPU build of :class:`~services.executor_vllm.vllm_server.VllmExecutor`, beside the CPU one of
+:mod:`services.executor_vllm.cpu_launcher` (the process handling is the base's: a session of its own,
+``start()`` waits for ``/v1/models``, ``stop()`` ends its process group). The trainer's loop and the GPU
+benchmarks start executors only through these two classes.
 
 - ``CUDA_VISIBLE_DEVICES`` pins the server to its GPUs (one GPU unless ``tensor_parallel_size`` > 1);
 - ``gpu_memory_utilization`` is the share of each GPU it may take (lower it when a trainer shares the GPU);
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import typer
 
-from services.executor_vllm.cpu_launcher import DEFAULT_SERVED_NAME, CpuExecutor, serve_until_stopped
+from services.executor_vllm.vllm_server import DEFAULT_SERVED_NAME, VllmExecutor, serve_until_stopped
 from shared.wire import EXECUTOR_PORT
 
 # Never NVLink multicast (SHARP) on shared hosts; child processes inherit these.
@@ -58,7 +59,7 @@ def gpu_env(gpus: Sequence[str], base: Mapping[str, str] | None = None) -> dict[
 GRAPHS_WITHOUT_COMPILE = '{"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}'
 
 
-class GpuExecutor(CpuExecutor):
+class GpuExecutor(VllmExecutor):
     """A vLLM server on ``gpus`` (bf16, CUDA graphs unless ``enforce_eager``, compiled unless ``compile_graphs``
     is False, prefix caching unless ``prefix_caching`` is False)."""
 
@@ -80,7 +81,7 @@ class GpuExecutor(CpuExecutor):
     ) -> None:
         super().__init__(
             model, served_model_name, port, log_path=log_path, max_model_len=max_model_len, seed=seed,
-            extra_env=extra_env,
+            extra_args=extra_args, extra_env=extra_env,
         )  # fmt: skip
         self.gpus = [str(g) for g in gpus]
         if not self.gpus or len(set(self.gpus)) != len(self.gpus):
@@ -91,7 +92,6 @@ class GpuExecutor(CpuExecutor):
         self.enforce_eager = enforce_eager
         self.compile_graphs = compile_graphs
         self.prefix_caching = prefix_caching
-        self.extra_args = list(extra_args)
 
     def command(self) -> list[str]:
         cmd = [

@@ -14,7 +14,7 @@ from types import TracebackType
 import httpx
 
 from services.child_process import spawn, stop_group
-from services.executor_vllm.cpu_launcher import free_port
+from services.executor_vllm.vllm_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from services.executor_vllm.cpu_launcher import free_port
+from services.executor_vllm.vllm_server import free_port
 from shared.wire import EXECUTOR_SERVED_NAME
 
 Mode = Literal["ok", "hang", "http_500", "http_429", "http_400", "garbage", "not_json", "redirect"]

@@ -13,7 +13,7 @@ from types import TracebackType
 import uvicorn
 from starlette.types import ASGIApp
 
-from services.executor_vllm.cpu_launcher import free_port
+from services.executor_vllm.vllm_server import free_port
 from services.reward_api.process import RewardApiProcess as RewardApiServer
 
 __all__ = ["RewardApiServer", "ThreadServer"]

@@ -135,7 +135,7 @@ def test_orphaned_calls_are_cancelled(examples: list[GoldenExample], record_prop
 
 def test_no_retry_storm_end_to_end(examples: list[GoldenExample], record_property: Any) -> None:
     """One sample through the trainer's client against an executor answering 503 (12 attempts before)."""
-    from trainer.in_verl.reward_client import RewardClientConfig, RewardServiceError, score_one
+    from trainer.in_verl.reward_batcher import RewardClientConfig, RewardServiceError, score_one
 
     ex = examples[1]
     gt = {"text": ex.text, "schema": ex.schema_dict(), "table": ex.table_dict()}

@@ -59,7 +59,7 @@ def schema_samples(examples: list[GoldenExample], groups: int, faulty: dict[str,
 
 def score_all(samples: list[tuple[str, str, str]], **kwargs: Any) -> list[dict[str, float]]:
     """Every sample through the trainer's reward function at once (its batcher coalesces them)."""
-    from trainer.in_verl.reward_client import batchers_of_running_loop
+    from trainer.in_verl.reward_batcher import batchers_of_running_loop
     from trainer.in_verl.reward_fn import compute_score
 
     async def run() -> list[dict[str, float]]:

@@ -36,7 +36,7 @@ def schema_variants(ex: GoldenExample) -> list[str]:
 async def score_all(samples: list[tuple[str, str, str]], **reward_kwargs: Any) -> list[dict[str, float]]:
     """Every sample through the trainer's reward function at once (its batcher coalesces them); ``reward_kwargs``
     as VERL passes a phase's ``reward_kwargs`` (default: batches of 8, the URL from ``TRAINER_REWARD_URL``)."""
-    from trainer.in_verl.reward_client import batchers_of_running_loop
+    from trainer.in_verl.reward_batcher import batchers_of_running_loop
     from trainer.in_verl.reward_fn import compute_score
 
     kwargs = reward_kwargs or {"max_batch": 8}

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from trainer.data_source import belongs_to, data_source, reward_kind, source_part
-from trainer.in_verl.reward_client import SCORE_KEYS, build_item, score_dict
+from trainer.in_verl.reward_batcher import SCORE_KEYS, build_item, score_dict
 
 
 def test_data_source_tags_the_golden_source() -> None:

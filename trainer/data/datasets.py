@@ -18,7 +18,7 @@ between splits is refused instead. Validation and test are never changed.
   ``data_source`` is ``<reward kind>:<golden source>`` (``table:wikitabletext``, :mod:`trainer.data_source`),
   so VERL reports every validation metric per source.
   ``ground_truth`` is a JSON *string*: gold tables hold ragged, nullable lists that Arrow would
-  coerce, so the reward function decodes it (see :func:`trainer.in_verl.reward_client.decode_ground_truth`).
+  coerce, so the reward function decodes it (see :func:`trainer.in_verl.reward_batcher.decode_ground_truth`).
 """
 
 from __future__ import annotations

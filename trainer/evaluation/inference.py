@@ -11,7 +11,6 @@ from typing import Any
 from shared import PROMPT_VERSION, GoldenExample, build_stage1_messages, build_stage2_messages
 from trainer.evaluation.generation import (
     GenerationClient,
-    GenerationConfig,
     Message,
     generate_with_progress,
     messages_hash,
@@ -86,7 +85,3 @@ def schema_predictor(client: GenerationClient) -> Callable[[Sequence[GoldenExamp
         return asyncio.run(generate_with_progress(client, prompts, f"π1 {split}"))
 
     return predict
-
-
-def generation_config(max_tokens: int, concurrency: int, timeout_s: float, seed: int = 0) -> GenerationConfig:
-    return GenerationConfig(max_tokens=max_tokens, concurrency=concurrency, timeout_s=timeout_s, seed=seed)

@@ -3,7 +3,7 @@
 Used outside training, where a whole list of samples is scored at once: the checks before RL
 (``trainer.phases.preflight``) and the RFT baseline (``trainer.rft``). Requests go through the typed client
 (:class:`trainer.reward_client.RewardClient`), which VERL's reward function batches over too
-(``trainer.in_verl.reward_client``: per sample, coalesced, with a deadline); its answers must carry the
+(``trainer.in_verl.reward_batcher``: per sample, coalesced, with a deadline); its answers must carry the
 prompt version the samples' prompts were built with (``shared.PROMPT_VERSION``: :func:`prompt_for`).
 
 A reward kind (:data:`trainer.phases.registry.REWARD_KINDS`) names the endpoint, ``POST /reward/<kind>``;

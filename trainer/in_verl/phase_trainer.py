@@ -190,7 +190,7 @@ def executor_of(config: DictConfig, timeout_s: float = 5.0) -> str:
 
     import httpx
 
-    from trainer.in_verl.reward_client import TOKEN_ENV, URL_ENV
+    from trainer.in_verl.reward_batcher import TOKEN_ENV, URL_ENV
 
     kwargs = config.reward.custom_reward_function.get("reward_kwargs") or {}
     url = str(kwargs.get("url") or os.environ.get(URL_ENV) or "")
@@ -452,7 +452,7 @@ class PhaseTrainer(PPOTrainerSync):
         import uuid
         from concurrent.futures import ThreadPoolExecutor
 
-        from trainer.in_verl.reward_client import batchers_of_running_loop
+        from trainer.in_verl.reward_batcher import batchers_of_running_loop
         from trainer.in_verl.reward_fn import compute_score
 
         prompts = greedy_prompts(batch, trainer_base.tq)  # type: ignore[attr-defined]

@@ -9,14 +9,14 @@ Point VERL 0.9 at this file with the ``reward.*`` keys (the old top-level
     +reward.custom_reward_function.reward_kwargs.max_batch=64
 
 VERL calls ``compute_score`` once per sample, concurrently on one event loop per reward worker;
-:mod:`trainer.in_verl.reward_client` coalesces those calls into batched POSTs, enforces the deadline and
+:mod:`trainer.in_verl.reward_batcher` coalesces those calls into batched POSTs, enforces the deadline and
 the retries, and raises rather than invent a score (its docstring states the failure policy).
 The endpoint is chosen by the reward kind of ``data_source`` ("schema", "table" or "pipeline", optionally
 tagged with the golden source, "table:wikitabletext": see :mod:`trainer.data_source`).
 
 When the call fails, the error is appended to ``reward_kwargs.failure_log`` (if set). In ``mask`` mode
 (``failure_mode``, the phase's ``failures.mode``) a failed call of the reward service
-(:class:`~trainer.in_verl.reward_client.RewardServiceError`: unreachable, 5xx or 429 after the retries, past
+(:class:`~trainer.in_verl.reward_batcher.RewardServiceError`: unreachable, 5xx or 429 after the retries, past
 its deadline) becomes a masked sample with cause ``reward_call_failed``, and an answer whose reward is not finite
 or outside its declared range one with cause ``reward_not_finite`` / ``reward_out_of_range``; any other error (a
 request the service refused with a 4xx, a bad config or ground truth, a reward API serving other prompts than the
@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainer.data_source import reward_kind
-from trainer.in_verl.reward_client import (
+from trainer.in_verl.reward_batcher import (
     RewardRequestError,
     RewardServiceError,
     cached_client_config,

@@ -2,7 +2,7 @@
 
 Policy, stated once (docs/reliability.md lists the causes with their handling):
 
-- The reward function marks such a sample (``trainer/in_verl/reward_client.py``): ``score`` 0, ``masked`` = 1
+- The reward function marks such a sample (``trainer/in_verl/reward_batcher.py``): ``score`` 0, ``masked`` = 1
   and one cause = 1, from :data:`FAILURE_CAUSES`: the executor failed after the service's retries
   (``executor_failed``), stopped at its token limit (``executor_truncated``), the document plus the schema do
   not fit its context (``prompt_too_long``), the reward service itself failed after the client's retries

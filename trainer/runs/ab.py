@@ -1,6 +1,6 @@
-"""``trainer experiment pi1-ab|pi2-ab``: an A/B experiment as a recipe over the run engine, its stages in the plan's
-order (:mod:`trainer.runs.ab_plan`), each group's servers brought up first in this thread (which owns them), stages
-beside each other in threads, every stage timed in the run record."""
+"""``trainer experiment pi1-ab|pi2-ab``: an A/B experiment as a recipe over the run engine, its parts in the plan's
+order (:mod:`trainer.runs.ab_plan`), each group's servers brought up first in this thread (which owns them), parts
+beside each other in threads, every part timed in the run record."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from shared.golden import source_of
 from trainer.phases.launch import PhaseResult, PhaseRun, PhaseRunner, run_phase
 from trainer.phases.positive_control import ControlConfig, ControlVerdict, run_control
 from trainer.phases.registry import SFT_PHASES, get_phase, reward_of
-from trainer.runs import ab_plan, c2_data, phase_d
-from trainer.runs.ab_plan import PIPE, ArmPlacement, Design, Stage, Workdir
+from trainer.runs import ab_plan, c2_data, phase_d_part
+from trainer.runs.ab_plan import PIPE, ArmPlacement, Design, Part, Workdir
 from trainer.runs.config import ExperimentConfig
 from trainer.runs.context import RunContext, first_error
 from trainer.serving.endpoint import Endpoint
@@ -47,11 +47,11 @@ class Experiment:
         self.models: dict[str, str] = {}  # phase -> the model it produced, as they become known
 
     # -- the plan
-    def plan(self) -> list[Stage]:
-        return ab_plan.stages(self.cfg, self.design, self.wd)
+    def plan(self) -> list[Part]:
+        return ab_plan.parts(self.cfg, self.design, self.wd)
 
     def describe(self) -> str:
-        """What ``--dry-run`` prints: the placement, each stage, its servers and its phase commands."""
+        """What ``--dry-run`` prints: the placement, each part, its servers and its phase commands."""
         return ab_plan.describe(self.cfg, self.design, self.placement, self.plan(), self.details())
 
     def details(self) -> dict[str, list[str]]:
@@ -93,15 +93,15 @@ class Experiment:
         if self.cfg.sft_from:
             self.link_sft_from()
         plan = self.plan()
-        steps = {s.stage: s for s in ab_plan.executor_timeline(plan, self.placement.on_cpu)}
+        steps = {s.part: s for s in ab_plan.executor_timeline(plan, self.placement.on_cpu)}
         started: set[str] = set()
         with self.ctx.servers:
-            for stage in plan:
-                if stage.name in started:
+            for part in plan:
+                if part.name in started:
                     continue
-                group = [stage, *(s for s in plan if s.beside == stage.name and s.name not in started)]
-                if stage.beside and stage.beside not in started:
-                    group.append(next(s for s in plan if s.name == stage.beside))
+                group = [part, *(s for s in plan if s.beside == part.name and s.name not in started)]
+                if part.beside and part.beside not in started:
+                    group.append(next(s for s in plan if s.name == part.beside))
                 started |= {s.name for s in group}
                 for s in group:
                     if s.done:
@@ -115,8 +115,8 @@ class Experiment:
         self.ctx.record.write_report()
         return self.ctx.record.data
 
-    def bring_up(self, todo: Sequence[Stage], kept: Sequence[str]) -> None:
-        """In this thread: the servers these stages need; on CPU, before training, first stop what they do not."""
+    def bring_up(self, todo: Sequence[Part], kept: Sequence[str]) -> None:
+        """In this thread: the servers these parts need; on CPU, before training, first stop what they do not."""
         phases = [p for s in todo for p in s.executors]
         apis = [a for s in todo for a in s.reward_apis]
         for p in {*phases, self.design.partner}:
@@ -133,13 +133,13 @@ class Experiment:
         for api in apis:
             self.reward_api(api)
 
-    def run_together(self, todo: Sequence[Stage], servers_s: float) -> None:
-        """One stage here; several in threads (the servers are up: threads only run clients and phases)."""
+    def run_together(self, todo: Sequence[Part], servers_s: float) -> None:
+        """One part here; several in threads (the servers are up: threads only run clients and phases)."""
 
         def timed(name: str) -> None:
             self.say(f"== {name}")
             with self.ctx.part(name, servers_s):
-                getattr(self, f"stage_{name}")()
+                getattr(self, f"part_{name}")()
             self.say(f"== {name}: {self.ctx.record.get('parts', name)}")
 
         if len(todo) == 1:
@@ -152,7 +152,7 @@ class Experiment:
                 futures.append(pool.submit(timed, s.name))
             first_error(futures)
 
-    def check_control(self, group: Sequence[Stage]) -> None:
+    def check_control(self, group: Sequence[Part]) -> None:
         """A finished serial control that failed stops the experiment, also on a rerun that skips it."""
         path = self.wd.control(self.design.arms[0]) / "positive_control.json"
         if any(s.name == "control" for s in group) and self.cfg.control == "serial" and path.is_file():
@@ -160,14 +160,14 @@ class Experiment:
             if not verdict["passed"]:
                 raise ExperimentStopped(f"{verdict['reason']} ({path}); not running RL")
 
-    def refuse_stale(self, stage: str) -> None:
-        """Before a finished stage is skipped: each of its phases must have finished from the inputs this run would
+    def refuse_stale(self, part: str) -> None:
+        """Before a finished part is skipped: each of its phases must have finished from the inputs this run would
         give it (StaleResultError, naming the differences, if not)."""
-        if stage == "sft" and self.cfg.sft_from:
+        if part == "sft" and self.cfg.sft_from:
             return  # --sft-from names the SFT to start from: used as it is (link_sft_from checked it finished)
-        if stage == "sft":
+        if part == "sft":
             runs = self.sft_runs()
-        elif stage == "rl":
+        elif part == "rl":
             runs = [self.arm_run(i, "", self.need_temperature())[0] for i in range(2)]
         else:
             return
@@ -263,8 +263,8 @@ class Experiment:
             raise RuntimeError(f"no rollout temperature chosen ({self.wd.choice} is missing)")
         return t
 
-    # -- the stages
-    def stage_sft(self) -> None:
+    # -- the parts
+    def part_sft(self) -> None:
         from trainer.data.datasets import build_datasets
         from trainer.data.sft_mix import SourceMix, check_reuse
 
@@ -277,7 +277,7 @@ class Experiment:
         check_reuse(self.wd.data, mix)
         self.ctx.run_phases(self.sft_runs(), together=not self.placement.on_cpu)
 
-    def stage_preflight(self) -> None:
+    def part_preflight(self) -> None:
         """Each swept phase's temperatures in turn, the phases at once (one policy executor serves them all)."""
         from trainer.phases.preflight import advantage_check, write_report
 
@@ -300,13 +300,13 @@ class Experiment:
         with ThreadPoolExecutor(max_workers=len(swept)) as pool:
             first_error([pool.submit(sweep, p) for p in swept])
 
-    def stage_c2data(self) -> None:
+    def part_c2data(self) -> None:
         """π1ˢ's schemas for C2 (invalid ones skipped: C2 learns from predicted schemas only)."""
         partner = self.design.partner
         ep = self.serve([partner])[partner]
         c2_data.write_c2_data(self.ctx, ep, self.models[partner], self.wd.data, "c2data", "skip")
 
-    def stage_choose(self) -> None:
+    def part_choose(self) -> None:
         """The rollout temperature, the no-headroom stop, and each swept phase's improvable prompts."""
         from trainer.phases.preflight import choose_temperature, filter_improvable, read_sweep, write_report
 
@@ -336,7 +336,7 @@ class Experiment:
             dropped = f"; sources dropped: {res.dropped_sources}" if res.dropped_sources else ""
             self.say(f"{phase}: {res.kept} improvable prompts -> {wd.improvable(phase)}{dropped}")
 
-    def stage_control(self) -> None:
+    def part_control(self) -> None:
         prompts = self.wd.improvable(self.design.arms[0])
         if not prompts.is_file():
             raise ExperimentStopped(f"positive control: no improvable prompt set {prompts} (--control off skips it)")
@@ -344,7 +344,7 @@ class Experiment:
         _res, verdict = self.control_runner(run, prompts, ccfg)
         self.say(verdict.reason)
 
-    def stage_rl(self) -> None:
+    def part_rl(self) -> None:
         t, runs = self.need_temperature(), []
         for i, arm in enumerate(self.design.arms):
             run, why = self.arm_run(i, self.reward_api(ab_plan.reward_api_of(arm)), t)
@@ -355,7 +355,7 @@ class Experiment:
         outputs = self.ctx.run_phases(runs, together=not self.placement.on_cpu, stagger_s=stagger)
         self.ctx.record.set("arms", dict(zip(self.design.arms, outputs, strict=True)))
 
-    def stage_eval(self) -> None:
+    def part_eval(self) -> None:
         """Phase D's settings at once on the kept executors; before it ends (a run cut off keeps them) pi2-ab's π2 on
         gold schemas (the B2 target) and pi1-ab's π1 schemas alone (the B1 target) are written."""
         from trainer.evaluation.generation import GenerationClient, refusal, truncated
@@ -368,23 +368,23 @@ class Experiment:
         eps = self.serve([p for pair in phases.values() for p in pair])
         by_model = {self.models[p]: p for p in eps}
         settings = {name: (self.models[p1], self.models[p2]) for name, (p1, p2) in phases.items()}
-        examples = phase_d.test_examples(self.cfg)
+        examples = phase_d_part.test_examples(self.cfg)
         modes = {name: eps[p1].mode for name, (p1, _p2) in phases.items()}
 
         def stage1_eval(schemas: Mapping[str, Sequence[str]]) -> None:
             preds = {name: [{"id": ex.id, "schema_prediction": s, "schema_truncated": truncated(s),
                              "schema_refused": refusal(s) is not None}
                             for ex, s in zip(examples, schemas[name], strict=True)] for name in settings}  # fmt: skip
-            phase_d.write(ctx, "stage1_eval", wd.stage1_eval, settings, examples, preds, modes,
+            phase_d_part.write(ctx, "stage1_eval", wd.stage1_eval, settings, examples, preds, modes,
                           f"π1 schemas alone ({d.name})", write_predictions=False)  # fmt: skip
 
         def spec(_name: str, model: str) -> ModelSpec:  # every one is up already
             return self.spec(by_model[model])
 
         gold = {name: pair[1] for name, pair in phases.items()} if d.gold_schema_eval else {}
-        gen = phase_d.generation(self.cfg)
+        gen = phase_d_part.generation(self.cfg)
         with ThreadPoolExecutor(max_workers=len(gold) + 1) as pool:
-            scored = pool.submit(phase_d.score, ctx, settings, examples, spec, waves=len(settings),
+            scored = pool.submit(phase_d_part.score, ctx, settings, examples, spec, waves=len(settings),
                                  on_stage1=stage1_eval if d.stage1_eval else None)  # fmt: skip
             on_gold = [
                 pool.submit(infer, "stage2", examples, GenerationClient(eps[p].url, eps[p].served_name, gen),
@@ -394,10 +394,10 @@ class Experiment:
             first_error(on_gold)
             if gold:  # scored before Phase D ends: a run cut off during it still has it
                 preds = {name: load_predictions(wd.gold_schema / f"{name}.jsonl") for name in gold}
-                phase_d.write(ctx, "gold_schema_eval", wd.gold_schema_eval, gold, examples, preds,
+                phase_d_part.write(ctx, "gold_schema_eval", wd.gold_schema_eval, gold, examples, preds,
                               {name: eps[p].mode for name, p in gold.items()}, f"π2 on gold schemas ({d.name})",
                               write_predictions=False)  # fmt: skip
             first_error([scored])
-        phase_d.write(ctx, "phase_d", wd.phase_d, settings, examples, scored.result().records, modes,
+        phase_d_part.write(ctx, "phase_d", wd.phase_d, settings, examples, scored.result().records, modes,
                       f"Phase D ({d.name})")  # fmt: skip
 

@@ -1,7 +1,7 @@
 """What an A/B experiment compares and its plan, pure over the config, the GPUs and the folder (``--dry-run`` prints
 it; the tests check it without starting anything). ``pi1-ab``: from π1ˢ, arm A = B1 (schema reward) beside arm B =
 C1 (pipeline reward, π2ˢ frozen); ``pi2-ab``: from π2ˢ, B2 (gold schemas) beside C2 (schemas π1ˢ wrote). The start
-policy and the frozen partner stay fixed, so the arms differ only in the reward or the prompts' schemas. Stages:
+policy and the frozen partner stay fixed, so the arms differ only in the reward or the prompts' schemas. Parts:
 sft → preflight (pi2-ab: c2data beside it) → choose → control → rl → eval; one whose result exists is skipped.
 Placement: on CPU the arms in turn; one GPU shared (arm B staggered); two, one each; four, two each. SFT takes each
 arm's first GPU (a 135M SFT is bound by per-step overhead, ``bench/results/gpu_sft_speed.md``); executors a small
@@ -134,7 +134,7 @@ class ArmPlacement:
 
 @dataclass(frozen=True)
 class Workdir:
-    """Where each stage's result lands, so a rerun can tell what is done."""
+    """Where each part's result lands, so a rerun can tell what is done."""
 
     root: Path
 
@@ -168,12 +168,12 @@ class Workdir:
 
 
 @dataclass(frozen=True)
-class Stage:
+class Part:
     name: str
     done: bool  # its result exists: a rerun skips it
     executors: tuple[str, ...] = ()  # phases whose outputs it needs served
     reward_apis: tuple[str, ...] = ()
-    beside: str | None = None  # runs at the same time as this stage
+    beside: str | None = None  # runs at the same time as this part
     trains: bool = False  # it runs VERL phases (on CPU: the memory other servers must give up)
 
 
@@ -189,11 +189,11 @@ def preflight_phases(cfg: ExperimentConfig, design: Design) -> tuple[str, ...]:
     return cfg.preflight_phases or design.preflight
 
 
-def stages(cfg: ExperimentConfig, design: Design, wd: Workdir) -> list[Stage]:
+def parts(cfg: ExperimentConfig, design: Design, wd: Workdir) -> list[Part]:
     swept = preflight_phases(cfg, design)
     out = [
-        Stage("sft", all(phase_ok(wd.phase(p)) for p in SFT_PHASES), trains=True),
-        Stage(
+        Part("sft", all(phase_ok(wd.phase(p)) for p in SFT_PHASES), trains=True),
+        Part(
             "preflight",
             all(wd.report(p, t).is_file() for p in swept for t in cfg.temps),
             executors=(design.start, *((design.partner,) if PIPE in map(reward_api_of, swept) else ())),
@@ -202,50 +202,50 @@ def stages(cfg: ExperimentConfig, design: Design, wd: Workdir) -> list[Stage]:
     ]
     if design.c2_data:
         done = all((wd.data / "c2" / f"{s}.parquet").is_file() for s in ("train", "validation"))
-        out.append(Stage("c2data", done, executors=(design.partner,), beside="preflight"))
-    out.append(Stage("choose", False))
+        out.append(Part("c2data", done, executors=(design.partner,), beside="preflight"))
+    out.append(Part("choose", False))
     if cfg.control != "off":
         done = (wd.control(design.arms[0]) / "positive_control.json").is_file()
         beside = "rl" if cfg.control == "parallel" else None
-        out.append(Stage("control", done, reward_apis=(LOCAL,), beside=beside, trains=True))
+        out.append(Part("control", done, reward_apis=(LOCAL,), beside=beside, trains=True))
     apis = tuple(dict.fromkeys(map(reward_api_of, design.arms)))
     done = all(phase_ok(wd.phase(a)) for a in design.arms)
-    out.append(Stage("rl", done, executors=(design.partner,) if PIPE in apis else (), reward_apis=apis, trains=True))
+    out.append(Part("rl", done, executors=(design.partner,) if PIPE in apis else (), reward_apis=apis, trains=True))
     done = (
         (wd.phase_d / "metrics.json").is_file()
         and (not design.gold_schema_eval or (wd.gold_schema_eval / "metrics.json").is_file())
         and (not design.stage1_eval or (wd.stage1_eval / "metrics.json").is_file())
     )
     evaluated = tuple(dict.fromkeys(p for pair in design.settings().values() for p in pair))
-    out.append(Stage("eval", done, executors=evaluated))
+    out.append(Part("eval", done, executors=evaluated))
     return out
 
 
 @dataclass(frozen=True)
 class ExecutorStep:
-    """What happens to the executors as a stage starts: started, reused (up since an earlier stage), stopped."""
+    """What happens to the executors as a part starts: started, reused (up since an earlier part), stopped."""
 
-    stage: str
+    part: str
     start: tuple[str, ...]
     reuse: tuple[str, ...]
     stop: tuple[str, ...]
 
 
-def executor_timeline(plan: Sequence[Stage], on_cpu: bool) -> list[ExecutorStep]:
-    """Executors by the phase whose output they serve, over the stages that run. A stage beside another starts
-    with it; on GPUs nothing stops before the end, on CPU a stage that trains first stops what it (and the stage
+def executor_timeline(plan: Sequence[Part], on_cpu: bool) -> list[ExecutorStep]:
+    """Executors by the phase whose output they serve, over the parts that run. A part beside another starts
+    with it; on GPUs nothing stops before the end, on CPU a part that trains first stops what it (and the part
     beside it) does not need."""
     up: list[str] = []
     steps = []
     todo = [s for s in plan if not s.done]
-    for stage in todo:
-        together = [s for s in todo if s.beside == stage.name or stage.beside == s.name]
-        need = list(dict.fromkeys([*stage.executors, *(p for s in together for p in s.executors)]))
-        trains = stage.trains or any(s.trains for s in together)
+    for part in todo:
+        together = [s for s in todo if s.beside == part.name or part.beside == s.name]
+        need = list(dict.fromkeys([*part.executors, *(p for s in together for p in s.executors)]))
+        trains = part.trains or any(s.trains for s in together)
         stop = tuple(p for p in up if p not in need) if on_cpu and trains else ()
         up = [p for p in up if p not in stop]
-        start = tuple(p for p in stage.executors if p not in up)
-        steps.append(ExecutorStep(stage.name, start, tuple(p for p in stage.executors if p in up), stop))
+        start = tuple(p for p in part.executors if p not in up)
+        steps.append(ExecutorStep(part.name, start, tuple(p for p in part.executors if p in up), stop))
         up += list(start)
     return steps
 
@@ -290,21 +290,21 @@ def command_line(run: PhaseRun) -> str:
 
 
 def describe(
-    cfg: ExperimentConfig, design: Design, placement: ArmPlacement, plan: Sequence[Stage], details: dict[str, list[str]]
+    cfg: ExperimentConfig, design: Design, placement: ArmPlacement, plan: Sequence[Part], details: dict[str, list[str]]
 ) -> str:
-    """The ``--dry-run`` text: placement, then each stage with what it serves and runs."""
-    timeline = {s.stage: s for s in executor_timeline(plan, placement.on_cpu)}
+    """The ``--dry-run`` text: placement, then each part with what it serves and runs."""
+    timeline = {s.part: s for s in executor_timeline(plan, placement.on_cpu)}
     lines = [f"experiment {design.name} in {cfg.folder(design.name)} (profile {cfg.profile}): {placement.describe()}"]
-    for stage in plan:
-        beside = f" (beside {stage.beside})" if stage.beside else ""
-        lines.append(f"\n[{stage.name}]{beside}" + (" done: skipped (its result exists)" if stage.done else ""))
-        if stage.done:
+    for part in plan:
+        beside = f" (beside {part.beside})" if part.beside else ""
+        lines.append(f"\n[{part.name}]{beside}" + (" done: skipped (its result exists)" if part.done else ""))
+        if part.done:
             continue
-        step = timeline[stage.name]
+        step = timeline[part.name]
         for verb, phases in (("stop", step.stop), ("start", step.start), ("reuse", step.reuse)):
             if phases:
                 lines.append(f"  executors {verb}: " + ", ".join(design.served_name(p) for p in phases))
-        if stage.reward_apis:
-            lines.append(f"  reward APIs: {', '.join(stage.reward_apis)}")
-        lines += [f"  {line}" for line in details.get(stage.name, [])]
+        if part.reward_apis:
+            lines.append(f"  reward APIs: {', '.join(part.reward_apis)}")
+        lines += [f"  {line}" for line in details.get(part.name, [])]
     return "\n".join(lines)

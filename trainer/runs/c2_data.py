@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from shared.golden import sha256_file
-from trainer.runs.phase_d import generation
+from trainer.runs.phase_d_part import generation
 from trainer.runs.record import read_json
 from trainer.serving.identity import fingerprint
 

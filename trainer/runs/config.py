@@ -175,7 +175,7 @@ class ExperimentConfig(RunConfig):
                            min=1)  # fmt: skip
     rl_stagger_s: float = option(90.0, "The second arm starts this long after the first, only where both share a GPU.",
                                  min=0.0)  # fmt: skip
-    dry_run: bool = option(False, "Print the plan (stages, phases' commands, GPUs) and run nothing.")
+    dry_run: bool = option(False, "Print the plan (parts, phases' commands, GPUs) and run nothing.")
 
     def __post_init__(self) -> None:
         if self.control not in CONTROL_MODES:

@@ -14,7 +14,7 @@ from shared.split_overlap import SplitOverlap, shown
 from trainer.phases.launch import CONFIG_DIR, PhaseRun, PhaseRunner, run_phase
 from trainer.phases.registry import BUILD_PHASES, SFT_PHASES, RewardKind, reward_of, sft_phase_for
 from trainer.phases.reward_ready import ABORT_FILE
-from trainer.runs import c2_data, phase_d, reuse
+from trainer.runs import c2_data, phase_d_part, reuse
 from trainer.runs.config import LoopConfig
 from trainer.runs.context import RunContext
 from trainer.runs.record import read_json
@@ -292,7 +292,7 @@ class Loop:
             decision = redecide(out, recorded, f"Phase D ({tag})", **decide)
             self.record.phase_d(f"eval_{tag}", out, settings, decision)
             return decision
-        examples = phase_d.test_examples(cfg)
+        examples = phase_d_part.test_examples(cfg)
         slots: dict[str, ExecutorSlot | None] = dict.fromkeys(settings)
         if self.plan is not None:  # settings side by side, one GPU each, in waves of at most one per GPU
             gpu_slots = self.plan.eval_slots(len(settings))
@@ -303,10 +303,10 @@ class Loop:
             return ModelSpec(model, slot=slots[name], log=self.ctx.logs / f"executor_eval_{name}_{stage}.log")
 
         waves = len(self.plan.eval_slots(len(settings))) if self.plan else None
-        scored = phase_d.score(self.ctx, settings, examples, spec, waves=waves)
+        scored = phase_d_part.score(self.ctx, settings, examples, spec, waves=waves)
         self.ctx.servers.pool.stop_except([])
         preds = {name: scored.records[name] for name in settings}
-        res = phase_d.write(self.ctx, f"eval_{tag}", out, settings, examples, preds, scored.modes,
+        res = phase_d_part.write(self.ctx, f"eval_{tag}", out, settings, examples, preds, scored.modes,
                             f"Phase D ({tag})", **decide)  # fmt: skip
         (out / EVAL_KEY).write_text(json.dumps(key, indent=2) + "\n")
         return res.decision

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from services.executor_vllm.cpu_launcher import free_port
+from services.executor_vllm.vllm_server import free_port
 from trainer.runs.config import RunConfig
 from trainer.runs.record import RunRecord
 from trainer.serving.endpoint import Endpoint

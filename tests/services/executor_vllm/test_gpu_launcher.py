@@ -6,6 +6,7 @@ import pytest
 
 from services.executor_vllm.cpu_launcher import CpuExecutor
 from services.executor_vllm.gpu_launcher import SAFE_GPU_ENV, GpuExecutor, gpu_env
+from services.executor_vllm.vllm_server import VllmExecutor
 
 
 def _flag(cmd: list[str], name: str) -> str:
@@ -65,3 +66,11 @@ def test_cpu_and_gpu_share_the_server_entrypoint() -> None:
     cpu, gpu = CpuExecutor("/m", port=1).command(), GpuExecutor("/m", gpus=[0], port=1).command()
     assert cpu[:9] == gpu[:9]
     assert _flag(cpu, "--dtype") == "float32" and "--enforce-eager" in cpu
+
+
+def test_cpu_and_gpu_are_two_builds_of_one_server() -> None:
+    """Both builds share the process handling of :class:`VllmExecutor`; neither is a kind of the other."""
+    assert issubclass(CpuExecutor, VllmExecutor) and issubclass(GpuExecutor, VllmExecutor)
+    assert not issubclass(GpuExecutor, CpuExecutor) and not issubclass(CpuExecutor, GpuExecutor)
+    with pytest.raises(TypeError):
+        VllmExecutor("/m", port=1)  # type: ignore[abstract]

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.executor_vllm.cpu_launcher import free_port
+from services.executor_vllm.vllm_server import free_port
 from services.reward_api.__main__ import refuse_open_bind
 from services.reward_api.process import REPO
 from services.reward_api.settings import Settings

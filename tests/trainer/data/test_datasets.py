@@ -22,7 +22,7 @@ from shared.golden import source_of
 from trainer.cli import app
 from trainer.data.datasets import build_datasets, read_rows
 from trainer.data.sample_data import SAMPLE_DIR
-from trainer.in_verl.reward_client import build_item, decode_ground_truth
+from trainer.in_verl.reward_batcher import build_item, decode_ground_truth
 
 
 @pytest.fixture(scope="module")

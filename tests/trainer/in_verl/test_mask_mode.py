@@ -105,7 +105,7 @@ class InjectedFailuresTransferQueue:
     ) -> None:
         import torch
 
-        from trainer.in_verl.reward_client import masked_score
+        from trainer.in_verl.reward_batcher import masked_score
 
         rng = random.Random(seed)
         self.rows: dict[str, dict[str, Any]] = {}

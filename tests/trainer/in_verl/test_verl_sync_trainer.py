@@ -186,7 +186,7 @@ def trainer_for_step(cfg: Any, tq: FailedGroupTransferQueue, monkeypatch: pytest
 
 def reward_failure(cfg: Any, url: str = "http://127.0.0.1:18499/reward/pipeline") -> None:
     """What trainer/in_verl/reward_fn.py appends when the reward client raises."""
-    from trainer.in_verl.reward_client import RewardServiceError
+    from trainer.in_verl.reward_batcher import RewardServiceError
     from trainer.phases.rollout_failures import record_reward_failure
 
     path = cfg.reward.custom_reward_function.reward_kwargs.failure_log

@@ -210,9 +210,9 @@ def test_reward_env_of_a_launch(tmp_path: Path) -> None:
 
 def test_the_in_verl_client_reads_the_names_the_launcher_sets() -> None:
     """trainer/in_verl may not import trainer.serving, so it spells the launcher's names: they must agree."""
-    from trainer.in_verl import reward_client
+    from trainer.in_verl import reward_batcher
 
-    assert (reward_client.URL_ENV, reward_client.TOKEN_ENV) == (TRAINER_URL_ENV, TRAINER_TOKEN_ENV)
+    assert (reward_batcher.URL_ENV, reward_batcher.TOKEN_ENV) == (TRAINER_URL_ENV, TRAINER_TOKEN_ENV)
     assert env_name("token") == CLIENT_TOKEN_ENV  # the trainer sends the token the service reads
 
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from tests.trainer.phases.test_launch import composed, env  # noqa: F401  (env is a fixture)
-from trainer.in_verl.reward_client import SCORE_KEYS
+from trainer.in_verl.reward_batcher import SCORE_KEYS
 from trainer.phases.launch import CONFIG_DIR
 from trainer.phases.registry import (
     BUILD_PHASES,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from services.executor_vllm.cpu_launcher import free_port
+from services.executor_vllm.vllm_server import free_port
 from services.reward_api.process import RewardApiProcess
 from tests.helpers.faulty_executor import closed_port
 from trainer.in_verl.phase_trainer import wait_for_reward_api_of

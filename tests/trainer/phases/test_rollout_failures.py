@@ -86,7 +86,7 @@ def closed_port() -> int:
 def test_reward_fn_records_the_client_error_with_its_endpoint_then_raises(tmp_path: Path) -> None:
     """VERL's compute_score call: a dead reward API leaves the cause; in penalize mode it raises (no invented
     score), in mask mode the sample is masked (score 0, no gradient)."""
-    from trainer.in_verl.reward_client import RewardServiceError
+    from trainer.in_verl.reward_batcher import RewardServiceError
     from trainer.in_verl.reward_fn import compute_score
 
     url = f"http://127.0.0.1:{closed_port()}"

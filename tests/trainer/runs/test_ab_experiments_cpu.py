@@ -7,7 +7,7 @@ documents. pi2-ab: the same SFT, B2's preflight beside c2data (π1ˢ writes C2's
 and of C2 on two sources' prompts (`--rl-sources`), π2 on gold schemas and Phase D (one shared Stage 1 of
 π1ˢ); pi2-ab takes pi1-ab's data build and SFT (`--sft-from`, pi1-ab builds B2's data too), as a user running
 both would. Each needs ~19 GiB free (GRPO on CPU) and 10-15 minutes on 2 cores; a rerun in the same folder
-must skip every finished stage."""
+must skip every finished part."""
 
 from __future__ import annotations
 
@@ -76,9 +76,9 @@ def test_pi1_ab_on_cpu_end_to_end(pi1_ab: tuple[Path, Path, int]) -> None:
     wd, log, returncode = pi1_ab
     assert returncode == 0, log.read_text()[-4000:]
     manifest = json.loads((wd / "run.json").read_text())
-    for stage in ("sft", "preflight", "choose", "rl", "eval"):
-        assert manifest["parts"][stage]["status"] == "ok", stage
-        assert manifest["parts"][stage]["seconds"] >= (0 if stage == "choose" else 1), stage  # choose: pure
+    for part in ("sft", "preflight", "choose", "rl", "eval"):
+        assert manifest["parts"][part]["status"] == "ok", part
+        assert manifest["parts"][part]["seconds"] >= (0 if part == "choose" else 1), part  # choose: pure
     assert manifest["recipe"] == "pi1-ab" and set(manifest["phases"]) == {"a1", "a2", "b1", "c1"}
     assert "## Phase D: phase_d" in (wd / "report.md").read_text()
     for phase in ("a1", "a2"):
@@ -110,7 +110,7 @@ def test_pi1_ab_on_cpu_end_to_end(pi1_ab: tuple[Path, Path, int]) -> None:
         rows = [json.loads(x) for x in (wd / "phase_d" / f"predictions_{setting}.jsonl").read_text().splitlines()]
         assert len(rows) == EVAL_DOCS and all(r["schema_model"] == pi1 and r["table_model"] == a2 for r in rows)
         assert all(r["schema_prediction"] for r in rows)
-    # a rerun skips every finished stage (the choice is taken again: pure and cheap)
+    # a rerun skips every finished part (the choice is taken again: pure and cheap)
     again = experiment(wd, log, "pi1-ab", "--data-phases", "a1,a2,b1,c1,b2")
     assert again.returncode == 0, log.read_text()[-4000:]
     again_record = json.loads((wd / "run.json").read_text())
@@ -171,8 +171,8 @@ def test_pi2_ab_on_cpu_end_to_end(pi1_ab: tuple[Path, Path, int], tmp_path: Path
     manifest = json.loads((wd / "run.json").read_text())
     assert "sft" not in manifest["parts"]  # pi1-ab's SFT, linked by --sft-from
     assert (wd / "a1").resolve() == (pi1_ab[0] / "a1").resolve()
-    for stage in ("preflight", "c2data", "choose", "rl", "eval"):
-        assert manifest["parts"][stage]["status"] == "ok", stage
+    for part in ("preflight", "c2data", "choose", "rl", "eval"):
+        assert manifest["parts"][part]["status"] == "ok", part
     # --rl-sources: C2's documents and both arms' train sets are people and product only (validation whole, but
     # the schemas π1ˢ wrote invalid or cut at the token limit, which c2data skips)
     c2data = manifest["precompute:c2data"]

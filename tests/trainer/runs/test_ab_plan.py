@@ -1,11 +1,11 @@
-"""The plan: stages per design, when executors start, are reused and stop, and what a rerun skips."""
+"""The plan: parts per design, when executors start, are reused and stop, and what a rerun skips."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from tests.trainer.runs.test_loop import SAMPLE, recorded
-from trainer.runs.ab_plan import DESIGNS, ExecutorStep, Workdir, executor_timeline, stages
+from trainer.runs.ab_plan import DESIGNS, ExecutorStep, Workdir, executor_timeline, parts
 from trainer.runs.config import ExperimentConfig
 
 PI1, PI2 = DESIGNS["pi1-ab"], DESIGNS["pi2-ab"]
@@ -30,8 +30,8 @@ def test_the_designs_say_what_each_experiment_compares() -> None:
     assert [PI1.served_name(p) for p in ("a1", "a2", "b1", "c1")] == ["pi1-sft", "pi2-sft", "pi1-local", "pi1-pipe"]
 
 
-def test_pi1_stages_and_what_they_serve(tmp_path: Path) -> None:
-    plan = {s.name: s for s in stages(cfg(tmp_path), PI1, Workdir(tmp_path))}
+def test_pi1_parts_and_what_they_serve(tmp_path: Path) -> None:
+    plan = {s.name: s for s in parts(cfg(tmp_path), PI1, Workdir(tmp_path))}
     assert list(plan) == ["sft", "preflight", "choose", "control", "rl", "eval"]
     assert not any(s.done for s in plan.values())
     assert plan["preflight"].executors == ("a1", "a2") and plan["preflight"].reward_apis == ("local", "pipe")
@@ -41,23 +41,23 @@ def test_pi1_stages_and_what_they_serve(tmp_path: Path) -> None:
 
 
 def test_pi2_c2data_beside_the_preflight_and_control_beside_rl(tmp_path: Path) -> None:
-    plan = {s.name: s for s in stages(cfg(tmp_path, control="parallel"), PI2, Workdir(tmp_path))}
+    plan = {s.name: s for s in parts(cfg(tmp_path, control="parallel"), PI2, Workdir(tmp_path))}
     assert list(plan) == ["sft", "preflight", "c2data", "choose", "control", "rl", "eval"]
     assert plan["preflight"].executors == ("a2",) and plan["preflight"].reward_apis == ("local",)
     assert plan["c2data"].executors == ("a1",) and plan["c2data"].beside == "preflight"
     assert plan["control"].beside == "rl"
     assert plan["rl"].executors == () and plan["rl"].reward_apis == ("local",)
-    assert "control" not in {s.name for s in stages(cfg(tmp_path, control="off"), PI2, Workdir(tmp_path))}
+    assert "control" not in {s.name for s in parts(cfg(tmp_path, control="off"), PI2, Workdir(tmp_path))}
 
 
 def test_on_gpus_executors_start_once_and_eval_reuses_them(tmp_path: Path) -> None:
-    steps = executor_timeline(stages(cfg(tmp_path), PI1, Workdir(tmp_path)), on_cpu=False)
+    steps = executor_timeline(parts(cfg(tmp_path), PI1, Workdir(tmp_path)), on_cpu=False)
     assert [s for s in steps if s.start or s.reuse or s.stop] == [
         ExecutorStep("preflight", start=("a1", "a2"), reuse=(), stop=()),
         ExecutorStep("rl", start=(), reuse=("a2",), stop=()),
         ExecutorStep("eval", start=("b1", "c1"), reuse=("a1", "a2"), stop=()),
     ]
-    steps2 = executor_timeline(stages(cfg(tmp_path), PI2, Workdir(tmp_path)), on_cpu=False)
+    steps2 = executor_timeline(parts(cfg(tmp_path), PI2, Workdir(tmp_path)), on_cpu=False)
     assert [s for s in steps2 if s.start or s.reuse] == [
         ExecutorStep("preflight", start=("a2",), reuse=(), stop=()),
         ExecutorStep("c2data", start=("a1",), reuse=(), stop=()),
@@ -65,39 +65,39 @@ def test_on_gpus_executors_start_once_and_eval_reuses_them(tmp_path: Path) -> No
     ]
 
 
-def test_on_cpu_each_stage_first_stops_what_it_does_not_need(tmp_path: Path) -> None:
-    steps = {s.stage: s for s in executor_timeline(stages(cfg(tmp_path, control="off"), PI1, Workdir(tmp_path)), True)}
+def test_on_cpu_each_part_first_stops_what_it_does_not_need(tmp_path: Path) -> None:
+    steps = {s.part: s for s in executor_timeline(parts(cfg(tmp_path, control="off"), PI1, Workdir(tmp_path)), True)}
     assert steps["preflight"].start == ("a1", "a2")
     assert steps["choose"].stop == ()  # no training: nothing to make room for
     # GRPO needs the memory: only the pipeline reward's π2ˢ stays up beside it
     assert steps["rl"] == ExecutorStep("rl", start=(), reuse=("a2",), stop=("a1",))
     assert steps["eval"] == ExecutorStep("eval", start=("a1", "b1", "c1"), reuse=("a2",), stop=())
     # pi2: the preflight's and c2data's executors are up together (c2data runs beside the preflight)
-    steps2 = {s.stage: s for s in executor_timeline(stages(cfg(tmp_path), PI2, Workdir(tmp_path)), True)}
+    steps2 = {s.part: s for s in executor_timeline(parts(cfg(tmp_path), PI2, Workdir(tmp_path)), True)}
     assert steps2["c2data"].stop == () and steps2["c2data"].start == ("a1",)
 
 
-def test_a_rerun_skips_the_stages_whose_results_exist(tmp_path: Path) -> None:
+def test_a_rerun_skips_the_parts_whose_results_exist(tmp_path: Path) -> None:
     c, wd = cfg(tmp_path, temps=(1.0, 1.3)), Workdir(tmp_path)
     for p in ("a1", "a2"):
         recorded(wd.phase(p), p, wd.phase(p) / "hf")
     wd.preflight.mkdir()
     for p in ("b1", "c1"):
         wd.report(p, 1.0).write_text("{}")
-    done = {s.name for s in stages(c, PI1, wd) if s.done}
+    done = {s.name for s in parts(c, PI1, wd) if s.done}
     assert done == {"sft"}  # T 1.3 is missing
     for p in ("b1", "c1"):
         wd.report(p, 1.3).write_text("{}")
     recorded(wd.phase("b1"), "b1", wd.phase("a1") / "hf")  # early stopping kept step 0: hf_dir is the start
-    assert {s.name for s in stages(c, PI1, wd) if s.done} == {"sft", "preflight"}
+    assert {s.name for s in parts(c, PI1, wd) if s.done} == {"sft", "preflight"}
     recorded(wd.phase("c1"), "c1", wd.phase("c1") / "hf")
     (wd.control("b1")).mkdir()
     (wd.control("b1") / "positive_control.json").write_text("{}")
     wd.phase_d.mkdir()
     (wd.phase_d / "metrics.json").write_text("{}")
-    assert [s.name for s in stages(c, PI1, wd) if not s.done] == ["choose", "eval"]  # π1's schemas alone: not yet
+    assert [s.name for s in parts(c, PI1, wd) if not s.done] == ["choose", "eval"]  # π1's schemas alone: not yet
     wd.stage1_eval.mkdir()
     (wd.stage1_eval / "metrics.json").write_text("{}")
-    plan = stages(c, PI1, wd)
+    plan = parts(c, PI1, wd)
     assert [s.name for s in plan if not s.done] == ["choose"]  # pure and cheap: always taken again
     assert executor_timeline(plan, on_cpu=False) == [ExecutorStep("choose", (), (), ())]

@@ -1,6 +1,6 @@
 """The recipe end to end with its servers, phases and clients recorded instead of run (no GPU here; the real run
 on CPU is ``test_ab_experiments_cpu.py``): which phases run where and when, which executors start and which are reused,
-the temperature choice and the no-headroom stop, the positive control, resumability, the stage times."""
+the temperature choice and the no-headroom stop, the positive control, resumability, the part times."""
 
 from __future__ import annotations
 
@@ -227,7 +227,7 @@ def test_pi1_on_one_gpu(node: Node, tmp_path: Path) -> None:
     # every server ended with the experiment
     assert sorted(e[1] for e in node.events if e[0] == "stop") == ["pi1-pipe", "pi1-sft", "pi2-sft"]
 
-    # a rerun skips every stage whose result exists: nothing is launched or served again
+    # a rerun skips every part whose result exists: nothing is launched or served again
     before, rl = len(node.events), dict(parts["rl"])
     manifest = exp.run()
     assert [e for e in node.events[before:] if e[0] in ("launch", "phase", "control", "preflight")] == []

@@ -238,7 +238,7 @@ def test_precompute_and_phase_d_are_reused_only_for_the_same_content(
         calls.extend(scored)
         raise RuntimeError("re-evaluated")
 
-    monkeypatch.setattr("trainer.runs.phase_d.score", score_failing)
+    monkeypatch.setattr("trainer.runs.phase_d_part.score", score_failing)
     with pytest.raises(RuntimeError, match="re-evaluated"):
         loop.evaluate(settings, "loop1", ("pipe", "pipe"))
     assert calls == ["pipe"]

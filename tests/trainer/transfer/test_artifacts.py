@@ -213,7 +213,7 @@ def test_unpacked_folder_is_the_same_and_the_loop_reuses_every_finished_phase(
     def not_again(*_a: object, **_k: object) -> Any:
         raise AssertionError("Phase D ran again")
 
-    monkeypatch.setattr("trainer.runs.phase_d.score", not_again)
+    monkeypatch.setattr("trainer.runs.phase_d_part.score", not_again)
     decision = Loop(cfg).evaluate(settings(new), "loop1", ("sft", "local"))
     assert decision == json.loads((new / "eval_loop1" / "metrics.json").read_text())["loop2"]
     assert runner.launched == []

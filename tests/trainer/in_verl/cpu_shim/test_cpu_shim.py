@@ -98,7 +98,7 @@ def test_every_patch_applied_through_verl_external_modules() -> None:
         out["backend"] = get_nccl_backend()
         out["mem_total"] = get_torch_device().mem_get_info()[1]
         # 2. the backend string VERL builds really initialises a process group
-        from services.executor_vllm.cpu_launcher import free_port
+        from services.executor_vllm.vllm_server import free_port
         port = str(free_port())
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK="0", WORLD_SIZE="1")
         initialize_global_process_group_ray(timeout_second=60)

@@ -1,4 +1,4 @@
-"""Batched HTTP client of the reward API, used by the VERL reward function (docs/trainer.md).
+"""VERL's per-sample reward calls, batched over the typed reward client (docs/trainer.md).
 
 Failure policy (applied by :class:`RewardBatcher` and :func:`score_dict`, stated here once):
 
@@ -88,7 +88,7 @@ __all__ = [  # re-exported: VERL's errors
     "RewardServiceError",
 ]
 
-log = logging.getLogger("trainer.in_verl.reward_client")
+log = logging.getLogger("trainer.in_verl.reward_batcher")
 
 # The part keys returned for every sample of a data source: VERL takes the key list from the first
 # sample, so they must never vary (docs/notes/verl-0.9.md, "Known user pain").

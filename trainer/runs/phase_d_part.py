@@ -1,6 +1,7 @@
-"""One Phase D for every recipe: each π1 writes its schemas once for the settings that share it, kept under
-``stage1_cache/`` with the key of what produced them (:mod:`trainer.evaluation.stage1_cache`: a Phase D cut short
-does not redo them), then each setting's π2 writes its tables on them; scored, written and recorded.
+"""Every recipe's Phase D part, on the run's servers: each π1 writes its schemas once for the settings that share
+it, kept under ``stage1_cache/`` with the key of what produced them (:mod:`trainer.evaluation.stage1_cache`: a Phase D
+cut short does not redo them), then each setting's π2 writes its tables on them; scored and written by
+:mod:`trainer.evaluation.phase_d`, and recorded.
 
 Every answer is kept as it arrives, in an answer log under the same key (:mod:`trainer.evaluation.answer_log`):
 π1's beside its schemas (``stage1_cache/answers/<setting>.jsonl``), each setting's tables in

@@ -1,4 +1,4 @@
-"""Every recipe's Phase D core (:func:`trainer.runs.phase_d.score_settings`): one Stage 1 per π1, kept under its
+"""Every recipe's Phase D core (:func:`trainer.runs.phase_d_part.score_settings`): one Stage 1 per π1, kept under its
 key, each setting's Stage 2 on its π1's schemas, in turn or together, and the schemas handed over before Stage 2
 ends. The two stages' own work (serving, generation) is recorded here, not run: the real stages run in the loop's
 and the A/B experiments' tests on vLLM-CPU executors."""
@@ -15,7 +15,7 @@ import pytest
 
 from shared import read_golden
 from trainer.evaluation.generation import GenerationConfig
-from trainer.runs.phase_d import by_pi1, score_settings
+from trainer.runs.phase_d_part import by_pi1, score_settings
 from trainer.serving.endpoint import Endpoint
 
 SAMPLE = Path(__file__).resolve().parents[3] / "trainer" / "data" / "e2e_sample"

@@ -17,8 +17,8 @@ import pytest
 from shared import compute_schema_reward_single
 from tests.helpers.faulty_reward_api import FaultInjectingRewardApi
 from tests.trainer.in_verl.faulty_reward_api import Faults, FaultyRewardApi
-from trainer.in_verl import reward_client
-from trainer.in_verl.reward_client import (
+from trainer.in_verl import reward_batcher
+from trainer.in_verl.reward_batcher import (
     FAILURE_CAUSES,
     SCORE_KEYS,
     TOKEN_ENV,
@@ -288,7 +288,7 @@ def test_mask_mode_turns_an_infrastructure_failure_into_a_masked_sample(cause: s
 def test_prompt_too_long_is_its_own_part_and_says_what_to_do(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(reward_client, "_too_long_seen", itertools.count(1))  # the first one is the one logged
+    monkeypatch.setattr(reward_batcher, "_too_long_seen", itertools.count(1))  # the first one is the one logged
     ok = {
         "reward": 0.0,
         "valid_json": True,
@@ -301,7 +301,7 @@ def test_prompt_too_long_is_its_own_part_and_says_what_to_do(
         "prompt_tokens": 5000,
         "prompt_limit": 2048,
     }
-    with caplog.at_level("WARNING", logger="trainer.in_verl.reward_client"):
+    with caplog.at_level("WARNING", logger="trainer.in_verl.reward_batcher"):
         parts = score_dict("pipeline", ok, "penalize")
     assert list(parts) == list(SCORE_KEYS["pipeline"])
     assert parts["prompt_too_long"] == 1.0 and parts["executor_failed"] == 0.0
@@ -313,10 +313,10 @@ def test_executor_truncated_is_its_own_part_and_says_what_to_do(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A table cut at the executor's max_tokens is counted apart, never as a plain low score."""
-    monkeypatch.setattr(reward_client, "_truncated_seen", itertools.count(1))
+    monkeypatch.setattr(reward_batcher, "_truncated_seen", itertools.count(1))
     cut = {"reward": 0.0, "valid_json": True, "schema_reward": 1.0, "table_reward": -1.0, "f1": 1.0,
            "cell_accuracy": 0.0, "table_score": 0.0, "error": "executor_truncated"}  # fmt: skip
-    with caplog.at_level("WARNING", logger="trainer.in_verl.reward_client"):
+    with caplog.at_level("WARNING", logger="trainer.in_verl.reward_batcher"):
         parts = score_dict("pipeline", cut, "penalize")
     assert list(parts) == list(SCORE_KEYS["pipeline"])
     assert parts["executor_truncated"] == 1.0 and parts["executor_failed"] == 0.0 and parts["prompt_too_long"] == 0.0
@@ -426,10 +426,10 @@ def test_an_impossible_pipeline_part_is_masked_and_raises_in_penalize_mode(
 ) -> None:
     """A NaN part: masked with its cause, and a warning names the value and the range; in penalize mode it raises
     (no penalty exists for a broken service)."""
-    monkeypatch.setattr(reward_client, "_impossible_seen", itertools.count(1))  # the first one is the one logged
+    monkeypatch.setattr(reward_batcher, "_impossible_seen", itertools.count(1))  # the first one is the one logged
     answer = {"id": "x#1", "reward": 0.2, "valid_json": True, "schema_reward": 0.4, "table_reward": math.nan,
               "f1": 0.4, "cell_accuracy": 0.0, "table_score": 0.0, "error": None}  # fmt: skip
-    with caplog.at_level("WARNING", logger="trainer.in_verl.reward_client"):
+    with caplog.at_level("WARNING", logger="trainer.in_verl.reward_batcher"):
         assert score_dict("pipeline", answer) == masked_score("pipeline", "reward_not_finite")
     assert "impossible reward, masked as reward_not_finite" in caplog.text
     assert "item 'x#1': table_reward=nan (declared range [-1, 1])" in caplog.text
@@ -490,14 +490,14 @@ async def test_the_client_config_is_built_once_for_many_samples(monkeypatch: pyt
     batcher key computed) once per worker process; other kwargs or another URL in the environment build another;
     a bad config is an error on every call, never cached."""
     built: list[dict[str, Any]] = []
-    real = reward_client.client_config_from_kwargs
+    real = reward_batcher.client_config_from_kwargs
 
     def counting(kwargs: Any) -> RewardClientConfig:
         built.append(dict(kwargs))
         return real(kwargs)
 
-    monkeypatch.setattr(reward_client, "client_config_from_kwargs", counting)
-    reward_client._config_of.cache_clear()
+    monkeypatch.setattr(reward_batcher, "client_config_from_kwargs", counting)
+    reward_batcher._config_of.cache_clear()
     with FaultyRewardApi() as api:
         monkeypatch.setenv(URL_ENV, api.url)
         try:
