@@ -9,7 +9,9 @@ Three marker sets, each run by its own pytest process:
   its output streams live. It is the longer lane. A long test that is small in memory carries
   :data:`MEDIUM_LANE` and runs in the medium set instead (VERL's reward loop with a live executor: 4.8 GiB at
   its peak measured alone, less than a medium test), so that the two lanes end closer together. The demo
-  trains C1 with GRPO (~15 GiB with its executors) and stays heavy.
+  trains C1 with GRPO (~15 GiB with its executors) and stays heavy. A test that starts a whole program with
+  its servers carries :data:`HEAVY_LANE` and runs in the heavy set whatever its other markers: beside the A/B
+  experiments' GRPO phases its executors passed the machine's memory (Ray's monitor killed a phase's workers).
 - **light**: ``-m LIGHT``, no vLLM, no Docker, no long VERL: the unit tests and the small tests with markers
   (``service``: a real reward_api process, ~100 MiB; ``slow`` alone: long, not large; ``verl`` alone: VERL's
   configs and classes in process).
@@ -59,9 +61,10 @@ from types import FrameType
 REPO = Path(__file__).resolve().parents[1]
 HEAVY_TOGETHER = ("verl", "slow")  # both together make a test heavy, unless it carries MEDIUM_LANE
 MEDIUM_LANE = "medium_lane"  # long, no bigger than a medium test: medium whatever else it carries
+HEAVY_LANE = "heavy_lane"  # a whole program with its servers: heavy whatever else it carries
 MEDIUM_MARKERS = ("vllm", "docker", MEDIUM_LANE)  # each makes a test medium, unless it is heavy
 LIGHT_MARKERS = ("service",)  # never makes a test medium or heavy
-HEAVY = f"{' and '.join(HEAVY_TOGETHER)} and not {MEDIUM_LANE}"
+HEAVY = f"(({' and '.join(HEAVY_TOGETHER)}) or {HEAVY_LANE}) and not {MEDIUM_LANE}"
 MEDIUM = f"({' or '.join(MEDIUM_MARKERS)}) and not ({HEAVY})"
 LIGHT = f"not ({' or '.join(MEDIUM_MARKERS)}) and not ({HEAVY})"
 RUNS = ("light", "medium", "heavy")  # the order of the logs, the exit code's precedence and the last line

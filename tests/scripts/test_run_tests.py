@@ -30,7 +30,7 @@ def test_the_three_sets_split_every_marker_combination_exactly_once() -> None:
     one of the three expressions selects it: the sets are disjoint and together the whole suite."""
     markers = sorted(registered_markers() | {"unregistered"})
     # a new marker must be sorted into one of the three tuples
-    sorted_into = [*run_tests.HEAVY_TOGETHER, *run_tests.MEDIUM_MARKERS, *run_tests.LIGHT_MARKERS]
+    sorted_into = [*run_tests.HEAVY_TOGETHER, run_tests.HEAVY_LANE, *run_tests.MEDIUM_MARKERS, *run_tests.LIGHT_MARKERS]
     assert sorted(sorted_into) == sorted(registered_markers())
     sets = {n: Expression.compile(e) for n, e in (("light", run_tests.LIGHT), ("medium", run_tests.MEDIUM),
                                                   ("heavy", run_tests.HEAVY))}  # fmt: skip
@@ -48,6 +48,7 @@ def test_the_three_sets_split_every_marker_combination_exactly_once() -> None:
     # what each set is for: long VERL is heavy whatever else it carries; an executor or Docker is medium
     assert chosen[frozenset({"verl", "slow", "vllm", "service"})] == "heavy"  # the A/B experiments
     assert chosen[frozenset({"verl", "slow", "vllm", "medium_lane"})] == "medium"  # VERL's reward loop + executor
+    assert chosen[frozenset({"slow", "vllm", "heavy_lane"})] == "heavy"  # a whole program with its servers
     assert chosen[frozenset({"vllm", "service"})] == chosen[frozenset({"docker"})] == "medium"
     assert chosen[frozenset({"verl"})] == chosen[frozenset({"slow", "service"})] == chosen[frozenset()] == "light"
 

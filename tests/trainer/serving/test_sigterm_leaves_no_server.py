@@ -24,6 +24,7 @@ SAMPLE = REPO / "trainer" / "data" / "sample"
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.heavy_lane,  # whole programs with their servers: never beside a GRPO phase (scripts/run_tests.py)
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups as on the Linux hosts"),
 ]
 
