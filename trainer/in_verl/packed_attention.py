@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from transformers.integrations.sdpa_attention import repeat_kv
 
 __all__ = ["MODULE", "NAME", "install", "packed_sdpa_forward", "sequence_bounds"]
 
@@ -70,11 +71,6 @@ def sequence_bounds(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
     longest = int(cu.diff().max().item())
     _bounds_cache.update(ref=weakref.ref(position_ids), version=position_ids._version, value=(cu, longest))
     return cu, longest
-
-
-def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """``(b, kv_heads, t, d)`` -> ``(b, kv_heads * groups, t, d)`` (grouped-query attention)."""
-    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
 def _per_sequence(
@@ -137,7 +133,7 @@ def packed_sdpa_forward(
     if dropout:
         raise ValueError(f"{NAME}: attention dropout {dropout} is not supported (training uses 0)")
     groups = query.shape[1] // key.shape[1]
-    key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)  # grouped-query attention: transformers' own
     if attention_mask is not None:
         if attention_mask.dim() != 2:
             raise ValueError(f"{NAME}: expected a 2D padding mask, got shape {tuple(attention_mask.shape)}")
