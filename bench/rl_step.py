@@ -515,6 +515,8 @@ def run(
     payload = build(collected, notes_file.read_text() if notes_file else "", sft_setting=sft_setting)
     command = "python -m bench rl-step " + " ".join(f"--collected {c}" for c in collected)
     command += f" --sft-setting {sft_setting}" if sft_setting != "after" else ""
+    command += f" --name {name}" if name != NAME else ""
+    command += f" --notes {notes_file}" if notes_file else ""
     payload["command"] = command
     write_result(name, payload, render_md(payload, command), quick=False)
     plot(payload, RESULTS_DIR / f"{name}.png")

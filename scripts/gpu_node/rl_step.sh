@@ -80,9 +80,11 @@ rl() {  # NAME PHASE URL MODEL BATCH N [OVERRIDE...]
   note "$name"
   $J start "$name" -- python3 -m trainer run "$phase" --out "$R/$name" --reward-url "$url" --model "$model" \
     "${RL[@]}" "data.train_batch_size=$batch" "actor_rollout_ref.rollout.n=$n" "$@"
-  [[ ,$PROFILE, == *,$name,* ]] && profile "$name" &
+  local spy=""
+  if [[ ,$PROFILE, == *,$name,* ]]; then profile "$name" & spy=$!; fi
   wait_all "$name"
-  wait
+  # the profiler only: a bare `wait` would also wait for nvidia-smi's sampler, a child of this script until its end
+  if [[ -n $spy ]]; then wait "$spy"; fi
 }
 
 [[ -d $DATA/b1 ]] || python3 -m trainer data build --golden "$GOLDEN_DIR" --out "$DATA" --phases a1,a2,b1,b2,c1 \

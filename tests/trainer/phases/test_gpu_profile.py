@@ -281,3 +281,17 @@ def _get(c: Any, key: str) -> Any:
     from omegaconf import OmegaConf
 
     return OmegaConf.select(c, key)
+
+
+def test_the_speed_benchmark_waits_only_for_its_own_jobs() -> None:
+    """A bare ``wait`` in ``rl_step.sh`` waits for every child of the script, nvidia-smi's sampler included, which
+    runs until the script ends: the waves after the first profiled run would never start."""
+    import re
+
+    from trainer.phases.launch import REPO_ROOT
+
+    text = (REPO_ROOT / "scripts" / "gpu_node" / "rl_step.sh").read_text()
+    code = [line.split("#", 1)[0] for line in text.splitlines()]
+    bare = [i + 1 for i, line in enumerate(code) if re.search(r"(^|[;&|]\s*|\bthen\s+)wait\s*($|;)", line.strip())]
+    assert not bare, f"rl_step.sh: bare `wait` on lines {bare}"
+    assert re.search(r'wait "\$spy"', text)
