@@ -10,14 +10,15 @@ through their modules' ``register``, and ``experiment`` as a sub-app.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from shared import read_golden
+from shared import GoldenExample, read_golden
 from shared.golden import EmptySplitError, GoldenFormatError
 from shared.split_overlap import SplitOverlapError
 from trainer.config_cli import field_option
@@ -52,11 +53,14 @@ from trainer.evaluation.phase_d import (
 )
 from trainer.phases.cli import ProfileOpt, bad_param, no_token
 from trainer.phases.cli import register as register_phases
-from trainer.phases.launch import PhaseRun, check_profile, run_phase
-from trainer.phases.registry import BUILD_PHASES, REWARD_KINDS, get_phase, sft_phase_for
+from trainer.phases.launch import PhaseRun, Profile, check_profile, run_phase
+from trainer.phases.registry import BUILD_PHASES, REWARD_KINDS, RewardKind, get_phase, sft_phase_for
 from trainer.run_cli import register as register_runs
 from trainer.serving.cli import app as serve_app
 from trainer.serving.shutdown import exit_on_sigterm
+
+if TYPE_CHECKING:
+    from trainer.rft import RftConfig
 
 console = Console()
 
@@ -199,6 +203,19 @@ def data_build(
         raise _bad("--sft-mix", str(exc).removeprefix("--sft-mix: ")) from None
     except (GoldenFormatError, FileNotFoundError) as exc:  # file:line: field: reason, or a missing split file
         raise _bad("--golden", str(exc)) from None
+    _print_build(out, selected, counts, fit, mix, lengths)
+
+
+def _print_build(
+    out: Path,
+    selected: list[str],
+    counts: dict[str, dict[str, int]],
+    fit: Stage2Fit | None,
+    mix: SourceMix | None,
+    lengths: PhaseLengths | None,
+) -> None:
+    """What ``data build`` wrote, read back from its manifest: the rows dropped, the counts, the mix, the rows over
+    a length limit."""
     if fit is not None:
         dropped = json.loads((out / "manifest.json").read_text())["phases"].get("c1", {}).get("stage2_too_long", {})
         console.print(f"C1: dropped documents whose Stage-2 prompt does not fit {fit.max_model_len} tokens: {dropped}")
@@ -353,21 +370,7 @@ def evaluate_pipeline(
     except OutputNotWritable as exc:
         raise _bad("--out", str(exc)) from None
     gen = _gen(max_tokens, concurrency, timeout, seed)
-    preds = {}
-    for s in settings:
-        log = AnswerLog.open(answer_log_path(out, s.name), pipeline_key(s, gen))
-        if log.changed:
-            console.print(f"setting {s.name!r}: the answers in {log.path} were generated otherwise, starting over: "
-                          + "; ".join(log.changed), soft_wrap=True)  # fmt: skip
-        elif len(log):
-            console.print(f"setting {s.name!r}: {len(log)} answers kept from an earlier run ({log.path})")
-        try:
-            preds[s.name] = run_pipeline(s, examples, gen, log)
-        except (GenerationFailed, OutputNotWritable) as exc:
-            console.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
-            console.print(f"{len(log)} answers of setting {s.name!r} are kept in {log.path}: the same command "
-                          "continues from them", soft_wrap=True, highlight=False)  # fmt: skip
-            raise typer.Exit(1) from None
+    preds = {s.name: _run_setting(s, examples, gen, out) for s in settings}
     try:
         res = write_outputs(
             out, examples, preds, f"Pipeline evaluation: {golden.name}", decision_metric, min_gain,
@@ -379,6 +382,25 @@ def evaluate_pipeline(
     except RefusedAnswersError as exc:
         raise _bad("--max-refused-share", f"{exc} (the report is in {out})") from None
     print_summary(res)
+
+
+def _run_setting(
+    s: Setting, examples: Sequence[GoldenExample], gen: GenerationConfig, out: Path
+) -> list[dict[str, Any]]:
+    """One setting's pipeline, continuing from the answers its log kept; a failed generation exits, the log kept."""
+    log = AnswerLog.open(answer_log_path(out, s.name), pipeline_key(s, gen))
+    if log.changed:
+        console.print(f"setting {s.name!r}: the answers in {log.path} were generated otherwise, starting over: "
+                      + "; ".join(log.changed), soft_wrap=True)  # fmt: skip
+    elif len(log):
+        console.print(f"setting {s.name!r}: {len(log)} answers kept from an earlier run ({log.path})")
+    try:
+        return run_pipeline(s, examples, gen, log)
+    except (GenerationFailed, OutputNotWritable) as exc:
+        console.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
+        console.print(f"{len(log)} answers of setting {s.name!r} are kept in {log.path}: the same command "
+                      "continues from them", soft_wrap=True, highlight=False)  # fmt: skip
+        raise typer.Exit(1) from None
 
 
 @evaluate_app.command("score")
@@ -449,15 +471,12 @@ def rft_cmd(
     profile: str = ProfileOpt,
 ) -> None:
     """Sample k, score via reward_api, keep the best ≥ threshold, write SFT parquet, train with the SFT launcher."""
-    from trainer.rft import RftConfig, build_rft_data, parse_per_source
+    from trainer.rft import RftConfig
 
     overrides = no_token(ctx.args, "trainer rft")
     if reward not in REWARD_KINDS:
         raise typer.BadParameter(f"must be one of {list(REWARD_KINDS)}, got {reward!r}", param_hint="--reward")
-    try:
-        counts = parse_per_source(per_source) if per_source else None
-    except ValueError as exc:
-        raise bad_param("--per-source", exc) from None
+    counts = _per_source_counts(per_source)
     try:
         cfg = RftConfig(k=k, threshold=threshold, temperature=temperature, max_tokens=max_tokens,
                         concurrency=concurrency, timeout_s=timeout, seed=seed, beat_greedy=beat_greedy,
@@ -465,6 +484,35 @@ def rft_cmd(
         prof = check_profile(profile)
     except ValueError as exc:
         raise bad_param("--k/--threshold/--profile", exc) from None
+    _build_rft(golden, out, reward, policy_url, policy_model, reward_url, cfg, limit, counts)
+    if start_model:
+        _train_rft(reward, prof, out, start_model, overrides)
+
+
+def _per_source_counts(per_source: str | None) -> dict[str, int] | None:
+    """``rft --per-source``, parsed (none: every training example)."""
+    from trainer.rft import parse_per_source
+
+    try:
+        return parse_per_source(per_source) if per_source else None
+    except ValueError as exc:
+        raise bad_param("--per-source", exc) from None
+
+
+def _build_rft(
+    golden: Path,
+    out: Path,
+    reward: RewardKind,
+    policy_url: str,
+    policy_model: str,
+    reward_url: str,
+    cfg: RftConfig,
+    limit: int | None,
+    counts: dict[str, int] | None,
+) -> None:
+    """The kept samples' SFT data (:func:`trainer.rft.build_rft_data`), and a table of what was kept."""
+    from trainer.rft import build_rft_data
+
     try:
         rep = build_rft_data(golden, out, reward, policy_url, policy_model, reward_url, cfg, limit, counts)
     except ValueError as exc:
@@ -474,21 +522,24 @@ def rft_cmd(
     table = Table("reward", "prompts", "samples", "kept", "mean best reward")
     table.add_row(rep.reward, str(rep.prompts), str(rep.samples), str(rep.kept), f"{rep.mean_best_reward:.3f}")
     console.print(table)
-    if start_model:
-        run = PhaseRun(
-            phase=get_phase(sft_phase_for(reward)),
-            profile=prof,
-            data_dir=out / "data",
-            out_dir=out / "sft",
-            model_path=start_model,
-            overrides=overrides,
-        )
-        res = run_phase(run)
-        console.print(
-            f"RFT model: {res.hf_dir} (status {res.status}); compare: trainer evaluate pipeline --setting rft=..."
-        )
-        if res.status != "ok":
-            raise typer.Exit(res.exit_code or 1)
+
+
+def _train_rft(reward: RewardKind, profile: Profile, out: Path, start_model: str, overrides: tuple[str, ...]) -> None:
+    """The SFT phase of ``reward``'s policy on the kept samples (``out/data``), from ``start_model``."""
+    run = PhaseRun(
+        phase=get_phase(sft_phase_for(reward)),
+        profile=profile,
+        data_dir=out / "data",
+        out_dir=out / "sft",
+        model_path=start_model,
+        overrides=overrides,
+    )
+    res = run_phase(run)
+    console.print(
+        f"RFT model: {res.hf_dir} (status {res.status}); compare: trainer evaluate pipeline --setting rft=..."
+    )
+    if res.status != "ok":
+        raise typer.Exit(res.exit_code or 1)
 
 
 @app.command("demo")

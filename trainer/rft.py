@@ -21,7 +21,7 @@ import json
 import random
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +149,98 @@ def _greedy_rewards(
     return score(reward_url, reward, items)
 
 
+@dataclass
+class _Selection:
+    """Of every prompt's samples, the best one kept (as an SFT row), and what was left out and why."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    best_rewards: list[float] = field(default_factory=list)
+    best_ids: list[str] = field(default_factory=list)
+    kept_ids: list[str] = field(default_factory=list)
+    cut: int = 0
+    all_cut: int = 0
+    not_above: int = 0
+
+
+def _sample(
+    prompts: Sequence[Any], reward: RewardKind, policy_url: str, model: str, cfg: RftConfig
+) -> tuple[GenerationConfig, list[list[str]]]:
+    """``cfg.k`` samples of the policy per prompt, and the generation settings they were drawn with."""
+    gen = GenerationConfig(
+        max_tokens=cfg.max_tokens,
+        temperature=cfg.temperature,
+        seed=cfg.seed,
+        concurrency=cfg.concurrency,
+        timeout_s=cfg.timeout_s,
+    )
+    with tqdm(total=len(prompts), desc=f"RFT samples ({reward}, k {cfg.k})", unit="prompt") as bar:
+        client = GenerationClient(policy_url, model, gen)
+        samples = asyncio.run(client.sample(prompts, cfg.k, on_done=lambda: bar.update(1)))
+    return gen, samples
+
+
+def _select(
+    examples: Sequence[GoldenExample],
+    prompts: Sequence[Any],
+    samples: Sequence[Sequence[str]],
+    rewards: Sequence[float],
+    greedy_rewards: Sequence[float] | None,
+    threshold: float,
+) -> _Selection:
+    """Per prompt, the best whole sample ≥ ``threshold`` (and above the greedy answer's reward where given)."""
+    sel = _Selection()
+    pos = 0
+    for i, (ex, prompt, outs) in enumerate(zip(examples, prompts, samples, strict=True)):
+        rs = rewards[pos : pos + len(outs)]
+        pos += len(outs)
+        whole = [j for j, o in enumerate(outs) if not truncated(o)]  # a cut answer is no demonstration
+        sel.cut += len(outs) - len(whole)
+        sel.all_cut += not whole
+        best = select_best([rs[j] for j in whole], threshold)
+        idx = whole[best] if best is not None else None
+        if idx is not None and greedy_rewards is not None and rs[idx] <= greedy_rewards[i]:
+            idx = None
+            sel.not_above += 1
+        if rs:
+            sel.best_rewards.append(max(rs))
+            sel.best_ids.append(ex.id)
+        if idx is not None:
+            sel.rows.append({"messages": [*prompt, {"role": "assistant", "content": outs[idx]}], "id": f"{ex.id}#rft"})
+            sel.kept_ids.append(ex.id)
+    return sel
+
+
+def _report(
+    reward: RewardKind,
+    examples: Sequence[GoldenExample],
+    samples: int,
+    sel: _Selection,
+    cfg: RftConfig,
+    train: Path,
+    greedy_rewards: Sequence[float] | None,
+    gold_rows: int,
+) -> RftReport:
+    return RftReport(
+        reward=reward,
+        prompts=len(examples),
+        samples=samples,
+        kept=len(sel.rows),
+        mean_best_reward=round(sum(sel.best_rewards) / max(len(sel.best_rewards), 1), 4),
+        threshold=cfg.threshold,
+        train_file=str(train),
+        truncated=sel.cut,
+        prompts_all_cut=sel.all_cut,
+        prompts_per_source=_counts(ex.id for ex in examples),
+        kept_per_source=_counts(sel.kept_ids),
+        mean_best_reward_per_source=_per_source_mean(sel.best_ids, sel.best_rewards),
+        mean_greedy_reward_per_source=_per_source_mean([ex.id for ex in examples], greedy_rewards)
+        if greedy_rewards is not None
+        else None,
+        not_above_greedy=sel.not_above,
+        gold_rows=gold_rows,
+    )
+
+
 def build_rft_data(
     golden: Path,
     out: Path,
@@ -167,16 +259,7 @@ def build_rft_data(
         examples = sample_per_source(examples, per_source, cfg.seed)
     prompts = [prompt_for(reward, ex) for ex in examples]
 
-    gen = GenerationConfig(
-        max_tokens=cfg.max_tokens,
-        temperature=cfg.temperature,
-        seed=cfg.seed,
-        concurrency=cfg.concurrency,
-        timeout_s=cfg.timeout_s,
-    )
-    with tqdm(total=len(prompts), desc=f"RFT samples ({reward}, k {cfg.k})", unit="prompt") as bar:
-        client = GenerationClient(policy_url, model, gen)
-        samples = asyncio.run(client.sample(prompts, cfg.k, on_done=lambda: bar.update(1)))
+    gen, samples = _sample(prompts, reward, policy_url, model, cfg)
     items = [
         reward_item(reward, ex, f"{ex.id}#{j}", s)
         for ex, outs in zip(examples, samples, strict=True)
@@ -186,59 +269,20 @@ def build_rft_data(
     greedy_rewards = (
         _greedy_rewards(examples, prompts, reward, policy_url, model, reward_url, gen) if cfg.beat_greedy else None
     )
-    rows: list[dict[str, Any]] = []
-    best_rewards: list[float] = []
-    best_ids: list[str] = []
-    kept_ids: list[str] = []
-    pos = cut = all_cut = not_above = 0
-    for i, (ex, prompt, outs) in enumerate(zip(examples, prompts, samples, strict=True)):
-        rs = rewards[pos : pos + len(outs)]
-        pos += len(outs)
-        whole = [j for j, o in enumerate(outs) if not truncated(o)]  # a cut answer is no demonstration
-        cut += len(outs) - len(whole)
-        all_cut += not whole
-        best = select_best([rs[j] for j in whole], cfg.threshold)
-        idx = whole[best] if best is not None else None
-        if idx is not None and greedy_rewards is not None and rs[idx] <= greedy_rewards[i]:
-            idx = None
-            not_above += 1
-        if rs:
-            best_rewards.append(max(rs))
-            best_ids.append(ex.id)
-        if idx is not None:
-            rows.append({"messages": [*prompt, {"role": "assistant", "content": outs[idx]}], "id": f"{ex.id}#rft"})
-            kept_ids.append(ex.id)
+    sel = _select(examples, prompts, samples, rewards, greedy_rewards, cfg.threshold)
     phase = sft_phase_for(reward)
     train = out / "data" / phase / "train.parquet"
-    if not rows:
-        why = f" ({cut} of {len(items)} samples were cut at max_tokens {cfg.max_tokens})" if cut else ""
-        above = f"; {not_above} reached it without beating the greedy answer" if not_above else ""
+    if not sel.rows:
+        why = f" ({sel.cut} of {len(items)} samples were cut at max_tokens {cfg.max_tokens})" if sel.cut else ""
+        above = f"; {sel.not_above} reached it without beating the greedy answer" if sel.not_above else ""
         raise ValueError(
             f"RFT kept no sample above threshold {cfg.threshold}{why}{above}: lower --threshold, raise --k or "
             "--max-tokens"
         )
     gold = [sft_row(phase, ex) for ex in examples] if cfg.with_gold else []
-    write_parquet([*rows, *gold], train, SFT_SCHEMA)
+    write_parquet([*sel.rows, *gold], train, SFT_SCHEMA)
     val_examples = read_golden(golden / "common_validation_schemas.jsonl", limit)
     write_parquet([sft_row(phase, ex) for ex in val_examples], out / "data" / phase / "validation.parquet", SFT_SCHEMA)
-    report = RftReport(
-        reward=reward,
-        prompts=len(examples),
-        samples=len(items),
-        kept=len(rows),
-        mean_best_reward=round(sum(best_rewards) / max(len(best_rewards), 1), 4),
-        threshold=cfg.threshold,
-        train_file=str(train),
-        truncated=cut,
-        prompts_all_cut=all_cut,
-        prompts_per_source=_counts(ex.id for ex in examples),
-        kept_per_source=_counts(kept_ids),
-        mean_best_reward_per_source=_per_source_mean(best_ids, best_rewards),
-        mean_greedy_reward_per_source=_per_source_mean([ex.id for ex in examples], greedy_rewards)
-        if greedy_rewards is not None
-        else None,
-        not_above_greedy=not_above,
-        gold_rows=len(gold),
-    )
+    report = _report(reward, examples, len(items), sel, cfg, train, greedy_rewards, len(gold))
     (out / "rft_report.json").write_text(json.dumps({**report.as_dict(), "config": asdict(cfg)}, indent=2) + "\n")
     return report

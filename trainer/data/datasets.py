@@ -220,20 +220,54 @@ def build_datasets(
             sft_examples = sft_mix.apply(examples)
             mixed = sft_mix.describe(examples, sft_examples)
         for phase in phases:
-            if phase in SFT_PHASES:
-                rows = [sft_row(phase, ex) for ex in sft_examples]
-                counts[phase][split] = write_parquet(rows, out / phase / f"{split}.parquet", SFT_SCHEMA)
-                found = lengths.over("sft", [r["messages"] for r in rows], [r["id"] for r in rows]) if lengths else None
-            else:
-                kept = examples
-                if phase == "c1" and stage2_fit is not None:
-                    kept = [ex for ex in examples if stage2_fit.fits(build_stage2_messages(ex.text, ex.schema_dict()))]
-                    too_long[split] = sorted({ex.id for ex in examples} - {ex.id for ex in kept})
-                rows = [rl_row(phase, ex, i, split) for i, ex in enumerate(kept)]
-                counts[phase][split] = write_parquet(rows, out / phase / f"{split}.parquet", RL_SCHEMA)
-                found = lengths.over("rl", [r["prompt"] for r in rows], [ex.id for ex in kept]) if lengths else None
+            counts[phase][split], found = _write_phase_split(
+                out, phase, split, examples, sft_examples, stage2_fit, lengths, too_long
+            )
             if found is not None:
                 over_limit.setdefault(phase, {})[split] = found
+    extra = _phase_records(phases, limit, mixed, stage2_fit, too_long, lengths, over_limit)
+    recorded = overlap.as_dict(strict_splits) | {"limit": limit} if overlap is not None else None
+    update_manifest(out, counts, sources, split_overlap=recorded, **extra)
+    return counts
+
+
+def _write_phase_split(
+    out: Path,
+    phase: str,
+    split: str,
+    examples: Sequence[GoldenExample],
+    sft_examples: Sequence[GoldenExample],
+    stage2_fit: Stage2Fit | None,
+    lengths: PhaseLengths | None,
+    too_long: dict[str, list[str]],
+) -> tuple[int, dict[str, Any] | None]:
+    """``out/<phase>/<split>.parquet`` (an SFT phase from ``sft_examples``, an RL one from ``examples``, C1 without
+    the documents whose Stage-2 prompt cannot fit, named in ``too_long``): its row count, and its rows over the
+    phase's length limit where ``lengths`` is given."""
+    if phase in SFT_PHASES:
+        rows = [sft_row(phase, ex) for ex in sft_examples]
+        count = write_parquet(rows, out / phase / f"{split}.parquet", SFT_SCHEMA)
+        return count, lengths.over("sft", [r["messages"] for r in rows], [r["id"] for r in rows]) if lengths else None
+    kept = examples
+    if phase == "c1" and stage2_fit is not None:
+        kept = [ex for ex in examples if stage2_fit.fits(build_stage2_messages(ex.text, ex.schema_dict()))]
+        too_long[split] = sorted({ex.id for ex in examples} - {ex.id for ex in kept})
+    rows = [rl_row(phase, ex, i, split) for i, ex in enumerate(kept)]
+    count = write_parquet(rows, out / phase / f"{split}.parquet", RL_SCHEMA)
+    return count, lengths.over("rl", [r["prompt"] for r in rows], [ex.id for ex in kept]) if lengths else None
+
+
+def _phase_records(
+    phases: Sequence[str],
+    limit: int | None,
+    mixed: dict[str, Any],
+    stage2_fit: Stage2Fit | None,
+    too_long: dict[str, list[str]],
+    lengths: PhaseLengths | None,
+    over_limit: dict[str, dict[str, dict[str, Any]]],
+) -> dict[str, Any]:
+    """Each phase's manifest entry beside its counts: the limit, the SFT mix, C1's Stage-2 fit, the rows over the
+    phase's length limit."""
     extra: dict[str, Any] = {p: {"limit": limit} for p in phases}
     for phase in SFT_PHASES:
         if phase in extra:
@@ -253,9 +287,7 @@ def build_datasets(
                     for field in ("rows", "over", "longest", "ids")
                 },
             }
-    recorded = overlap.as_dict(strict_splits) | {"limit": limit} if overlap is not None else None
-    update_manifest(out, counts, sources, split_overlap=recorded, **extra)
-    return counts
+    return extra
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:

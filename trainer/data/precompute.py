@@ -80,14 +80,7 @@ def precompute_c2(
     trained where the headroom is); a source with no document there is an error naming it.
     The train documents that repeat a validation or test document are left out (``dropped_train`` in the
     manifest's ``c2``), as ``data build`` leaves them out."""
-    for name, keyed in (("sample", sample), ("sources", sources)):
-        unknown = sorted(set(keyed or {}) - set(splits))
-        if unknown:
-            raise ValueError(f"{name}: splits {unknown} are not among {list(splits)}")
-    if sample:
-        bad_n = {k: n for k, n in sample.items() if n < 1}
-        if bad_n:
-            raise ValueError(f"sample: sizes must be >= 1, got {bad_n}")
+    _check_per_split(splits, sample, sources)
     report = PrecomputeReport()
     files = []
     read, overlap = read_splits(golden, splits, limit)  # train rows that repeat a held-out document left out
@@ -104,20 +97,7 @@ def precompute_c2(
         cut = [ex.id for ex, schema_text in zip(examples, schemas, strict=True) if truncated(schema_text)]
         report.truncated_ids[split] = cut
         check_truncated(f"C2 precompute, {split}: π1 schemas", len(cut), len(examples), None, max_truncated_share)
-        rows: list[dict[str, Any]] = []
-        bad: list[str] = []
-        for ex, schema_text in zip(examples, schemas, strict=True):
-            prompt = None if truncated(schema_text) else stage2_on_prediction(ex.text, schema_text)
-            if prompt is None:
-                if not truncated(schema_text):
-                    bad.append(ex.id)
-                if on_invalid == "skip":
-                    continue
-                prompt = build_stage2_messages(ex.text, ex.schema_dict())
-            if stage2_fit is not None and not stage2_fit.fits(prompt):
-                report.too_long_ids.setdefault(split, []).append(ex.id)
-                continue
-            rows.append(rl_row("c2", ex, len(rows), split, prompt=prompt))
+        rows, bad = _c2_rows(split, examples, schemas, on_invalid, stage2_fit, report)
         report.counts[split] = write_parquet(rows, out / "c2" / f"{split}.parquet", RL_SCHEMA)
         report.invalid[split] = len(bad)
         report.invalid_ids[split] = bad
@@ -133,3 +113,44 @@ def precompute_c2(
         c2["stage2_too_long_ids"] = report.too_long_ids
     update_manifest(out, {"c2": report.counts}, files, c2=c2)
     return report
+
+
+def _check_per_split(
+    splits: Sequence[str], sample: Mapping[str, int] | None, sources: Mapping[str, Sequence[str]] | None
+) -> None:
+    """``sample`` and ``sources`` name only ``splits``, and every sample size is at least 1."""
+    for name, keyed in (("sample", sample), ("sources", sources)):
+        unknown = sorted(set(keyed or {}) - set(splits))
+        if unknown:
+            raise ValueError(f"{name}: splits {unknown} are not among {list(splits)}")
+    if sample:
+        bad_n = {k: n for k, n in sample.items() if n < 1}
+        if bad_n:
+            raise ValueError(f"sample: sizes must be >= 1, got {bad_n}")
+
+
+def _c2_rows(
+    split: str,
+    examples: Sequence[GoldenExample],
+    schemas: Sequence[str],
+    on_invalid: Literal["skip", "gold"],
+    stage2_fit: Stage2Fit | None,
+    report: PrecomputeReport,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """A split's C2 rows (Stage-2 prompts on π1's schemas; an invalid or cut one skipped or given the gold schema,
+    a prompt past ``stage2_fit`` dropped and named in ``report``) and the ids of its invalid schemas."""
+    rows: list[dict[str, Any]] = []
+    bad: list[str] = []
+    for ex, schema_text in zip(examples, schemas, strict=True):
+        prompt = None if truncated(schema_text) else stage2_on_prediction(ex.text, schema_text)
+        if prompt is None:
+            if not truncated(schema_text):
+                bad.append(ex.id)
+            if on_invalid == "skip":
+                continue
+            prompt = build_stage2_messages(ex.text, ex.schema_dict())
+        if stage2_fit is not None and not stage2_fit.fits(prompt):
+            report.too_long_ids.setdefault(split, []).append(ex.id)
+            continue
+        rows.append(rl_row("c2", ex, len(rows), split, prompt=prompt))
+    return rows, bad

@@ -338,6 +338,32 @@ def write_outputs(
         # a report over n = 0 would read as a finished evaluation with no numbers in it
         raise ValueError(f"{title}: no golden examples to evaluate (an empty split, or --limit 0)")
     out.mkdir(parents=True, exist_ok=True)
+    scored, metrics, pred_paths = _score_each_setting(out, golden, predictions, write_predictions)
+    decision = loop2_decision(metrics, decision_metric, min_gain_points, compare)
+    names = list(predictions)
+    if not any(paired_metric in r for rows in scored.values() for r in rows):
+        # Stage-1 predictions only (`trainer infer stage1`): no table was written, so the settings are
+        # compared on what they hold, the schema
+        paired_metric = "schema_f1"
+    tests = paired_tests(scored, comparison_pairs(names), paired_metric)
+    served = serving_record(names, serving, concurrency, max_tokens)
+    metrics_path = out / "metrics.json"
+    _write_metrics(metrics_path, metrics, decision, tests, served, max_tokens, max_truncated_share, max_refused_share)
+    report = out / "report.md"
+    write_atomic(report, markdown_report(metrics, decision, title, tests, max_tokens, served))
+    plots = plot_metrics(metrics, out / "plots")
+    _check_shares(metrics, title, max_tokens, max_truncated_share, max_refused_share)
+    return EvalOutputs(metrics, decision, report, metrics_path, plots, pred_paths)
+
+
+def _score_each_setting(
+    out: Path,
+    golden: Sequence[GoldenExample],
+    predictions: Mapping[str, Sequence[Mapping[str, Any]]],
+    write_predictions: bool,
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any], dict[str, Path]]:
+    """Per setting: its scored rows, its metrics (with intervals, cut and refused answers) and, when written, its
+    predictions file (each prediction with its scores)."""
     metrics: dict[str, Any] = {}
     pred_paths: dict[str, Path] = {}
     scored: dict[str, list[dict[str, Any]]] = {}
@@ -350,17 +376,22 @@ def write_outputs(
         if write_predictions:
             pred_paths[name] = out / f"predictions_{name}.jsonl"
             write_jsonl(pred_paths[name], [{**p, **r} for p, r in zip(preds, rows, strict=True)])
-    decision = loop2_decision(metrics, decision_metric, min_gain_points, compare)
-    names = list(predictions)
-    if not any(paired_metric in r for rows in scored.values() for r in rows):
-        # Stage-1 predictions only (`trainer infer stage1`): no table was written, so the settings are
-        # compared on what they hold, the schema
-        paired_metric = "schema_f1"
-    tests = paired_tests(scored, comparison_pairs(names), paired_metric)
-    served = serving_record(names, serving, concurrency, max_tokens)
-    metrics_path = out / "metrics.json"
+    return scored, metrics, pred_paths
+
+
+def _write_metrics(
+    path: Path,
+    metrics: Mapping[str, Any],
+    decision: Mapping[str, Any],
+    tests: Sequence[Mapping[str, Any]],
+    served: Mapping[str, Any],
+    max_tokens: int | None,
+    max_truncated_share: float,
+    max_refused_share: float,
+) -> None:
+    """metrics.json: the settings' metrics, the loop-2 decision and the paired tests, with the limits they ran under."""
     write_atomic(
-        metrics_path,
+        path,
         json.dumps(
             {
                 "prompt_version": PROMPT_VERSION,
@@ -376,9 +407,16 @@ def write_outputs(
         )
         + "\n",
     )
-    report = out / "report.md"
-    write_atomic(report, markdown_report(metrics, decision, title, tests, max_tokens, served))
-    plots = plot_metrics(metrics, out / "plots")
+
+
+def _check_shares(
+    metrics: Mapping[str, Any],
+    title: str,
+    max_tokens: int | None,
+    max_truncated_share: float,
+    max_refused_share: float,
+) -> None:
+    """Raise past a setting's share of refused prompts, then past its share of answers cut at the token limit."""
     for name in metrics:
         for stage, r in metrics[name]["refused"].items():
             what = f"{title}: setting {name!r}, {'π1 schemas' if stage == 'schema' else 'π2 tables'}"
@@ -387,7 +425,6 @@ def write_outputs(
         for stage, t in metrics[name]["truncated"].items():
             what = f"{title}: setting {name!r}, {'π1 schemas' if stage == 'schema' else 'π2 tables'}"
             check_truncated(what, t["cut"], t["answers"], max_tokens, max_truncated_share)
-    return EvalOutputs(metrics, decision, report, metrics_path, plots, pred_paths)
 
 
 def load_predictions(path: Path) -> list[dict[str, Any]]:

@@ -348,8 +348,6 @@ def run_phase(
 ) -> PhaseResult:
     """Launch (an SFT phase after its length filter), then pick the best (RL) or last (SFT) checkpoint,
     export it to ``out/hf``, record it."""
-    from trainer.phases.early_stopping import STATE_FILE, checkpoint_steps, read_state
-    from trainer.phases.export import export_checkpoint
     from trainer.phases.rollout_failures import FAILURE_FILE, read_failure
 
     started = dt.datetime.now(dt.UTC)
@@ -386,6 +384,26 @@ def run_phase(
         from trainer.phases.monitors import read_kl_floor, summarise
 
         res.monitors = summarise(metrics, read_kl_floor(ckpts))
+    _choose_best_step(run, res, metrics, ckpts)
+    if res.status == "failed":
+        res.failure = failure
+        res.error = (
+            not_started
+            or (failure["message"] if failure else None)
+            or (filtered[1] if filtered else None)  # the length filter stopped the phase before VERL
+            or f"exit code {code}; see {run.out_dir / 'train.log'}"
+        )
+    if res.status == "ok" and export and res.best_step is not None:
+        _export_best(run, res, ckpts)
+    res.write(run.out_dir)
+    return res
+
+
+def _choose_best_step(run: PhaseRun, res: PhaseResult, metrics: list[dict[str, Any]], ckpts: Path) -> None:
+    """The step a phase's output comes from: RL's best validated one (early-stopping state), SFT's chosen epoch
+    (where it planned epochs), else the last checkpoint."""
+    from trainer.phases.early_stopping import STATE_FILE, checkpoint_steps, read_state
+
     state_path = ckpts / STATE_FILE
     if run.phase.kind == "grpo" and state_path.is_file():
         st = read_state(state_path)
@@ -399,23 +417,18 @@ def run_phase(
             res.best_step = checkpoint_steps(ckpts)[-1]
     elif checkpoint_steps(ckpts):
         res.best_step = checkpoint_steps(ckpts)[-1]
-    if res.status == "failed":
-        res.failure = failure
-        res.error = (
-            not_started
-            or (failure["message"] if failure else None)
-            or (filtered[1] if filtered else None)  # the length filter stopped the phase before VERL
-            or f"exit code {code}; see {run.out_dir / 'train.log'}"
+
+
+def _export_best(run: PhaseRun, res: PhaseResult, ckpts: Path) -> None:
+    """``res.best_step``'s checkpoint exported to ``out/hf`` (step 0: the input model, which nothing beat)."""
+    from trainer.phases.export import export_checkpoint
+
+    if res.best_step == 0:
+        # Nothing beat the starting policy: the phase's output is its input model.
+        res.hf_dir = run.model_path
+    else:
+        step_dir = ckpts / f"global_step_{res.best_step}"
+        res.checkpoint = str(step_dir)
+        res.hf_dir = str(
+            export_checkpoint(step_dir, run.out_dir / "hf", kind=run.phase.kind, log=run.out_dir / "train.log")
         )
-    if res.status == "ok" and export and res.best_step is not None:
-        if res.best_step == 0:
-            # Nothing beat the starting policy: the phase's output is its input model.
-            res.hf_dir = run.model_path
-        else:
-            step_dir = ckpts / f"global_step_{res.best_step}"
-            res.checkpoint = str(step_dir)
-            res.hf_dir = str(
-                export_checkpoint(step_dir, run.out_dir / "hf", kind=run.phase.kind, log=run.out_dir / "train.log")
-            )
-    res.write(run.out_dir)
-    return res

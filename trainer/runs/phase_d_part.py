@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ from trainer.runs.context import first_error
 
 if TYPE_CHECKING:
     from shared import GoldenExample
+    from trainer.evaluation.answer_log import AnswerLog
     from trainer.evaluation.generation import GenerationConfig
     from trainer.evaluation.phase_d import EvalOutputs
     from trainer.evaluation.two_stage import PromptStage, ServeModel
@@ -65,62 +66,103 @@ def score_settings(
     ended (a recipe scores them before Stage 2 ends, so a Phase D cut short still has them). π1's answers are kept
     as they come beside its schemas (``answers/<schemas' name>.jsonl``, same key); ``keep_tables``: where each setting's
     Stage-2 answers are kept (none: not kept)."""
-    from trainer.evaluation.answer_log import AnswerLog
-    from trainer.evaluation.stage1_cache import cached_stage1
+    runs = _TwoStageRuns(settings, examples, gen, serve, keep, say, keep_tables)
+    return runs.all_at_once(on_stage1) if together else runs.one_after_another(on_stage1)
 
-    groups = by_pi1(settings)
 
-    def stage1(pi1: str) -> list[str]:
-        names = groups[pi1]
+@dataclass
+class _TwoStageRuns:
+    """:func:`score_settings`' Stage 1 of each π1 (once for the settings that share it) and Stage 2 of each
+    setting, with the answer logs they continue from."""
+
+    settings: Mapping[str, tuple[str, str]]
+    examples: Sequence[GoldenExample]
+    gen: GenerationConfig
+    serve: Callable[[str], ServeModel]
+    keep: Keep
+    say: Callable[[str], None]
+    keep_tables: KeepTables | None
+    groups: dict[str, list[str]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.groups = by_pi1(self.settings)
+
+    def stage1(self, pi1: str) -> list[str]:
+        from trainer.evaluation.stage1_cache import cached_stage1
+
+        names = self.groups[pi1]
         label = "+".join(names)
-        path, key = keep(names, pi1)
+        path, key = self.keep(names, pi1)
 
         def write() -> list[str]:
-            log = opened(path.parent / "answers" / f"{path.stem}.jsonl", key, f"{label}: π1's")
+            log = self.opened(path.parent / "answers" / f"{path.stem}.jsonl", key, f"{label}: π1's")
             return two_stage.stage1_schemas(
-                label, pi1, examples, serve(names[0]), gen, two_stage.generate_quietly, log=log
+                label, pi1, self.examples, self.serve(names[0]), self.gen, two_stage.generate_quietly, log=log
             )
 
         schemas, kept = cached_stage1(path, key, write)
         if kept:
-            say(f"[phase D] {label}: π1's schemas from an earlier run of this evaluation ({path})")
+            self.say(f"[phase D] {label}: π1's schemas from an earlier run of this evaluation ({path})")
         return schemas
 
-    def opened(path: Path, key: Mapping[str, Any], what: str) -> AnswerLog:
+    def opened(self, path: Path, key: Mapping[str, Any], what: str) -> AnswerLog:
+        from trainer.evaluation.answer_log import AnswerLog
+
         log = AnswerLog.open(path, key)
         if log.changed:
-            say(f"[phase D] {what} answers in {path} were generated otherwise, starting over: {'; '.join(log.changed)}")
+            self.say(
+                f"[phase D] {what} answers in {path} were generated otherwise, starting over: {'; '.join(log.changed)}"
+            )
         elif len(log):
-            say(f"[phase D] {what} answers: {len(log)} kept from an earlier run ({path})")
+            self.say(f"[phase D] {what} answers: {len(log)} kept from an earlier run ({path})")
         return log
 
-    def stage2(name: str, schemas: list[str]) -> list[dict[str, Any]]:
-        pi1, pi2 = settings[name]
-        log = opened(*keep_tables(name), f"{name}: π2's") if keep_tables is not None else None
+    def stage2(self, name: str, schemas: list[str]) -> list[dict[str, Any]]:
+        pi1, pi2 = self.settings[name]
+        log = self.opened(*self.keep_tables(name), f"{name}: π2's") if self.keep_tables is not None else None
         return two_stage.run_two_stage(
-            name, pi1, pi2, examples, serve(name), gen, two_stage.generate_quietly, schemas=schemas, log=log
+            name,
+            pi1,
+            pi2,
+            self.examples,
+            self.serve(name),
+            self.gen,
+            two_stage.generate_quietly,
+            schemas=schemas,
+            log=log,
         )
 
-    def each_setting(schemas: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
-        return {name: list(schemas[pi1]) for name, (pi1, _pi2) in settings.items()}
+    def each_setting(self, schemas: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+        return {name: list(schemas[pi1]) for name, (pi1, _pi2) in self.settings.items()}
 
-    if not together:
+    def one_after_another(
+        self, on_stage1: Callable[[Mapping[str, Sequence[str]]], None] | None
+    ) -> dict[str, list[dict[str, Any]]]:
+        """Each π1's Stage 1, then its settings' Stage 2: one model served at a time."""
         out: dict[str, list[dict[str, Any]]] = {}
         written: dict[str, list[str]] = {}
-        for pi1, names in groups.items():
-            written[pi1] = stage1(pi1)
-            if on_stage1 is not None and len(written) == len(groups):
-                on_stage1(each_setting(written))
-            out.update({name: stage2(name, written[pi1]) for name in names})
-        return {name: out[name] for name in settings}
-    with ThreadPoolExecutor(max_workers=len(groups) + len(settings)) as pool:
-        firsts = {pi1: pool.submit(stage1, pi1) for pi1 in groups}
-        seconds = {name: pool.submit(lambda n: stage2(n, firsts[settings[n][0]].result()), name) for name in settings}
-        if on_stage1 is not None:
-            first_error(list(firsts.values()))
-            on_stage1(each_setting({pi1: f.result() for pi1, f in firsts.items()}))
-        first_error(list(seconds.values()))
-        return {name: seconds[name].result() for name in settings}
+        for pi1, names in self.groups.items():
+            written[pi1] = self.stage1(pi1)
+            if on_stage1 is not None and len(written) == len(self.groups):
+                on_stage1(self.each_setting(written))
+            out.update({name: self.stage2(name, written[pi1]) for name in names})
+        return {name: out[name] for name in self.settings}
+
+    def all_at_once(
+        self, on_stage1: Callable[[Mapping[str, Sequence[str]]], None] | None
+    ) -> dict[str, list[dict[str, Any]]]:
+        """Every Stage 1 and Stage 2 in its own thread; a setting's Stage 2 waits for its π1's schemas."""
+        with ThreadPoolExecutor(max_workers=len(self.groups) + len(self.settings)) as pool:
+            firsts = {pi1: pool.submit(self.stage1, pi1) for pi1 in self.groups}
+            seconds = {
+                name: pool.submit(lambda n: self.stage2(n, firsts[self.settings[n][0]].result()), name)
+                for name in self.settings
+            }
+            if on_stage1 is not None:
+                first_error(list(firsts.values()))
+                on_stage1(self.each_setting({pi1: f.result() for pi1, f in firsts.items()}))
+            first_error(list(seconds.values()))
+            return {name: seconds[name].result() for name in self.settings}
 
 
 def generation(cfg: RunConfig) -> GenerationConfig:

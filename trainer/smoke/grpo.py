@@ -43,7 +43,7 @@ import psutil
 import typer
 
 from services.reward_api.process import RewardApiProcess
-from trainer.phases.launch import REPO_ROOT, PhaseRun, run_phase
+from trainer.phases.launch import REPO_ROOT, PhaseResult, PhaseRun, run_phase
 from trainer.phases.registry import get_phase
 from trainer.serving.executors import serve_model
 from trainer.serving.reward_api import reward_api_process
@@ -240,12 +240,24 @@ class Checks:
         return sum(not ok for _n, ok, _d in self.results)
 
 
+@dataclass
+class _C1Run:
+    """The smoke's C1 phase as it ended, with what its checks read: the reward API's metrics (read before a kill)
+    and the token the phase was given."""
+
+    run: PhaseRun
+    res: PhaseResult
+    killer: RewardApiKiller
+    metrics_text: str
+    api_url: str
+    secret: str
+
+
 def smoke(
     out: Path, steps: int, sft_steps: int, response_len: int, executor_max_tokens: int, kill_reward_api: bool = False
 ) -> int:
     from services.executor_vllm.default_model import convert
     from trainer.data.datasets import build_datasets
-    from trainer.phases.export import check_hf_dir, export_checkpoint
     from trainer.phases.launch import read_metrics
 
     out.mkdir(parents=True, exist_ok=True)
@@ -264,71 +276,114 @@ def smoke(
     with MemorySampler(os.getpid()) as mem:
         policy = model_dir
         if sft_steps:
-            sft = PhaseRun(
-                phase=get_phase("a1"),
-                profile="cpu-smoke",
-                data_dir=data_dir,
-                out_dir=out / "a1",
-                model_path=model_dir,
-                overrides=(f"trainer.total_training_steps={sft_steps}",),
-            )
-            t1 = time.monotonic()
-            sft_res = run_phase(sft, timeout_s=1800)
-            summary["sft_s"] = round(time.monotonic() - t1, 1)
-            summary["sft_result"] = sft_res.__dict__
-            checks.add(
-                f"A1 SFT ({sft_steps} steps) exited 0 and exported",
-                sft_res.status == "ok" and bool(sft_res.hf_dir),
-                f"exit {sft_res.exit_code}, hf {sft_res.hf_dir}, log {sft.out_dir / 'train.log'}",
-            )
-            if sft_res.status != "ok" or not sft_res.hf_dir:
+            a1 = _run_a1(out, data_dir, model_dir, sft_steps, checks, summary)
+            if a1 is None:
                 return finish(out, checks, summary, mem)
-            policy = sft_res.hf_dir
-        t_services = time.monotonic()
-        # The service wants a bearer token, which reaches the phase as the user sets it (CLIENT_TOKEN_ENV);
-        # no file the phase writes may hold it (checked below).
-        secret = f"smoke-{os.urandom(12).hex()}"
-        with (
-            serve_model(model_dir, out / "executor.log", max_model_len=2048) as executor,
-            reward_api_process(
-                out / "reward_api.log", executors=[executor], max_tokens=executor_max_tokens, token=secret
-            ) as api,
-            user_token(secret),
-        ):
-            summary["services_ready_s"] = round(time.monotonic() - t_services, 1)
-            run = PhaseRun(
-                phase=get_phase("c1"),
-                profile="cpu-smoke",
-                data_dir=data_dir,
-                out_dir=out / "c1",
-                model_path=policy,
-                reward_url=api.url,
-                overrides=(
-                    f"trainer.total_training_steps={steps + 1 if kill_reward_api else steps}",
-                    f"data.max_response_length={response_len}",
-                    SMOKE_FAILURE_MODE,
-                ),
-            )
-            t1 = time.monotonic()
-            state_path = run.out_dir / "checkpoints" / "early_stopping.json"
-            state_path.unlink(missing_ok=True)
-            killer = RewardApiKiller(api, state_path, after_step=steps)
-            if kill_reward_api:
-                with killer:
-                    res = run_phase(run, timeout_s=3600)
-            else:
-                res = run_phase(run, timeout_s=3600)
-            summary["phase_s"] = round(time.monotonic() - t1, 1)
-            metrics_text = killer.metrics_text if killer.killed_at else api.metrics_text()
+            policy = a1
+        c1 = _run_c1(
+            out, data_dir, model_dir, policy, steps, response_len, executor_max_tokens, kill_reward_api, summary
+        )
+    run, res, killer = c1.run, c1.res, c1.killer
     summary.update(total_s=round(time.monotonic() - t0, 1), result=res.__dict__)
     logged = read_metrics(run.out_dir / "metrics.jsonl")
     if kill_reward_api:
         summary["after_kill_s"] = round(time.monotonic() - killer.killed_at, 1) if killer.killed_at else None
-        check_reward_api_death(checks, res, logged, api.url, steps, killer, run.out_dir)
+        check_reward_api_death(checks, res, logged, c1.api_url, steps, killer, run.out_dir)
     else:
         checks.add(
             "VERL GRPO phase c1 exited 0", res.exit_code == 0, f"exit {res.exit_code}, log {run.out_dir / 'train.log'}"
         )
+    _check_logged_rewards(checks, summary, logged, steps)
+    _check_reward_traffic(checks, summary, c1.metrics_text)
+    checks.add(
+        "early-stopping state recorded", res.best_step is not None, f"best step {res.best_step}, score {res.best_score}"
+    )
+    _check_export(checks, res, run.out_dir, kill_reward_api)
+    leaks = files_holding(run.out_dir, c1.secret)
+    checks.add("no file the phase wrote holds the reward API token", not leaks, f"in {leaks}" if leaks else "")
+    return finish(out, checks, summary, mem)
+
+
+def _run_a1(
+    out: Path, data_dir: Path, model_dir: str, sft_steps: int, checks: Checks, summary: dict[str, Any]
+) -> str | None:
+    """The brief A1 SFT the C1 phase starts from: its export, or None where it failed (checked)."""
+    sft = PhaseRun(
+        phase=get_phase("a1"),
+        profile="cpu-smoke",
+        data_dir=data_dir,
+        out_dir=out / "a1",
+        model_path=model_dir,
+        overrides=(f"trainer.total_training_steps={sft_steps}",),
+    )
+    t1 = time.monotonic()
+    sft_res = run_phase(sft, timeout_s=1800)
+    summary["sft_s"] = round(time.monotonic() - t1, 1)
+    summary["sft_result"] = sft_res.__dict__
+    checks.add(
+        f"A1 SFT ({sft_steps} steps) exited 0 and exported",
+        sft_res.status == "ok" and bool(sft_res.hf_dir),
+        f"exit {sft_res.exit_code}, hf {sft_res.hf_dir}, log {sft.out_dir / 'train.log'}",
+    )
+    if sft_res.status != "ok" or not sft_res.hf_dir:
+        return None
+    return sft_res.hf_dir
+
+
+def _run_c1(
+    out: Path,
+    data_dir: Path,
+    model_dir: str,
+    policy: str,
+    steps: int,
+    response_len: int,
+    executor_max_tokens: int,
+    kill_reward_api: bool,
+    summary: dict[str, Any],
+) -> _C1Run:
+    """C1 from ``policy`` against a served executor (the base model) and a reward API that wants a token; with
+    ``kill_reward_api``, one more step, and the reward API killed once step ``steps`` is validated."""
+    t_services = time.monotonic()
+    # The service wants a bearer token, which reaches the phase as the user sets it (CLIENT_TOKEN_ENV);
+    # no file the phase writes may hold it (checked by the caller).
+    secret = f"smoke-{os.urandom(12).hex()}"
+    with (
+        serve_model(model_dir, out / "executor.log", max_model_len=2048) as executor,
+        reward_api_process(
+            out / "reward_api.log", executors=[executor], max_tokens=executor_max_tokens, token=secret
+        ) as api,
+        user_token(secret),
+    ):
+        summary["services_ready_s"] = round(time.monotonic() - t_services, 1)
+        run = PhaseRun(
+            phase=get_phase("c1"),
+            profile="cpu-smoke",
+            data_dir=data_dir,
+            out_dir=out / "c1",
+            model_path=policy,
+            reward_url=api.url,
+            overrides=(
+                f"trainer.total_training_steps={steps + 1 if kill_reward_api else steps}",
+                f"data.max_response_length={response_len}",
+                SMOKE_FAILURE_MODE,
+            ),
+        )
+        t1 = time.monotonic()
+        state_path = run.out_dir / "checkpoints" / "early_stopping.json"
+        state_path.unlink(missing_ok=True)
+        killer = RewardApiKiller(api, state_path, after_step=steps)
+        if kill_reward_api:
+            with killer:
+                res = run_phase(run, timeout_s=3600)
+        else:
+            res = run_phase(run, timeout_s=3600)
+        summary["phase_s"] = round(time.monotonic() - t1, 1)
+        metrics_text = killer.metrics_text if killer.killed_at else api.metrics_text()
+    return _C1Run(run, res, killer, metrics_text, api.url, secret)
+
+
+def _check_logged_rewards(checks: Checks, summary: dict[str, Any], logged: list[dict[str, Any]], steps: int) -> None:
+    """VERL logged every training step, our reward parts and the pipeline reward per source."""
     train_steps = sorted({int(m["step"]) for m in logged if "critic/score/mean" in m["data"]})
     checks.add(f"{steps} training steps logged", len(train_steps) == steps, f"steps {train_steps}")
     missing = missing_reward_parts(logged)
@@ -343,21 +398,28 @@ def smoke(
     summary["reward_parts"] = reward_parts(logged)
     for step, parts in summary["reward_parts"].items():
         print(f"VERL step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in parts.items()), flush=True)
+
+
+def _check_reward_traffic(checks: Checks, summary: dict[str, Any], metrics_text: str) -> None:
+    """The reward API scored pipeline items and called the executor (its Prometheus counters)."""
     items = counter_total(metrics_text, "reward_api_items_total", 'endpoint="/reward/pipeline"')
     calls = counter_total(metrics_text, "reward_api_executor_calls_total", "")
     summary.update(reward_api_pipeline_items=items, executor_calls=calls)
     checks.add("reward_api scored the pipeline items VERL sent", items > 0, f"items {items}")
     # An invalid schema costs no executor call (docs/rewards.md), so this needs >= 1 valid rollout schema.
     checks.add("the pipeline reward called the executor", calls > 0, f"executor calls {calls}")
-    checks.add(
-        "early-stopping state recorded", res.best_step is not None, f"best step {res.best_step}, score {res.best_score}"
-    )
+
+
+def _check_export(checks: Checks, res: PhaseResult, out_dir: Path, kill_reward_api: bool) -> None:
+    """The best checkpoint is a loadable HF directory (after a kill, exported here from the best validated step)."""
+    from trainer.phases.export import check_hf_dir, export_checkpoint
+
     hf_ok, detail = False, "no export"
     hf_dir = res.hf_dir
     if kill_reward_api and res.best_step:
         # the failed phase exported nothing (checked above); export its best validated step here
-        step_dir = run.out_dir / "checkpoints" / f"global_step_{res.best_step}"
-        hf_dir = str(export_checkpoint(step_dir, run.out_dir / "hf_best", kind="grpo", log=run.out_dir / "train.log"))
+        step_dir = out_dir / "checkpoints" / f"global_step_{res.best_step}"
+        hf_dir = str(export_checkpoint(step_dir, out_dir / "hf_best", kind="grpo", log=out_dir / "train.log"))
     if hf_dir:
         try:
             check_hf_dir(Path(hf_dir))
@@ -365,9 +427,6 @@ def smoke(
         except Exception as exc:
             detail = str(exc)
     checks.add("best checkpoint exported to an HF directory", hf_ok, detail)
-    leaks = files_holding(run.out_dir, secret)
-    checks.add("no file the phase wrote holds the reward API token", not leaks, f"in {leaks}" if leaks else "")
-    return finish(out, checks, summary, mem)
 
 
 @contextlib.contextmanager
