@@ -168,6 +168,64 @@ def rl_step(
     print(f"SFT epoch s: {p['sft_epoch_s']}")
 
 
+step_floor_app = typer.Typer(
+    no_args_is_help=True, help="A GRPO step's generation and update without VERL, on the node (bench/step_floor.py)."
+)
+app.add_typer(step_floor_app, name="step-floor")
+Lines = Annotated[Path, typer.Option("--out", help="JSON lines file each measurement appends to.")]
+
+
+@step_floor_app.command("gen")
+def step_floor_gen(
+    model: Annotated[Path, typer.Option(exists=True, file_okay=False, help="The policy (HF folder).")],
+    data: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="A phase's train.parquet.")],
+    out: Lines,
+    prompts: int = 64,
+    n: int = 16,
+    max_tokens: int = 256,
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int = 8192,
+    gpu_memory_utilization: float = 0.5,
+    graphs: Annotated[bool, typer.Option(help="Decode CUDA graphs without torch.compile (the gpu profile).")] = True,
+) -> None:
+    """vLLM's offline engine on PROMPTS x N samples of the parquet's prompts; writes OUT's responses file too."""
+    from bench import step_floor
+
+    print(step_floor.measure_gen(model, data, out, prompts=prompts, n=n, max_tokens=max_tokens,
+                                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                 gpu_memory_utilization=gpu_memory_utilization, graphs=graphs))  # fmt: skip
+
+
+@step_floor_app.command("update")
+def step_floor_update(
+    model: Annotated[Path, typer.Option(exists=True, file_okay=False, help="The policy (HF folder).")],
+    responses: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="`gen`'s OUT.responses.json.")],
+    out: Lines,
+    mini_batch: int = 128,
+    max_tokens: int = 40960,
+    device: str = "cuda",
+    profile: bool = True,
+) -> None:
+    """Forward, log-probs, entropy, backward and AdamW over those sequences, by mini batch, packed micro batches."""
+    from bench import step_floor
+
+    row = step_floor.measure_update(model, responses, out, mini_batch=mini_batch, max_tokens=max_tokens,
+                                    device=device, profile=profile)  # fmt: skip
+    print({k: v for k, v in row.items() if k != "top_ops"})
+
+
+@step_floor_app.command("report")
+def step_floor_report(
+    lines: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="The measurements' JSON lines.")],
+    name: str = "step_floor",
+    notes: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, help="Markdown appended.")] = None,
+) -> None:
+    """bench/results/NAME.{json,md} from the measurements."""
+    from bench import step_floor
+
+    step_floor.report(lines, name, notes.read_text() if notes else "")
+
+
 sft_mix_app = typer.Typer(no_args_is_help=True, help="The SFT source mix: the choice on a GPU node, then the report.")
 app.add_typer(sft_mix_app, name="sft-mix")
 

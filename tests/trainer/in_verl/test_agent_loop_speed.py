@@ -104,6 +104,7 @@ def test_the_single_turn_loop_is_built_once_per_worker_and_tool_loops_are_not_re
     worker.hf_model_type, worker.dataset_cls = "llama", None
     first = speed.agent_loop_of(worker, module, "single_turn_agent")
     assert isinstance(first, SingleTurnAgentLoop)
+    assert isinstance(first.continuous_token_builder, speed.CachedPromptTokens)
     assert speed.agent_loop_of(worker, module, "single_turn_agent") is first
     other = module.AgentLoopWorker.__new__(module.AgentLoopWorker)
     other.__dict__.update({k: v for k, v in worker.__dict__.items() if k != "_stx_agent_loops"})
@@ -139,3 +140,23 @@ def test_the_in_process_reward_equals_verls_reward_loop_worker(default_model_dir
     assert got == expected
     assert handle.calls == 3
     assert [g["reward_score"] for g in got] == [0.01, 0.13, 0.0]
+
+
+@pytest.mark.verl
+def test_a_prompt_is_rendered_once_per_worker_with_the_builders_own_tokens(default_model_dir: Path) -> None:
+    from verl.utils import hf_tokenizer
+    from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
+
+    tok = hf_tokenizer(str(default_model_dir))
+    builder = create_continuous_token_builder(tok, hf_model_type="llama")
+    cached = speed.CachedPromptTokens(builder)
+    a = [{"role": "system", "content": "Write the schema."}, {"role": "user", "content": "Name: Ada. Born 1815."}]
+    b = [{"role": "user", "content": "Name: Alan. Born 1912."}]
+    first = cached.build_initial_tokens(a)
+    assert first == builder.build_initial_tokens(a) and len(first) > 10
+    first.append(-1)  # a caller's change to its copy reaches no other sample
+    for _ in range(15):
+        assert cached.build_initial_tokens(a) == builder.build_initial_tokens(a)
+    assert cached.build_initial_tokens(b) == builder.build_initial_tokens(b) != builder.build_initial_tokens(a)
+    assert (cached.renders, cached.hits) == (2, 15)
+    assert cached.tokenizer is builder.tokenizer  # the rest is the builder's own

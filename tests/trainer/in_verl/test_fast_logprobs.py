@@ -19,9 +19,15 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("verl")
 
 from trainer.in_verl import fast_logprobs  # noqa: E402
-from trainer.phases.launch import FAST_LOGPROBS, PACKED_ATTENTION, PhaseRun, external_modules  # noqa: E402
+from trainer.phases.launch import (  # noqa: E402
+    AGENT_LOOP_SPEED,
+    FAST_LOGPROBS,
+    PACKED_ATTENTION,
+    PhaseRun,
+    external_modules,
+)
 
-ALWAYS = f"{FAST_LOGPROBS},{PACKED_ATTENTION}"
+ALWAYS = f"{FAST_LOGPROBS},{PACKED_ATTENTION},{AGENT_LOOP_SPEED}"
 from trainer.phases.registry import get_phase  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]

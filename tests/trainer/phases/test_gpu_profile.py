@@ -89,7 +89,7 @@ def test_the_recipe_survives_the_node_scripts_overrides(env: None) -> None:  # n
 # leaves open by design. Every other key a phase config sets must exist in VERL's own config: a misspelt
 # key composes without a word (a defaults file may add keys) and then does nothing.
 OWN_BLOCKS = {"phase", "early_stopping", "failures", "monitors", "reward_ready", "replay_buffer", "sizing",
-              "prompt_filter"}  # fmt: skip
+              "prompt_filter", "agent_loop_speed"}  # fmt: skip
 OPEN_IN_VERL = ("reward.custom_reward_function.reward_kwargs", "actor_rollout_ref.model.override_config",
                 "ray_kwargs.ray_init", "transfer_queue",
                 "actor_rollout_ref.rollout.engine_kwargs.vllm")  # fmt: skip  (the last: vLLM's own engine arguments)
