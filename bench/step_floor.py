@@ -186,6 +186,7 @@ def measure_update(
 
 
 def _append(out: Path, row: dict[str, Any]) -> None:
+    row["command"] = run_record(quick=False, noisy=False)["command"]  # the exact command of this measurement
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("a") as f:
         f.write(json.dumps(row) + "\n")
@@ -216,6 +217,7 @@ def report(lines_file: Path, name: str = NAME, notes: str = "") -> dict[str, Any
         if u["top_ops"]:
             md.append(md_table(["op (one mini batch)", "self ms", "calls"],
                                [[o["op"], o["self_ms"], o["calls"]] for o in u["top_ops"]]))  # fmt: skip
+    md.append("\n## Commands\n\n" + "\n".join(f"- `{r.get('command', '?')}`" for r in rows) + "\n")
     if notes:
         md.append("\n" + notes.strip() + "\n")
     write_result(name, payload, "\n".join(md), quick=False)

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The runs of `python -m bench rl-step` on one node of any GPU count (every run on all its GPUs), in turn:
 #   sft    a1_fast ‖ a2_fast: SFT side by side on the node's GPUs (SFT_STEPS steps each; the epoch is extrapolated)
+#   floor  the step's generation and update without VERL (python -m bench step-floor; into floor.jsonl): vLLM's
+#          offline engine on B1's first BATCH prompts x N at VERL's scheduler sizes (256 / 8,192) and at 1,024 / 32,768,
+#          then the update of those samples (the policy alone, packed micro batches, PyTorch's profiler)
 #   b1     exec_pi2 (π2's executor for C1, decode graphs without torch.compile, started beside B1: its ready
 #          time is measured there) and b1_fast: B1 at BATCH x N, the gpu profile
 #   c1     c1_fast: C1 at BATCH x N, π2's executor behind a reward API on the same GPUs
@@ -26,7 +29,7 @@ DATA=${RL_DATA:-/tmp/rl_data}
 SFT_STEPS=${SFT_STEPS:-100}
 RL_STEPS=${RL_STEPS:-6}
 BATCH=${BATCH:-64} N=${N:-16} SMALL_BATCH=${SMALL_BATCH:-32} SMALL_N=${SMALL_N:-8}
-WAVES=${WAVES:-sft,b1,c1,stock,sched,verlpath,padded,workers,b2,small}
+WAVES=${WAVES:-sft,floor,b1,c1,stock,sched,verlpath,padded,workers,b2,small}
 PROFILE=${PROFILE:-} PROFILE_S=${PROFILE_S:-30}
 : "${MODEL_DIR:?MODEL_DIR (the base model) must be set}" "${GOLDEN_DIR:?GOLDEN_DIR must be set}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -101,6 +104,17 @@ if on sft; then
 fi
 PI1=${PI1:-$R/a1_fast/hf}
 PI2=${PI2:-$R/a2_fast/hf}
+
+if on floor; then
+  for size in 256/8192 1024/32768; do
+    $J start "floor_gen_${size%%/*}" -- python3 -m bench step-floor gen --model "$PI1" --data "$DATA/b1/train.parquet" \
+      --out "$R/floor/floor.jsonl" --prompts "$BATCH" --n "$N" --max-num-seqs "${size%%/*}" --max-num-batched-tokens "${size##*/}"
+    wait_all "floor_gen_${size%%/*}"
+  done
+  $J start floor_update -- python3 -m bench step-floor update --model "$PI1" --responses "$R/floor/floor.responses.json" \
+    --out "$R/floor/floor.jsonl"
+  wait_all floor_update
+fi
 
 $J start api_local -- python3 -m services.reward_api --host 127.0.0.1 --port 18410 --workers 4
 sleep 3
