@@ -173,11 +173,12 @@ step_floor_app = typer.Typer(
 )
 app.add_typer(step_floor_app, name="step-floor")
 Lines = Annotated[Path, typer.Option("--out", help="JSON lines file each measurement appends to.")]
+Policy = Annotated[Path, typer.Option("--model", exists=True, file_okay=False, help="The policy (HF folder).")]
 
 
 @step_floor_app.command("gen")
 def step_floor_gen(
-    model: Annotated[Path, typer.Option(exists=True, file_okay=False, help="The policy (HF folder).")],
+    model: Policy,
     data: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="A phase's train.parquet.")],
     out: Lines,
     prompts: int = 64,
@@ -198,7 +199,7 @@ def step_floor_gen(
 
 @step_floor_app.command("update")
 def step_floor_update(
-    model: Annotated[Path, typer.Option(exists=True, file_okay=False, help="The policy (HF folder).")],
+    model: Policy,
     responses: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="`gen`'s OUT.responses.json.")],
     out: Lines,
     mini_batch: int = 128,
