@@ -12,7 +12,8 @@
 #   workers b1_workers: B1 with WORKERS, twice VERL's agent-loop and reward-loop workers (a step's generation waits
 #          on their per-sample path: bench/results/rl_step_packed.md)
 #   sched  b1_sched: B1 with SCHED, vLLM's scheduler at 1,024 sequences and 32,768 batched tokens a step (VERL's
-#          256 / 8,192) and its asynchronous scheduling (the next step scheduled while the GPU runs this one)
+#          256 / 8,192), its asynchronous scheduling (the next step scheduled while the GPU runs this one) and a
+#          request's output sent to VERL's server every 16 tokens instead of every token (the first and last at once)
 #   verlpath b1_verlpath: B1 with VERLPATH, VERL's own per-sample rollout path (trainer/in_verl/agent_loop_speed.py off)
 #   b2     b2_fast: B2 at BATCH x N
 #   small  b1_small: B1 at SMALL_BATCH x SMALL_N
@@ -60,7 +61,8 @@ PADDED=(
 )
 WORKERS=(actor_rollout_ref.rollout.agent.num_workers=16 reward.num_workers=8)
 SCHED=(actor_rollout_ref.rollout.max_num_seqs=1024 actor_rollout_ref.rollout.max_num_batched_tokens=32768
-       +actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling=true)
+       +actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling=true
+       +actor_rollout_ref.rollout.engine_kwargs.vllm.stream_interval=16)
 VERLPATH=(agent_loop_speed.reuse_single_turn=false agent_loop_speed.reward_in_process=false)
 profile() {  # NAME: py-spy over the run's process tree once two steps are logged
   local name=$1 m=$R/$1/metrics.jsonl spy

@@ -254,14 +254,15 @@ def test_the_speed_benchmarks_workers_overrides_set_existing_keys(env: None) -> 
 
 
 def test_the_speed_benchmarks_scheduler_and_verl_path_rows_set_what_they_name(env: None) -> None:  # noqa: F811
-    """``rl_step.sh``'s SCHED row sizes vLLM's scheduler and turns on its asynchronous scheduling; its VERLPATH row
-    turns off both costs taken off VERL's per-sample path (trainer/in_verl/agent_loop_speed.py), nothing else."""
+    """``rl_step.sh``'s SCHED row sizes vLLM's scheduler, turns on its asynchronous scheduling and streams every 16
+    tokens (vLLM's engine arguments: VERL passes engine_kwargs.vllm through); its VERLPATH row
+    turns off what trainer/in_verl/agent_loop_speed.py takes off VERL's per-sample path, nothing else."""
     from trainer.phases.launch import REPO_ROOT
 
     script = REPO_ROOT / "scripts" / "gpu_node" / "rl_step.sh"
     sched = composed_command(gpu_run("b1", *_script_array(script, "SCHED"))).actor_rollout_ref.rollout
     assert (sched.max_num_seqs, sched.max_num_batched_tokens) == (1024, 32768)
-    assert sched.engine_kwargs.vllm.async_scheduling is True
+    assert sched.engine_kwargs.vllm.async_scheduling is True and sched.engine_kwargs.vllm.stream_interval == 16
     base = composed_command(gpu_run("b1"))
     assert base.agent_loop_speed.reuse_single_turn and base.agent_loop_speed.reward_in_process
     verl_path = _script_array(script, "VERLPATH")
