@@ -364,6 +364,9 @@ class Experiment:
         from trainer.evaluation.two_stage import generate_quietly
 
         d, wd, ctx = self.design, self.wd, self.ctx
+        stale = ab_plan.eval_staleness(self.cfg, d, wd)
+        if (wd.phase_d / "metrics.json").is_file() and stale is not None:
+            self.say(f"[eval] Phase D's scores in {wd.phase_d} are scored again: {stale}")
         phases = d.settings()  # setting -> (π1 phase, π2 phase)
         eps = self.serve([p for pair in phases.values() for p in pair])
         by_model = {self.models[p]: p for p in eps}
@@ -400,4 +403,5 @@ class Experiment:
             first_error([scored])
         phase_d_part.write(ctx, "phase_d", wd.phase_d, settings, examples, scored.result().records, modes,
                       f"Phase D ({d.name})")  # fmt: skip
+        phase_d_part.record_eval_key(wd.phase_d, phase_d_part.eval_key(self.cfg, settings))  # last: scores then key
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from trainer.phases.launch import PhaseRun
 from trainer.phases.registry import SFT_PHASES, get_phase
 from trainer.phases.train_set import count_prompts, train_batch_size
-from trainer.runs import reuse
+from trainer.runs import phase_d_part, reuse
 from trainer.runs.config import ExperimentConfig
 from trainer.serving.gpus import ExecutorSlot, GpuPlan, Placement
 
@@ -189,6 +189,26 @@ def preflight_phases(cfg: ExperimentConfig, design: Design) -> tuple[str, ...]:
     return cfg.preflight_phases or design.preflight
 
 
+def eval_models(design: Design, wd: Workdir) -> dict[str, tuple[str, str]] | None:
+    """Phase D's settings as the models the phases now hold (setting -> (π1, π2)); None while one is unfinished."""
+    models: dict[str, tuple[str, str]] = {}
+    for name, pair in design.settings().items():
+        pi1, pi2 = (reuse.finished(wd.phase(p)) for p in pair)
+        if pi1 is None or pi2 is None or not pi1.hf_dir or not pi2.hf_dir:
+            return None
+        models[name] = (pi1.hf_dir, pi2.hf_dir)
+    return models
+
+
+def eval_staleness(cfg: ExperimentConfig, design: Design, wd: Workdir) -> str | None:
+    """None when Phase D's scores are those of the current models and settings (the loop's key,
+    :func:`trainer.runs.phase_d_part.eval_key`); else why they are not, each difference with both values."""
+    models = eval_models(design, wd)
+    if models is None:
+        return "a phase it evaluates has not finished"
+    return phase_d_part.eval_key_difference(wd.phase_d, phase_d_part.eval_key(cfg, models))
+
+
 def parts(cfg: ExperimentConfig, design: Design, wd: Workdir) -> list[Part]:
     swept = preflight_phases(cfg, design)
     out = [
@@ -212,7 +232,7 @@ def parts(cfg: ExperimentConfig, design: Design, wd: Workdir) -> list[Part]:
     done = all(phase_ok(wd.phase(a)) for a in design.arms)
     out.append(Part("rl", done, executors=(design.partner,) if PIPE in apis else (), reward_apis=apis, trains=True))
     done = (
-        (wd.phase_d / "metrics.json").is_file()
+        eval_staleness(cfg, design, wd) is None
         and (not design.gold_schema_eval or (wd.gold_schema_eval / "metrics.json").is_file())
         and (not design.stage1_eval or (wd.stage1_eval / "metrics.json").is_file())
     )

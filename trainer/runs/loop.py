@@ -20,9 +20,6 @@ from trainer.runs.context import RunContext
 from trainer.runs.record import read_json
 from trainer.serving.executors import ModelSpec, serve_model
 from trainer.serving.gpus import ExecutorSlot, Placement
-from trainer.serving.identity import fingerprint
-
-EVAL_KEY = "eval_key.json"
 
 
 class StopAfter(Exception):
@@ -266,19 +263,7 @@ class Loop:
 
     # -- Phase D
     def eval_key(self, settings: dict[str, tuple[str, str]]) -> dict[str, Any]:
-        """What Phase D's scores depend on: every setting's model contents, the test file, the settings."""
-        from shared import PROMPT_VERSION
-
-        cfg = self.cfg
-        return {
-            "settings": {name: [fingerprint(pi1), fingerprint(pi2)] for name, (pi1, pi2) in settings.items()},
-            "golden": {"test": sha256_file(cfg.golden / "common_test_schemas.jsonl")},
-            "config": {
-                "eval_limit": cfg.eval_limit, "max_tokens": cfg.eval_max_tokens, "prompt_version": PROMPT_VERSION,
-                "concurrency": cfg.eval_concurrency,
-                "serving": {"eager": cfg.executor_eager, "prefix_caching": cfg.executor_prefix_caching},
-            },
-        }  # fmt: skip
+        return phase_d_part.eval_key(self.cfg, settings)
 
     def evaluate(self, settings: dict[str, tuple[str, str]], tag: str, compare: tuple[str, str]) -> dict[str, Any]:
         """Phase D of ``settings`` on the test split and the loop-2 decision of ``compare`` = (previous, last);
@@ -288,7 +273,8 @@ class Loop:
                                   "compare": compare}  # fmt: skip
         key = self.eval_key(settings)
         recorded = read_json(out / "metrics.json")
-        if recorded and read_json(out / EVAL_KEY) == key and set(recorded["settings"]) == set(settings):
+        same = recorded and phase_d_part.eval_key_difference(out, key) is None
+        if same and set(recorded["settings"]) == set(settings):
             decision = redecide(out, recorded, f"Phase D ({tag})", **decide)
             self.record.phase_d(f"eval_{tag}", out, settings, decision)
             return decision
@@ -308,7 +294,7 @@ class Loop:
         preds = {name: scored.records[name] for name in settings}
         res = phase_d_part.write(self.ctx, f"eval_{tag}", out, settings, examples, preds, scored.modes,
                             f"Phase D ({tag})", **decide)  # fmt: skip
-        (out / EVAL_KEY).write_text(json.dumps(key, indent=2) + "\n")
+        phase_d_part.record_eval_key(out, key)
         return res.decision
 
 

@@ -12,14 +12,18 @@ A prompt an executor refuses (HTTP 400) is that document's outcome, counted and 
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shared.golden import sha256_file
 from trainer.evaluation import two_stage
 from trainer.runs.context import first_error
+from trainer.runs.record import read_json
+from trainer.serving.identity import fingerprint
 
 if TYPE_CHECKING:
     from shared import GoldenExample
@@ -31,6 +35,40 @@ if TYPE_CHECKING:
     from trainer.runs.context import RunContext
     from trainer.serving.endpoint import Endpoint, ServingMode
     from trainer.serving.executors import ModelSpec
+
+# Phase D's scores are reused only for the same key (the loop's and the experiments' rule): beside metrics.json.
+EVAL_KEY = "eval_key.json"
+
+
+def eval_key(cfg: RunConfig, settings: Mapping[str, tuple[str, str]]) -> dict[str, Any]:
+    """What Phase D's scores depend on: every setting's model contents, the test file, the generation settings."""
+    from shared import PROMPT_VERSION
+
+    return {
+        "settings": {name: [fingerprint(pi1), fingerprint(pi2)] for name, (pi1, pi2) in settings.items()},
+        "golden": {"test": sha256_file(cfg.golden / "common_test_schemas.jsonl")},
+        "config": {
+            "eval_limit": cfg.eval_limit, "max_tokens": cfg.eval_max_tokens, "prompt_version": PROMPT_VERSION,
+            "concurrency": cfg.eval_concurrency,
+            "serving": {"eager": cfg.executor_eager, "prefix_caching": cfg.executor_prefix_caching},
+        },
+    }  # fmt: skip
+
+
+def eval_key_difference(out: Path, key: Mapping[str, Any]) -> str | None:
+    """None when ``out`` holds Phase D's scores for ``key``; else what differs, each with both values."""
+    if read_json(out / "metrics.json") is None:
+        return "no scores"
+    recorded = read_json(out / EVAL_KEY)
+    if not isinstance(recorded, dict):
+        return f"no {EVAL_KEY} beside its scores"
+    keys = sorted(k for k in set(recorded) | set(key) if recorded.get(k) != key.get(k))
+    return "; ".join(f"{k}: recorded {recorded.get(k)!r}, now {key.get(k)!r}" for k in keys) or None
+
+
+def record_eval_key(out: Path, key: Mapping[str, Any]) -> None:
+    (out / EVAL_KEY).write_text(json.dumps(key, indent=2) + "\n")
+
 
 # (the settings that share a π1, that π1) -> where its schemas are kept and the key they are kept under
 Keep = Callable[[Sequence[str], str], tuple[Path, dict[str, Any]]]

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.trainer.runs.test_loop import SAMPLE, recorded
-from trainer.runs.ab_plan import DESIGNS, ExecutorStep, Workdir, executor_timeline, parts
+from trainer.runs import phase_d_part
+from trainer.runs.ab_plan import DESIGNS, ExecutorStep, Workdir, eval_models, eval_staleness, executor_timeline, parts
 from trainer.runs.config import ExperimentConfig
 
 PI1, PI2 = DESIGNS["pi1-ab"], DESIGNS["pi2-ab"]
@@ -95,9 +96,39 @@ def test_a_rerun_skips_the_parts_whose_results_exist(tmp_path: Path) -> None:
     (wd.control("b1") / "positive_control.json").write_text("{}")
     wd.phase_d.mkdir()
     (wd.phase_d / "metrics.json").write_text("{}")
+    assert [s.name for s in parts(c, PI1, wd) if not s.done] == ["choose", "eval"]  # no key beside its scores
+    models = eval_models(PI1, wd)
+    assert models is not None
+    phase_d_part.record_eval_key(wd.phase_d, phase_d_part.eval_key(c, models))
     assert [s.name for s in parts(c, PI1, wd) if not s.done] == ["choose", "eval"]  # π1's schemas alone: not yet
     wd.stage1_eval.mkdir()
     (wd.stage1_eval / "metrics.json").write_text("{}")
     plan = parts(c, PI1, wd)
     assert [s.name for s in plan if not s.done] == ["choose"]  # pure and cheap: always taken again
     assert executor_timeline(plan, on_cpu=False) == [ExecutorStep("choose", (), (), ())]
+
+
+def test_phase_ds_scores_are_reused_only_for_the_models_and_settings_they_were_scored_with(tmp_path: Path) -> None:
+    """The loop's rule: a changed setting or a retrained model makes the eval part run again, and the plan says
+    what changed with both values; an unfinished phase leaves it to run."""
+    c, wd = cfg(tmp_path, eval_limit=8), Workdir(tmp_path)
+    assert eval_staleness(c, PI1, wd) == "a phase it evaluates has not finished"
+    for p in ("a1", "a2", "b1", "c1"):
+        recorded(wd.phase(p), p, wd.phase(p) / "hf")
+        (wd.phase(p) / "hf" / "model.safetensors").write_text(p)
+    wd.phase_d.mkdir()
+    (wd.phase_d / "metrics.json").write_text("{}")
+    assert eval_staleness(c, PI1, wd) == "no eval_key.json beside its scores"
+    models = eval_models(PI1, wd)
+    assert models == {"sft": (str(wd.phase("a1") / "hf"), str(wd.phase("a2") / "hf")),
+                      "local": (str(wd.phase("b1") / "hf"), str(wd.phase("a2") / "hf")),
+                      "pipe": (str(wd.phase("c1") / "hf"), str(wd.phase("a2") / "hf"))}  # fmt: skip
+    phase_d_part.record_eval_key(wd.phase_d, phase_d_part.eval_key(c, models))
+    assert eval_staleness(c, PI1, wd) is None
+    more = eval_staleness(cfg(tmp_path, eval_limit=16), PI1, wd)
+    assert more is not None and "'eval_limit': 8" in more and "'eval_limit': 16" in more and "settings" not in more
+    (wd.phase("c1") / "hf" / "model.safetensors").write_text("c1, trained again")
+    retrained = eval_staleness(c, PI1, wd)
+    assert retrained is not None and retrained.startswith("settings: recorded")
+    eval_part = next(s for s in parts(c, PI1, wd) if s.name == "eval")
+    assert not eval_part.done

@@ -14,7 +14,8 @@ import pytest
 from trainer.phases.launch import PhaseResult, PhaseRun
 from trainer.runs.c2_data import PRECOMPUTE_KEY, precompute_key
 from trainer.runs.config import LoopConfig
-from trainer.runs.loop import EVAL_KEY, Loop, redecide
+from trainer.runs.loop import Loop, redecide
+from trainer.runs.phase_d_part import EVAL_KEY
 from trainer.runs.record import RECORD
 from trainer.runs.reuse import PHASE_INPUTS, StaleResultError, phase_inputs, run_inputs
 from trainer.runs.reuse import finished as phase_done
