@@ -304,7 +304,7 @@ class Experiment:
         """π1ˢ's schemas for C2 (invalid ones skipped: C2 learns from predicted schemas only)."""
         partner = self.design.partner
         ep = self.serve([partner])[partner]
-        c2_data.write_c2_data(self.ctx, ep, self.models[partner], self.wd.data, "c2data", "skip")
+        c2_data.write_c2_data(self.ctx, ep, self.models[partner], self.wd.data, "c2data", ab_plan.C2_ON_INVALID)
 
     def part_choose(self) -> None:
         """The rollout temperature, the no-headroom stop, and each swept phase's improvable prompts."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from trainer.phases.launch import PhaseRun
 from trainer.phases.registry import SFT_PHASES, get_phase
 from trainer.phases.train_set import count_prompts, train_batch_size
-from trainer.runs import phase_d_part, reuse
+from trainer.runs import c2_data, phase_d_part, reuse
 from trainer.runs.config import ExperimentConfig
 from trainer.serving.gpus import ExecutorSlot, GpuPlan, Placement
 
@@ -189,6 +189,9 @@ def preflight_phases(cfg: ExperimentConfig, design: Design) -> tuple[str, ...]:
     return cfg.preflight_phases or design.preflight
 
 
+C2_ON_INVALID: c2_data.OnInvalid = "skip"  # C2 learns from predicted schemas only: an invalid one is skipped, not replaced by gold
+
+
 def eval_models(design: Design, wd: Workdir) -> dict[str, tuple[str, str]] | None:
     """Phase D's settings as the models the phases now hold (setting -> (π1, π2)); None while one is unfinished."""
     models: dict[str, tuple[str, str]] = {}
@@ -221,7 +224,13 @@ def parts(cfg: ExperimentConfig, design: Design, wd: Workdir) -> list[Part]:
         ),
     ]
     if design.c2_data:
-        done = all((wd.data / "c2" / f"{s}.parquet").is_file() for s in ("train", "validation"))
+        partner = reuse.finished(wd.phase(design.partner))
+        done = (
+            partner is not None
+            and bool(partner.hf_dir)
+            and (wd.data / "c2" / "validation.parquet").is_file()
+            and c2_data.is_done(wd.data, c2_data.precompute_key(cfg, str(partner.hf_dir), C2_ON_INVALID))
+        )
         out.append(Part("c2data", done, executors=(design.partner,), beside="preflight"))
     out.append(Part("choose", False))
     if cfg.control != "off":

@@ -15,6 +15,7 @@ from trainer.runs.record import read_json
 from trainer.serving.identity import fingerprint
 
 if TYPE_CHECKING:
+    from trainer.runs.config import RunConfig
     from trainer.runs.context import RunContext
     from trainer.serving.endpoint import Endpoint
 
@@ -22,10 +23,10 @@ PRECOMPUTE_KEY = "precompute_key.json"
 OnInvalid = Literal["skip", "gold"]
 
 
-def precompute_key(ctx: RunContext, model: str, on_invalid: OnInvalid) -> dict[str, Any]:
+def precompute_key(cfg: RunConfig, model: str, on_invalid: OnInvalid) -> dict[str, Any]:
+    """What C2's data depends on: the π1's content, the golden train and validation files, the settings."""
     from shared import PROMPT_VERSION
 
-    cfg = ctx.cfg
     return {
         "schema_model": fingerprint(model),
         "golden": {s: sha256_file(cfg.golden / f"common_{s}_schemas.jsonl") for s in ("train", "validation")},
@@ -51,7 +52,8 @@ def write_c2_data(
     from trainer.evaluation.generation import GenerationClient
     from trainer.evaluation.inference import schema_predictor
 
-    cfg, key = ctx.cfg, precompute_key(ctx, model, on_invalid)
+    cfg = ctx.cfg
+    key = precompute_key(cfg, model, on_invalid)
     if is_done(data_dir, key):
         return
     rep = precompute_c2(

@@ -202,7 +202,7 @@ class Loop:
 
     def c2_schemas(self, pi1_pipe: str, data: Path, tag: str) -> None:
         """π1ʳ-pipe, served here (or checked at ``--pi1-pipe-url``), writes C2's schemas (gold where invalid)."""
-        if c2_data.is_done(data, c2_data.precompute_key(self.ctx, pi1_pipe, "gold")):
+        if c2_data.is_done(data, c2_data.precompute_key(self.cfg, pi1_pipe, "gold")):
             return
         slot = ExecutorSlot(self.plan.gpus[:1]) if self.plan else None
         log = self.ctx.logs / f"executor_precompute_{tag}.log"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tests.trainer.runs.test_loop import SAMPLE, recorded
@@ -132,3 +133,28 @@ def test_phase_ds_scores_are_reused_only_for_the_models_and_settings_they_were_s
     assert retrained is not None and retrained.startswith("settings: recorded")
     eval_part = next(s for s in parts(c, PI1, wd) if s.name == "eval")
     assert not eval_part.done
+
+
+def test_c2s_data_is_reused_only_for_the_schema_model_and_settings_it_was_built_with(tmp_path: Path) -> None:
+    """pi2-ab's C2 data (π1ˢ's schemas) counts as built only under the loop's precompute key; another
+    ``--c2-train-prompts`` or a retrained π1ˢ builds it again."""
+    from trainer.runs import c2_data
+
+    c, wd = cfg(tmp_path, c2_train_prompts=64), Workdir(tmp_path)
+
+    def built(config: ExperimentConfig) -> bool:
+        return next(s for s in parts(config, PI2, wd) if s.name == "c2data").done
+
+    (wd.data / "c2").mkdir(parents=True)
+    for split in ("train", "validation"):
+        (wd.data / "c2" / f"{split}.parquet").write_text("rows")
+    assert not built(c)  # π1ˢ unfinished: what the rows came from is unknown
+    recorded(wd.phase("a1"), "a1", wd.phase("a1") / "hf")
+    (wd.phase("a1") / "hf" / "model.safetensors").write_text("a1")
+    assert not built(c)  # no key beside the rows
+    key = c2_data.precompute_key(c, str(wd.phase("a1") / "hf"), "skip")
+    (wd.data / "c2" / c2_data.PRECOMPUTE_KEY).write_text(json.dumps(key))
+    assert built(c)
+    assert not built(cfg(tmp_path, c2_train_prompts=128))
+    (wd.phase("a1") / "hf" / "model.safetensors").write_text("a1, trained again")
+    assert not built(c)

@@ -110,7 +110,7 @@ def test_loop_resumes_and_records_manifest(tmp_path: Path) -> None:
     recorded_as_run(cfg, "c1", str(out / "b1" / "hf"), reward_model=str(out / "b2" / "hf"))
     (out / "data" / "c2").mkdir(parents=True)
     (out / "data" / "c2" / "train.parquet").write_bytes(b"")  # precompute output recorded, with its key
-    key = precompute_key(Loop(cfg).ctx, str(out / "c1" / "hf"), "gold")
+    key = precompute_key(cfg, str(out / "c1" / "hf"), "gold")
     (out / "data" / "c2" / PRECOMPUTE_KEY).write_text(json.dumps(key))
     runner2 = FaultyPhaseRunner()
     with c1_reward_api(tmp_path, out / "b2" / "hf") as c1_url2, pytest.raises(RuntimeError, match="phase c2 failed"):
@@ -216,9 +216,9 @@ def test_precompute_and_phase_d_are_reused_only_for_the_same_content(
     (pi1 / "model.safetensors").write_bytes(b"v1")
     cfg = LoopConfig(golden=golden, out=out, profile="cpu-smoke", pi1_sft="/a", pi2_sft="/b")
     loop = Loop(cfg)
-    key = precompute_key(loop.ctx, str(pi1), "gold")
+    key = precompute_key(loop.cfg, str(pi1), "gold")
     (pi1 / "model.safetensors").write_bytes(b"v2")  # C1 ran again
-    assert precompute_key(loop.ctx, str(pi1), "gold") != key
+    assert precompute_key(loop.cfg, str(pi1), "gold") != key
     settings = {"pipe": (str(pi1), "/b")}
     ekey = loop.eval_key(settings)
     assert loop.eval_key(settings) == ekey
@@ -347,8 +347,8 @@ def test_rl_sources_train_a_grpo_phase_on_those_sources_and_key_its_result(tmp_p
         loop.phase("b1", "/a", "http://127.0.0.1:9", out / "b1")
     every = Loop(dataclasses.replace(cfg, rl_sources=()), runner=FaultyPhaseRunner())
     assert every.phase("b1", "/a", "http://127.0.0.1:9", out / "b1") == str(out / "b1" / "hf")  # reused
-    assert precompute_key(loop.ctx, "/c1", "gold")["config"]["train_sources"] == ["people", "invoice"]
-    assert precompute_key(every.ctx, "/c1", "gold")["config"]["train_sources"] == []
+    assert precompute_key(loop.cfg, "/c1", "gold")["config"]["train_sources"] == ["people", "invoice"]
+    assert precompute_key(every.cfg, "/c1", "gold")["config"]["train_sources"] == []
 
 
 class WaitingRunnerForTests:

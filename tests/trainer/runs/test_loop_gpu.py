@@ -88,7 +88,7 @@ def test_four_gpus_run_pairs_side_by_side_on_disjoint_halves(tmp_path: Path, mon
     # ... then (the precompute recorded with its content key) C2 on the whole node
     (out / "data" / "c2").mkdir(parents=True)
     (out / "data" / "c2" / "train.parquet").write_bytes(b"")
-    key = precompute_key(Loop(cfg_c1).ctx, str(out / "c1" / "hf"), "gold")
+    key = precompute_key(cfg_c1, str(out / "c1" / "hf"), "gold")
     (out / "data" / "c2" / PRECOMPUTE_KEY).write_text(json.dumps(key))
     runner3 = RecordingRunnerForTests(0.01)
     manifest = Loop(config(out, ("0", "1", "2", "3"), until="c2"), runner=runner3).run()
