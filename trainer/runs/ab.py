@@ -286,7 +286,7 @@ class Experiment:
         def sweep(phase: str) -> None:
             url = self.reward_api(ab_plan.reward_api_of(phase))
             for t in cfg.temps:
-                if self.wd.report(phase, t).is_file():
+                if ab_plan.preflight_current(cfg, self.design, self.wd, phase, t):
                     continue
                 rep = advantage_check(
                     cfg.golden, reward_of(phase), policy.url, policy.served_name, url, n=cfg.preflight_n,
@@ -294,6 +294,9 @@ class Experiment:
                     min_informative=0.0, min_improvable=0.0, sources=cfg.preflight_sources or None, limit=cfg.limit,
                 )  # fmt: skip
                 write_report(rep, self.wd.report(phase, t))
+                key = ab_plan.preflight_key(cfg, self.design, self.wd, phase, t)
+                self.wd.report_key(phase, t).parent.mkdir(parents=True, exist_ok=True)
+                self.wd.report_key(phase, t).write_text(json.dumps(key, indent=2) + "\n")  # after the report
                 self.say(f"preflight {phase} T {t}: {rep.verdict()}")
 
         swept = ab_plan.preflight_phases(cfg, self.design)

@@ -144,6 +144,9 @@ class Workdir:
     def report(self, phase: str, temperature: float) -> Path:
         return self.root / "preflight" / f"{phase}_t{temperature}.json"
 
+    def report_key(self, phase: str, temperature: float) -> Path:
+        return self.root / "preflight" / "keys" / f"{phase}_t{temperature}.json"  # beside, not among, the reports
+
     def improvable(self, phase: str) -> Path:
         return self.root / "preflight" / f"{phase}_improvable.parquet"
 
@@ -189,7 +192,8 @@ def preflight_phases(cfg: ExperimentConfig, design: Design) -> tuple[str, ...]:
     return cfg.preflight_phases or design.preflight
 
 
-C2_ON_INVALID: c2_data.OnInvalid = "skip"  # C2 learns from predicted schemas only: an invalid one is skipped, not replaced by gold
+# C2 learns from predicted schemas only: an invalid one is skipped, not replaced by the gold schema
+C2_ON_INVALID: c2_data.OnInvalid = "skip"
 
 
 def eval_models(design: Design, wd: Workdir) -> dict[str, tuple[str, str]] | None:
@@ -212,13 +216,43 @@ def eval_staleness(cfg: ExperimentConfig, design: Design, wd: Workdir) -> str | 
     return phase_d_part.eval_key_difference(wd.phase_d, phase_d_part.eval_key(cfg, models))
 
 
+def preflight_key(cfg: ExperimentConfig, design: Design, wd: Workdir, phase: str, t: float) -> dict[str, object] | None:
+    """What a preflight report depends on: the policy's content, for a pipeline reward the frozen π2's, the golden
+    train file and the sweep's settings; None while a model it needs is unfinished."""
+    from shared.golden import sha256_file
+    from trainer.serving.identity import fingerprint
+
+    needs = [design.start, *([design.partner] if reward_api_of(phase) == PIPE else [])]
+    models = [reuse.finished(wd.phase(p)) for p in needs]
+    if any(m is None or not m.hf_dir for m in models):
+        return None
+    return {
+        "models": [fingerprint(str(m.hf_dir)) for m in models if m is not None],
+        "golden": sha256_file(cfg.golden / "common_train_schemas.jsonl"),
+        "config": {"phase": phase, "temperature": t, "n": cfg.preflight_n, "prompts": cfg.preflight_prompts,
+                   "max_tokens": cfg.eval_max_tokens, "sources": list(cfg.preflight_sources or ()),
+                   "limit": cfg.limit},
+    }  # fmt: skip
+
+
+def preflight_current(cfg: ExperimentConfig, design: Design, wd: Workdir, phase: str, t: float) -> bool:
+    """The report of ``phase`` at ``t`` exists and was made under :func:`preflight_key`."""
+    import json
+
+    key_file = wd.report_key(phase, t)
+    if not (wd.report(phase, t).is_file() and key_file.is_file()):
+        return False
+    key = preflight_key(cfg, design, wd, phase, t)
+    return key is not None and json.loads(key_file.read_text()) == json.loads(json.dumps(key))
+
+
 def parts(cfg: ExperimentConfig, design: Design, wd: Workdir) -> list[Part]:
     swept = preflight_phases(cfg, design)
     out = [
         Part("sft", all(phase_ok(wd.phase(p)) for p in SFT_PHASES), trains=True),
         Part(
             "preflight",
-            all(wd.report(p, t).is_file() for p in swept for t in cfg.temps),
+            all(preflight_current(cfg, design, wd, p, t) for p in swept for t in cfg.temps),
             executors=(design.start, *((design.partner,) if PIPE in map(reward_api_of, swept) else ())),
             reward_apis=tuple(dict.fromkeys(map(reward_api_of, swept))),
         ),

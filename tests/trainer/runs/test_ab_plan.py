@@ -7,7 +7,17 @@ from pathlib import Path
 
 from tests.trainer.runs.test_loop import SAMPLE, recorded
 from trainer.runs import phase_d_part
-from trainer.runs.ab_plan import DESIGNS, ExecutorStep, Workdir, eval_models, eval_staleness, executor_timeline, parts
+from trainer.runs.ab_plan import (
+    DESIGNS,
+    ExecutorStep,
+    Workdir,
+    eval_models,
+    eval_staleness,
+    executor_timeline,
+    parts,
+    preflight_current,
+    preflight_key,
+)
 from trainer.runs.config import ExperimentConfig
 
 PI1, PI2 = DESIGNS["pi1-ab"], DESIGNS["pi2-ab"]
@@ -83,13 +93,18 @@ def test_a_rerun_skips_the_parts_whose_results_exist(tmp_path: Path) -> None:
     c, wd = cfg(tmp_path, temps=(1.0, 1.3)), Workdir(tmp_path)
     for p in ("a1", "a2"):
         recorded(wd.phase(p), p, wd.phase(p) / "hf")
-    wd.preflight.mkdir()
+    (wd.preflight / "keys").mkdir(parents=True)
+
+    def report(p: str, t: float) -> None:
+        wd.report(p, t).write_text("{}")
+        wd.report_key(p, t).write_text(json.dumps(preflight_key(c, PI1, wd, p, t)))
+
     for p in ("b1", "c1"):
-        wd.report(p, 1.0).write_text("{}")
+        report(p, 1.0)
     done = {s.name for s in parts(c, PI1, wd) if s.done}
     assert done == {"sft"}  # T 1.3 is missing
     for p in ("b1", "c1"):
-        wd.report(p, 1.3).write_text("{}")
+        report(p, 1.3)
     recorded(wd.phase("b1"), "b1", wd.phase("a1") / "hf")  # early stopping kept step 0: hf_dir is the start
     assert {s.name for s in parts(c, PI1, wd) if s.done} == {"sft", "preflight"}
     recorded(wd.phase("c1"), "c1", wd.phase("c1") / "hf")
@@ -158,3 +173,25 @@ def test_c2s_data_is_reused_only_for_the_schema_model_and_settings_it_was_built_
     assert not built(cfg(tmp_path, c2_train_prompts=128))
     (wd.phase("a1") / "hf" / "model.safetensors").write_text("a1, trained again")
     assert not built(c)
+
+
+def test_a_preflight_report_is_reused_only_for_its_models_and_sweep_settings(tmp_path: Path) -> None:
+    """A report counts only beside the key it was made under: another ``--preflight-n`` or a retrained π2 (the
+    pipeline reward's frozen model) sweeps again; a local-reward phase does not depend on π2."""
+    c, wd = cfg(tmp_path, temps=(1.0,)), Workdir(tmp_path)
+    assert preflight_key(c, PI1, wd, "c1", 1.0) is None  # π1ˢ unfinished
+    for p in ("a1", "a2"):
+        recorded(wd.phase(p), p, wd.phase(p) / "hf")
+        (wd.phase(p) / "hf" / "model.safetensors").write_text(p)
+    (wd.preflight / "keys").mkdir(parents=True)
+    for p in ("b1", "c1"):
+        wd.report(p, 1.0).write_text("{}")
+    assert not preflight_current(c, PI1, wd, "c1", 1.0)  # no key beside the report
+    for p in ("b1", "c1"):
+        wd.report_key(p, 1.0).write_text(json.dumps(preflight_key(c, PI1, wd, p, 1.0)))
+    assert preflight_current(c, PI1, wd, "c1", 1.0) and preflight_current(c, PI1, wd, "b1", 1.0)
+    assert not preflight_current(cfg(tmp_path, temps=(1.0,), preflight_n=4), PI1, wd, "c1", 1.0)
+    (wd.phase("a2") / "hf" / "model.safetensors").write_text("a2, trained again")
+    assert not preflight_current(c, PI1, wd, "c1", 1.0)  # C1's pipeline reward runs π2
+    assert preflight_current(c, PI1, wd, "b1", 1.0)  # B1's local reward does not
+    assert not next(s for s in parts(c, PI1, wd) if s.name == "preflight").done
