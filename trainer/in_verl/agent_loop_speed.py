@@ -1,4 +1,4 @@
-"""Two costs off VERL 0.9.1's per-sample rollout path, with every number it computes unchanged.
+"""Three repeated costs off VERL 0.9.1's per-sample rollout path, with every number it computes unchanged.
 
 Why: a GRPO step at 64 prompts x 16 runs 1,024 agent loops, one per sample, in VERL's agent-loop
 workers. Profiled on one H200 (bench/results/rl_step_packed.md), two of the largest costs of that path
@@ -23,8 +23,8 @@ chat template 16 times (2.8 s of the workers' 43 s over 20 s, bench/results/rl_s
 text-only builder's ``build_initial_tokens`` is now rendered once per distinct messages (an LRU of
 :data:`PROMPT_CACHE_SIZE`) and a copy handed out. Multimodal inputs bypass it.
 
-Both are switched by the phase config (``agent_loop_speed.reuse_single_turn`` and
-``agent_loop_speed.reward_in_process``, grpo_base.yaml); false keeps VERL's path. A reward function that
+They are switched by the phase config (``agent_loop_speed.reuse_single_turn``, which also turns the prompt cache on,
+and ``agent_loop_speed.reward_in_process``, grpo_base.yaml); false keeps VERL's path. A reward function that
 raises still fails the sample's session the same way (the error is no longer wrapped in Ray's).
 
 How it is loaded: the phase launcher lists this module in ``VERL_USE_EXTERNAL_MODULES``, and ``import
