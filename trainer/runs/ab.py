@@ -294,9 +294,7 @@ class Experiment:
                     min_informative=0.0, min_improvable=0.0, sources=cfg.preflight_sources or None, limit=cfg.limit,
                 )  # fmt: skip
                 write_report(rep, self.wd.report(phase, t))
-                key = ab_plan.preflight_key(cfg, self.design, self.wd, phase, t)
-                self.wd.report_key(phase, t).parent.mkdir(parents=True, exist_ok=True)
-                self.wd.report_key(phase, t).write_text(json.dumps(key, indent=2) + "\n")  # after the report
+                ab_plan.record_preflight_key(cfg, self.design, self.wd, phase, t)
                 self.say(f"preflight {phase} T {t}: {rep.verdict()}")
 
         swept = ab_plan.preflight_phases(cfg, self.design)

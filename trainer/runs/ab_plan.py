@@ -237,13 +237,21 @@ def preflight_key(cfg: ExperimentConfig, design: Design, wd: Workdir, phase: str
 
 def preflight_current(cfg: ExperimentConfig, design: Design, wd: Workdir, phase: str, t: float) -> bool:
     """The report of ``phase`` at ``t`` exists and was made under :func:`preflight_key`."""
+    from trainer.runs.record import read_json
+
+    if not wd.report(phase, t).is_file():
+        return False
+    recorded = read_json(wd.report_key(phase, t))
+    return recorded is not None and recorded == preflight_key(cfg, design, wd, phase, t)
+
+
+def record_preflight_key(cfg: ExperimentConfig, design: Design, wd: Workdir, phase: str, t: float) -> None:
+    """After the report of ``phase`` at ``t`` is written: the key it was made under, in ``preflight/keys/``."""
     import json
 
-    key_file = wd.report_key(phase, t)
-    if not (wd.report(phase, t).is_file() and key_file.is_file()):
-        return False
-    key = preflight_key(cfg, design, wd, phase, t)
-    return key is not None and json.loads(key_file.read_text()) == json.loads(json.dumps(key))
+    path = wd.report_key(phase, t)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(preflight_key(cfg, design, wd, phase, t), indent=2) + "\n")
 
 
 def parts(cfg: ExperimentConfig, design: Design, wd: Workdir) -> list[Part]:

@@ -59,11 +59,12 @@ def eval_key_difference(out: Path, key: Mapping[str, Any]) -> str | None:
     """None when ``out`` holds Phase D's scores for ``key``; else what differs, each with both values."""
     if read_json(out / "metrics.json") is None:
         return "no scores"
+    from trainer.runs.reuse import inputs_difference
+
     recorded = read_json(out / EVAL_KEY)
     if not isinstance(recorded, dict):
         return f"no {EVAL_KEY} beside its scores"
-    keys = sorted(k for k in set(recorded) | set(key) if recorded.get(k) != key.get(k))
-    return "; ".join(f"{k}: recorded {recorded.get(k)!r}, now {key.get(k)!r}" for k in keys) or None
+    return inputs_difference(recorded, dict(key)) or None
 
 
 def record_eval_key(out: Path, key: Mapping[str, Any]) -> None:

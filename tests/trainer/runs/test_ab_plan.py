@@ -17,6 +17,7 @@ from trainer.runs.ab_plan import (
     parts,
     preflight_current,
     preflight_key,
+    record_preflight_key,
 )
 from trainer.runs.config import ExperimentConfig
 
@@ -93,11 +94,11 @@ def test_a_rerun_skips_the_parts_whose_results_exist(tmp_path: Path) -> None:
     c, wd = cfg(tmp_path, temps=(1.0, 1.3)), Workdir(tmp_path)
     for p in ("a1", "a2"):
         recorded(wd.phase(p), p, wd.phase(p) / "hf")
-    (wd.preflight / "keys").mkdir(parents=True)
+    wd.preflight.mkdir()
 
     def report(p: str, t: float) -> None:
         wd.report(p, t).write_text("{}")
-        wd.report_key(p, t).write_text(json.dumps(preflight_key(c, PI1, wd, p, t)))
+        record_preflight_key(c, PI1, wd, p, t)
 
     for p in ("b1", "c1"):
         report(p, 1.0)
@@ -183,12 +184,12 @@ def test_a_preflight_report_is_reused_only_for_its_models_and_sweep_settings(tmp
     for p in ("a1", "a2"):
         recorded(wd.phase(p), p, wd.phase(p) / "hf")
         (wd.phase(p) / "hf" / "model.safetensors").write_text(p)
-    (wd.preflight / "keys").mkdir(parents=True)
+    wd.preflight.mkdir()
     for p in ("b1", "c1"):
         wd.report(p, 1.0).write_text("{}")
     assert not preflight_current(c, PI1, wd, "c1", 1.0)  # no key beside the report
     for p in ("b1", "c1"):
-        wd.report_key(p, 1.0).write_text(json.dumps(preflight_key(c, PI1, wd, p, 1.0)))
+        record_preflight_key(c, PI1, wd, p, 1.0)
     assert preflight_current(c, PI1, wd, "c1", 1.0) and preflight_current(c, PI1, wd, "b1", 1.0)
     assert not preflight_current(cfg(tmp_path, temps=(1.0,), preflight_n=4), PI1, wd, "c1", 1.0)
     (wd.phase("a2") / "hf" / "model.safetensors").write_text("a2, trained again")
