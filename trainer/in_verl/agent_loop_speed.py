@@ -99,12 +99,11 @@ class _RemoteMethod:
 
 class InProcessRewardHandle:
     """Looks like a reward-loop worker's actor handle (``handle.compute_score.remote(data)``, awaited) and
-    runs VERL's own ``RewardLoopWorker`` in this process, built on first use inside the running event loop
-    (its reward manager keeps that loop for its executor calls)."""
+    runs VERL's own ``RewardLoopWorker`` in this process (no reward model, so no router address), built on
+    first use inside the running event loop (its reward manager keeps that loop for its executor calls)."""
 
-    def __init__(self, config: Any, reward_router_address: str | None = None) -> None:
+    def __init__(self, config: Any) -> None:
         self._config = config
-        self._router = reward_router_address
         self._worker: Any = None
         self.compute_score = _RemoteMethod(self)
         self.calls = 0
@@ -113,7 +112,7 @@ class InProcessRewardHandle:
         if self._worker is None:
             from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
 
-            self._worker = RewardLoopWorker(self._config, self._router)  # type: ignore[arg-type]  # None: no router
+            self._worker = RewardLoopWorker(self._config, None)  # type: ignore[arg-type]  # no reward-model router
         self.calls += 1
         return await self._worker.compute_score(data)
 
