@@ -31,6 +31,7 @@ from typing import Annotated
 
 import typer
 
+from bench.step_floor import VERL_MAX_BATCHED_TOKENS, VERL_MAX_NUM_SEQS
 from shared.wire import EXECUTOR_SERVED_NAME
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -181,11 +182,11 @@ def step_floor_gen(
     model: Policy,
     data: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="A phase's train.parquet.")],
     out: Lines,
-    prompts: int = 64,
-    n: int = 16,
-    max_tokens: int = 256,
-    max_num_seqs: int = 256,
-    max_num_batched_tokens: int = 8192,
+    prompts: Annotated[int | None, typer.Option(help="Default: the gpu profile's train batch.")] = None,
+    n: Annotated[int | None, typer.Option(help="Default: the gpu profile's rollout.n.")] = None,
+    max_tokens: Annotated[int | None, typer.Option(help="Default: B1's answer budget.")] = None,
+    max_num_seqs: Annotated[int, typer.Option(help="vLLM's; default VERL's.")] = VERL_MAX_NUM_SEQS,
+    max_num_batched_tokens: Annotated[int, typer.Option(help="vLLM's; default VERL's.")] = VERL_MAX_BATCHED_TOKENS,
     gpu_memory_utilization: float = 0.5,
     graphs: Annotated[bool, typer.Option(help="Decode CUDA graphs without torch.compile (the gpu profile).")] = True,
 ) -> None:
@@ -202,8 +203,8 @@ def step_floor_update(
     model: Policy,
     responses: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="`gen`'s OUT.responses.json.")],
     out: Lines,
-    mini_batch: int = 128,
-    max_tokens: int = 40960,
+    mini_batch: Annotated[int | None, typer.Option(help="Samples a mini batch; default the gpu profile's.")] = None,
+    max_tokens: Annotated[int | None, typer.Option(help="Tokens a micro batch; default the gpu profile's.")] = None,
     device: str = "cuda",
     profile: bool = True,
 ) -> None:

@@ -28,6 +28,26 @@ from typing import Any
 from bench.common import md_table, run_record, write_result
 
 NAME = "step_floor"
+# VERL 0.9.1's rollout defaults (verl/trainer/config/rollout/rollout.yaml), which the gpu profile keeps
+VERL_MAX_NUM_SEQS, VERL_MAX_BATCHED_TOKENS = 256, 8192
+
+
+def b1_work() -> dict[str, int]:
+    """A B1 step's sizes in the gpu profile (trainer/phases/configs/profile/gpu.yaml) and B1's answer budget:
+    prompts and samples per prompt, samples per mini batch, tokens per micro batch, response tokens."""
+    from omegaconf import OmegaConf
+
+    from trainer.phases.launch import CONFIG_DIR
+    from trainer.phases.registry import get_phase
+
+    gpu = OmegaConf.load(CONFIG_DIR / "profile" / "gpu.yaml")
+    n = int(gpu.actor_rollout_ref.rollout.n)
+    return {
+        "prompts": int(gpu.data.train_batch_size), "n": n,
+        "mini_batch": int(gpu.actor_rollout_ref.actor.ppo_mini_batch_size) * n,
+        "micro_tokens": int(gpu.actor_rollout_ref.actor.ppo_max_token_len_per_gpu),
+        "max_tokens": int(get_phase("b1").max_response_length or 0),
+    }  # fmt: skip
 
 
 def _prompts(parquet: Path, tokenizer: Any, count: int) -> list[list[int]]:
@@ -44,14 +64,17 @@ def _prompts(parquet: Path, tokenizer: Any, count: int) -> list[list[int]]:
 
 
 def measure_gen(
-    model: Path, parquet: Path, out: Path, *, prompts: int = 64, n: int = 16, max_tokens: int = 256,
-    max_num_seqs: int = 256, max_num_batched_tokens: int = 8192, gpu_memory_utilization: float = 0.5,
-    graphs: bool = True,
+    model: Path, parquet: Path, out: Path, *, prompts: int | None = None, n: int | None = None,
+    max_tokens: int | None = None, max_num_seqs: int = VERL_MAX_NUM_SEQS,
+    max_num_batched_tokens: int = VERL_MAX_BATCHED_TOKENS, gpu_memory_utilization: float = 0.5, graphs: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
+    """``prompts``, ``n``, ``max_tokens``: None takes :func:`b1_work`'s."""
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    work = b1_work()
+    prompts, n, max_tokens = prompts or work["prompts"], n or work["n"], max_tokens or work["max_tokens"]
     ids = _prompts(parquet, AutoTokenizer.from_pretrained(model), prompts)
     t0 = time.perf_counter()
     engine_args: dict[str, Any] = {"enforce_eager": not graphs}
@@ -121,15 +144,18 @@ def _step(model: Any, seqs: Sequence[Sequence[int]], prompt_lens: Sequence[int],
 
 
 def measure_update(
-    model_dir: Path, responses_file: Path, out: Path, *, mini_batch: int = 128, max_tokens: int = 40960,
-    device: str = "cuda", profile: bool = True,
+    model_dir: Path, responses_file: Path, out: Path, *, mini_batch: int | None = None,
+    max_tokens: int | None = None, device: str = "cuda", profile: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
+    """``mini_batch`` (samples), ``max_tokens`` (a micro batch's): None takes :func:`b1_work`'s."""
     import torch
     from transformers import AutoModelForCausalLM
 
     import trainer.in_verl.packed_attention as packed
 
     packed.install()
+    work = b1_work()
+    mini_batch, max_tokens = mini_batch or work["mini_batch"], max_tokens or work["micro_tokens"]
     data = json.loads(responses_file.read_text())
     n = data["n"]
     seqs: list[list[int]] = []

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench import step_floor
+from tests.trainer.phases.test_launch import env  # noqa: F401  (a fixture)
 
 
 def test_sequences_are_packed_in_order_up_to_the_token_budget() -> None:
@@ -44,3 +45,19 @@ def test_a_report_without_measurements_is_refused(tmp_path: Path) -> None:
     empty.write_text("\n")
     with pytest.raises(ValueError, match="no measurement"):
         step_floor.report(empty)
+
+
+def test_the_measured_work_is_b1s_in_the_gpu_profile_as_the_launcher_composes_it(env: None) -> None:  # noqa: F811
+    from tests.trainer.phases.test_gpu_profile import composed_command, gpu_run
+
+    c = composed_command(gpu_run("b1"))
+    work = step_floor.b1_work()
+    assert (work["prompts"], work["n"]) == (c.data.train_batch_size, c.actor_rollout_ref.rollout.n)
+    assert work["mini_batch"] == c.actor_rollout_ref.actor.ppo_mini_batch_size * c.actor_rollout_ref.rollout.n
+    assert work["micro_tokens"] == c.actor_rollout_ref.actor.ppo_max_token_len_per_gpu
+    assert work["max_tokens"] == c.data.max_response_length
+    rollout = c.actor_rollout_ref.rollout
+    assert (
+        rollout.max_num_seqs,
+        rollout.max_num_batched_tokens,
+    ) == (step_floor.VERL_MAX_NUM_SEQS, step_floor.VERL_MAX_BATCHED_TOKENS)
