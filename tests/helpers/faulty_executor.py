@@ -113,6 +113,13 @@ class FaultyExecutor:
         with self._lock:
             return len(self.requests)
 
+    def wait_in_flight(self, count: int = 1, timeout_s: float = 10.0) -> None:
+        """Block until ``count`` chat requests are being answered; AssertionError after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while self.in_flight < count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert self.in_flight >= count, f"{self.in_flight} of {count} requests reached the executor in {timeout_s} s"
+
     async def _models(self, _: Request) -> Response:
         with self._lock:
             self.models_calls += 1

@@ -392,10 +392,7 @@ def test_sigterm_drains_running_requests_within_the_grace(
         ThreadPoolExecutor(1) as pool,
     ):
         running = pool.submit(post, api.url, "/reward/pipeline", {"items": [_pipe_item(ex)]}, 60.0)
-        deadline = time.monotonic() + 10
-        while fx.in_flight == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert fx.in_flight == 1, "the request never reached the executor"
+        fx.wait_in_flight(1)
         os.kill(api.pid, signal.SIGTERM)  # the process this test started; the pod's SIGTERM
         try:
             answer: httpx.Response | None = running.result(timeout=60)
@@ -478,7 +475,7 @@ def test_pipeline_requests_never_take_the_local_slots(golden_sample: list[Golden
         ThreadPoolExecutor(2) as pool,
     ):
         slow = pool.submit(post, api.url, "/reward/pipeline", {"items": [_pipe_item(ex)]})
-        time.sleep(0.5)
+        fx.wait_in_flight(1)  # the slow request holds the one pipeline slot before the next one queues
         queued = post(api.url, "/reward/pipeline", {"items": [_pipe_item(ex, "q", text="other")]})
         schema = {"items": [{"id": "s", "prediction": "[]", "gold_schema": ex.schema_dict()}]}
         local = post(api.url, "/reward/schema", schema)
