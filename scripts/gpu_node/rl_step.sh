@@ -63,7 +63,8 @@ WORKERS=(actor_rollout_ref.rollout.agent.num_workers=16 reward.num_workers=8)
 SCHED=(actor_rollout_ref.rollout.max_num_seqs=1024 actor_rollout_ref.rollout.max_num_batched_tokens=32768
        +actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling=true
        +actor_rollout_ref.rollout.engine_kwargs.vllm.stream_interval=16)
-VERLPATH=(agent_loop_speed.reuse_single_turn=false agent_loop_speed.reward_in_process=false)
+VERLPATH=(agent_loop_speed.reuse_single_turn=false agent_loop_speed.reward_in_process=false
+          agent_loop_speed.token_only_outputs=false)
 profile() {  # NAME: py-spy over the run's process tree once two steps are logged
   local name=$1 m=$R/$1/metrics.jsonl spy
   spy=$(command -v py-spy || echo "${SITE:-/tmp/site}/bin/py-spy")

@@ -1,4 +1,4 @@
-"""Three repeated costs off VERL 0.9.1's per-sample rollout path, with every number it computes unchanged.
+"""Four repeated costs off VERL 0.9.1's per-sample rollout path, with every number it computes unchanged.
 
 Why: a GRPO step at 64 prompts x 16 runs 1,024 agent loops, one per sample, in VERL's agent-loop
 workers. Profiled on one H200 (bench/results/rl_step_packed.md), two of the largest costs of that path
@@ -23,8 +23,15 @@ chat template 16 times (2.8 s of the workers' 43 s over 20 s, bench/results/rl_s
 text-only builder's ``build_initial_tokens`` is now rendered once per distinct messages (an LRU of
 :data:`PROMPT_CACHE_SIZE`) and a copy handed out. Multimodal inputs bypass it.
 
+With ``agent_loop_speed.token_only_outputs`` a vLLM rollout request asks for tokens only (``detokenize=False``):
+VERL's server reads a sample's token ids and log-probs and never its text (the agent loop decodes the ids itself
+for the reward), yet vLLM's output handler detokenised every sample incrementally and decoded each log-prob's token
+(2.4 s of the server's 9.8 s active over 20 s, bench/results/rl_step_rollout_path.md). The tokens, log-probs and
+rewards are the same; only a text nobody read is not made. Other rollout engines get VERL's parameters as they are.
+
 They are switched by the phase config (``agent_loop_speed.reuse_single_turn``, which also turns the prompt cache on,
-and ``agent_loop_speed.reward_in_process``, grpo_base.yaml); false keeps VERL's path. A reward function that
+``agent_loop_speed.reward_in_process`` and ``agent_loop_speed.token_only_outputs``, grpo_base.yaml); false keeps
+VERL's path. A reward function that
 raises still fails the sample's session the same way (the error is no longer wrapped in Ray's).
 
 How it is loaded: the phase launcher lists this module in ``VERL_USE_EXTERNAL_MODULES``, and ``import
@@ -59,6 +66,8 @@ __all__ = [
     "reusable",
     "reward_in_process_allowed",
     "settings_of",
+    "token_only",
+    "token_only_of",
 ]
 
 MODULE = "trainer.in_verl.agent_loop_speed"
@@ -79,6 +88,20 @@ def settings_of(config: Any) -> tuple[bool, bool]:
     if not section:
         return False, False
     return bool(section.get("reuse_single_turn", False)), bool(section.get("reward_in_process", False))
+
+
+def token_only_of(config: Any) -> bool:
+    """Whether rollout requests ask vLLM for tokens only: the setting on and the rollout engine vLLM."""
+    section = config.get(CONFIG_KEY) if hasattr(config, "get") else None
+    if not section or not section.get("token_only_outputs", False):
+        return False
+    rollout = (config.get("actor_rollout_ref") or {}).get("rollout") or {}
+    return bool(rollout.get("name") == "vllm")
+
+
+def token_only(sampling_params: dict[str, Any]) -> dict[str, Any]:
+    """A request's sampling parameters asking for tokens only (a copy; the caller's dict is shared by samples)."""
+    return {**sampling_params, "detokenize": False}
 
 
 def reward_in_process_allowed(config: Any) -> bool:
@@ -200,6 +223,7 @@ def patch(module: ModuleType) -> None:
         original_init(self, config, *args, **kwargs)
         reuse, in_process = settings_of(config)
         self._stx_reuse_single_turn = reuse
+        self._stx_token_only = token_only_of(config)
         handles: Sequence[Any] | None = self.reward_loop_worker_handles
         if in_process and handles is not None and reward_in_process_allowed(config):
             self.reward_loop_worker_handles = [InProcessRewardHandle(config)]
@@ -214,6 +238,8 @@ def patch(module: ModuleType) -> None:
         trace: bool = True,
         **kwargs: Any,
     ) -> Any:
+        if getattr(self, "_stx_token_only", False):
+            sampling_params = token_only(sampling_params)
         if not (getattr(self, "_stx_reuse_single_turn", False) and reusable(registry, agent_name)):
             return await original_run(self, sampling_params, trajectory, agent_name=agent_name, trace=trace, **kwargs)
         agent_loop = agent_loop_of(self, module, agent_name)

@@ -160,3 +160,59 @@ def test_a_prompt_is_rendered_once_per_worker_with_the_builders_own_tokens(defau
     assert cached.build_initial_tokens(b) == builder.build_initial_tokens(b) != builder.build_initial_tokens(a)
     assert (cached.renders, cached.hits) == (2, 15)
     assert cached.tokenizer is builder.tokenizer  # the rest is the builder's own
+
+
+def test_token_only_outputs_are_asked_of_vllm_rollouts_only() -> None:
+    base = OmegaConf.load(CONFIG_DIR / "grpo_base.yaml")
+    assert speed.token_only_of(base)
+    sglang = OmegaConf.merge(base, {"actor_rollout_ref": {"rollout": {"name": "sglang"}}})
+    assert not speed.token_only_of(sglang)  # VERL's SGLang server takes no detokenize parameter
+    off = OmegaConf.merge(base, {speed.CONFIG_KEY: {"token_only_outputs": False}})
+    assert not speed.token_only_of(off) and not speed.token_only_of(OmegaConf.create({}))
+    shared = {"temperature": 1.0, "logprobs": True}
+    assert speed.token_only(shared) == {"temperature": 1.0, "logprobs": True, "detokenize": False}
+    assert "detokenize" not in shared  # the samples of a batch share the caller's dict
+
+
+class _GenerateFailsAfterRecording(Exception):
+    """Raised by the rollout server stand-in once it has seen a request: the fault that ends the sample."""
+
+
+class _ServerThatRecordsThenFails:
+    def __init__(self) -> None:
+        self.sampling_params: list[dict[str, Any]] = []
+
+    async def generate(self, *, sampling_params: dict[str, Any], **_: Any) -> Any:
+        self.sampling_params.append(dict(sampling_params))
+        raise _GenerateFailsAfterRecording
+
+
+@pytest.mark.verl
+@pytest.mark.parametrize("token_only", [True, False])
+def test_a_sample_reaches_the_rollout_server_with_tokens_only_when_set(
+    default_model_dir: Path, token_only: bool
+) -> None:
+    """Through VERL's own AgentLoopWorker (patched) and single-turn loop, the request's sampling parameters
+    carry detokenize=False under the setting and are VERL's own without it; the worker's shared dict is untouched."""
+    import verl.experimental.agent_loop.agent_loop as module
+    from verl.utils import hf_tokenizer
+
+    config = compose_ppo_config(default_model_dir)
+    server = _ServerThatRecordsThenFails()
+    worker = module.AgentLoopWorker.__new__(module.AgentLoopWorker)
+    worker.config, worker.llm_client, worker.processor, worker.tools = config, server, None, []
+    worker.tokenizer = hf_tokenizer(str(default_model_dir))
+    worker.hf_model_type, worker.dataset_cls = "llama", None
+    worker._stx_reuse_single_turn, worker._stx_token_only = True, token_only
+    shared = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+    trajectory = {"step": 0, "sample_index": 0, "rollout_n": 0, "validate": False}
+    with pytest.raises(_GenerateFailsAfterRecording):
+        asyncio.run(
+            worker._run_agent_loop(
+                shared, trajectory, agent_name="single_turn_agent", trace=False,
+                raw_prompt=[{"role": "user", "content": "Name: Ada. Born 1815."}],
+            )
+        )  # fmt: skip
+    (sent,) = server.sampling_params
+    assert sent == ({**shared, "detokenize": False} if token_only else shared)
+    assert "detokenize" not in shared

@@ -90,9 +90,13 @@ def test_the_recipe_survives_the_node_scripts_overrides(env: None) -> None:  # n
 # key composes without a word (a defaults file may add keys) and then does nothing.
 OWN_BLOCKS = {"phase", "early_stopping", "failures", "monitors", "reward_ready", "replay_buffer", "sizing",
               "prompt_filter", "agent_loop_speed"}  # fmt: skip
-OPEN_IN_VERL = ("reward.custom_reward_function.reward_kwargs", "actor_rollout_ref.model.override_config",
-                "ray_kwargs.ray_init", "transfer_queue",
-                "actor_rollout_ref.rollout.engine_kwargs.vllm")  # fmt: skip  (the last: vLLM's own engine arguments)
+OPEN_IN_VERL = (
+    "reward.custom_reward_function.reward_kwargs",
+    "actor_rollout_ref.model.override_config",
+    "ray_kwargs.ray_init",
+    "transfer_queue",
+    "actor_rollout_ref.rollout.engine_kwargs.vllm",
+)  # fmt: skip  (the last: vLLM's own engine arguments)
 
 
 def _leaves(node: Any, prefix: str = "") -> list[str]:
@@ -270,6 +274,7 @@ def test_the_speed_benchmarks_scheduler_and_verl_path_rows_set_what_they_name(en
     changed = {k for k in _leaves(_container(base)) if _get(base, k) != _get(c, k)}
     assert changed == {k.split("=")[0] for k in verl_path}
     assert not c.agent_loop_speed.reuse_single_turn and not c.agent_loop_speed.reward_in_process
+    assert base.agent_loop_speed.token_only_outputs and not c.agent_loop_speed.token_only_outputs
 
 
 def _container(c: Any) -> Any:
