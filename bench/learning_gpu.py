@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bench.common import RESULTS_DIR, md_table
-from trainer.phases.registry import GRPO_PHASES, SFT_PHASES
+from trainer.registry.phases import GRPO_PHASES, SFT_PHASES
 from trainer.runs.record import RECORD
 
 NAME = "learning_gpu"
@@ -207,7 +207,7 @@ def build(
         for f in (collected / f"{ph}_phase_result.json", collected / ph / "phase_result.json"):
             if f.is_file() and ph not in phases:  # a folder without a run record (the shell chains')
                 phases[ph] = json.loads(f.read_text())
-    from trainer.phases.monitors import DEFAULT_KL_FLOOR, summarise
+    from trainer.phase_rules.monitors import DEFAULT_KL_FLOOR, summarise
 
     curves: dict[str, Any] = {}
     split: dict[str, dict[str, float]] = {}

@@ -38,7 +38,7 @@ def b1_work() -> dict[str, int]:
     from omegaconf import OmegaConf
 
     from trainer.phases.launch import CONFIG_DIR
-    from trainer.phases.registry import get_phase
+    from trainer.registry.phases import get_phase
 
     gpu = OmegaConf.load(CONFIG_DIR / "profile" / "gpu.yaml")
     n = int(gpu.actor_rollout_ref.rollout.n)

@@ -16,11 +16,11 @@ import yaml
 
 from services.reward_api.settings import Settings
 from shared.limits import EVAL_ANSWER_MAX_TOKENS, SCHEMA_ANSWER_MAX_TOKENS, TABLE_ANSWER_MAX_TOKENS
+from trainer.checks.preflight import advantage_check
 from trainer.cli import app
 from trainer.demo.settings import DEMO_MAX_TOKENS, DemoSettings
 from trainer.evaluation.generation import GenerationConfig
-from trainer.phases.preflight import advantage_check
-from trainer.phases.registry import PHASES
+from trainer.registry.phases import PHASES
 from trainer.rft import RftConfig
 from trainer.runs.config import ExperimentConfig, LoopConfig, RunConfig
 from trainer.serving.reward_api import serve_reward_api

@@ -54,7 +54,7 @@ from trainer.evaluation.phase_d import (
 from trainer.phases.cli import ProfileOpt, bad_param, no_token
 from trainer.phases.cli import register as register_phases
 from trainer.phases.launch import PhaseRun, Profile, check_profile, run_phase
-from trainer.phases.registry import BUILD_PHASES, REWARD_KINDS, RewardKind, get_phase, sft_phase_for
+from trainer.registry.phases import BUILD_PHASES, REWARD_KINDS, RewardKind, get_phase, sft_phase_for
 from trainer.run_cli import register as register_runs
 from trainer.serving.cli import app as serve_app
 from trainer.serving.shutdown import exit_on_sigterm

@@ -7,7 +7,7 @@ under ``<out>/data/<a1|a2>/train.parquet`` (validation: the gold SFT rows). Trai
 the SFT launcher (phase A1 for Stage 1, A2 for Stage 2); the exported model is compared with the
 RL policies by ``trainer evaluate pipeline --setting rft=...``.
 
-Rewards (the reward kinds of :mod:`trainer.phases.registry`): ``schema`` (π1, schema reward), ``pipeline``
+Rewards (the reward kinds of :mod:`trainer.registry.phases`): ``schema`` (π1, schema reward), ``pipeline``
 (π1, pipeline reward via the executor), ``table`` (π2 on gold schemas, table reward).
 
 ``per_source`` draws the prompts: ``{"wikitabletext": 2000, "e2e": 500}`` takes that many training examples of
@@ -33,7 +33,7 @@ from shared.split_overlap import train_examples
 from trainer.data.datasets import SFT_SCHEMA, sft_row, write_parquet
 from trainer.evaluation.generation import GenerationClient, GenerationConfig, GenerationSettings, truncated
 from trainer.evaluation.reward_scoring import prompt_for, reward_item, score
-from trainer.phases.registry import RewardKind, sft_phase_for
+from trainer.registry.phases import RewardKind, sft_phase_for
 
 
 @dataclass(frozen=True)

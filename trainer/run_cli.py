@@ -24,16 +24,17 @@ from typer.core import TyperCommand, TyperGroup
 from shared.golden import EmptySplitError, GoldenFormatError
 from shared.split_overlap import SplitOverlapError
 from trainer.config_cli import command_signature, given_values, set_signature
+from trainer.data.train_mix import TrainMixError
 from trainer.phases.cli import bad_param, default_model
 from trainer.phases.launch import check_profile
 from trainer.phases.token_overrides import TokenInOverrideError
-from trainer.phases.train_mix import TrainMixError
 from trainer.runs.ab import Experiment, ExperimentStopped
 from trainer.runs.ab_plan import DESIGNS, Design
-from trainer.runs.config import ExperimentConfig, LoopConfig, RunConfig, from_cli
+from trainer.runs.config import ExperimentConfig, LoopConfig, RunConfig, SftChoiceConfig, from_cli
 from trainer.runs.context import REFUSALS as ENGINE_REFUSALS
 from trainer.runs.loop import Loop
 from trainer.runs.record import RECORD
+from trainer.runs.sft_choice import HeldOutError, SftChoice
 from trainer.serving.gpus import GpuPlanError, visible_gpus
 from trainer.transfer import artifacts as loop_artifacts
 
@@ -54,6 +55,8 @@ def to_config(config: type[RunConfig], given: dict[str, Any], **extra: Any) -> A
     except GpuPlanError as exc:
         raise bad_param("--gpus", exc) from None
     values = from_cli(values)
+    if config is SftChoiceConfig and not values["base_model"] and not values["dry_run"]:
+        values["base_model"] = default_model(values["profile"], "--base-model")
     if config is LoopConfig and not values["base_model"] and not (values["pi1_sft"] and values["pi2_sft"]):
         values["base_model"] = default_model(values["profile"], "--base-model")
     values["rl_extra"] = (*values["rl_extra"], *extra.pop("trailing", ()))
@@ -124,6 +127,34 @@ EXPERIMENT_HELP = {
 }
 for _name, _design in DESIGNS.items():
     experiment_app.command(_name, help=EXPERIMENT_HELP[_name])(experiment_cmd(_design))
+
+
+def sft_choice_cmd(**given: Any) -> None:
+    """SFT recipes (source mixes of A1/A2's train split) compared on validation and on a leave-one-source-out check:
+    each trained on every source and scored end to end on the validation split, and trained without each held-out
+    source and scored on it; the choice and its rule in the run record (docs/training.md, "Choosing the SFT
+    recipe")."""
+    cfg = to_config(SftChoiceConfig, given)
+    recipe = SftChoice(cfg, say=say)
+    try:
+        if cfg.dry_run:
+            typer.echo(recipe.describe())
+            return
+        record = recipe.run()
+    except HeldOutError as exc:
+        raise typer.BadParameter(str(exc).removeprefix("--held-out: "), param_hint="--held-out") from None
+    except (EmptySplitError, GoldenFormatError) as exc:
+        typer.echo(f"error: --golden: {exc}", err=True)
+        raise typer.Exit(1) from None
+    except REFUSALS as exc:
+        raise refused(exc) from None
+    console.print(f"record: {recipe.ctx.root / RECORD}")
+    choice = record["choice"]
+    console.print(f"chosen: {choice['chosen']} ({choice['rule']})")
+
+
+set_signature(sft_choice_cmd, command_signature(SftChoiceConfig))
+experiment_app.command("sft-choice")(sft_choice_cmd)
 
 
 artifacts_app = typer.Typer(help="Resume the loop on another node from its folder's finished work.")

@@ -171,7 +171,8 @@ def test_early_stopping_is_found_in_a_phase_folders_checkpoints(collected_rl: Pa
 def test_the_report_says_when_the_policy_did_not_move(collected_rl: Path) -> None:
     import shutil
 
-    recorded = Path(__file__).resolve().parents[1] / "trainer" / "phases" / "fixtures" / "b1_issue12_metrics.jsonl"
+    fixtures = Path(__file__).resolve().parents[1] / "trainer" / "phase_rules" / "fixtures"
+    recorded = fixtures / "b1_recorded_metrics.jsonl"
     shutil.copy(recorded, collected_rl / "b1" / "metrics.jsonl")  # a recorded B1 run on one H200
     p = lg.build(collected_rl, {}, None)
     m = p["monitors"]["b1"]

@@ -83,7 +83,7 @@ def test_impossible_rewards_masked_and_counted(
 ) -> None:
     """A reward API answering NaN, inf, 1e9 and -5 (declared range -1..1) for 4 of 16 samples: each is masked with its
     cause and counted per cause in the step's metrics; the other 12 keep exactly the service's reward."""
-    from trainer.phases.failure_mask import plan_training_mask
+    from trainer.phase_rules.failure_mask import plan_training_mask
 
     url, injector = injected_api
     faulty = {"g0_1_0": "nan", "g1_2_0": "inf", "g2_0_0": "big", "g3_3_0": "neg"}
@@ -129,7 +129,7 @@ def test_over_max_share_stops_naming_the_cause(
     within the share, masked and trained around; 3 in 16 stop the step before the update, naming the causes."""
     from tests.trainer.in_verl.test_mask_mode import InjectedFailuresTransferQueue, batch_of, trainer_with
     from tests.trainer.in_verl.test_verl_sync_trainer import compose_phase
-    from trainer.phases.rollout_failures import FAILURE_FILE, RolloutFailureError
+    from trainer.phase_rules.rollout_failures import FAILURE_FILE, RolloutFailureError
 
     url, _ = injected_api
     cfg = compose_phase("b1_grpo", tmp_path, "/nonexistent")  # no failures.mode override: the profile's default

@@ -59,7 +59,7 @@ def test_mask_truncated(examples: list[GoldenExample], record_property: Any, mon
     from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 
     import trainer.in_verl.advantages  # noqa: F401  (registers grpo_masked)
-    from trainer.phases.failure_mask import plan_training_mask
+    from trainer.phase_rules.failure_mask import plan_training_mask
 
     docs = [ex for ex in examples if len(ex.schema_dict()["columns"]) >= 2][:12]
     record_property("tried", f"{len(docs)} groups x 4 samples through reward_fn (mask mode); the executor cuts 30%")
@@ -123,7 +123,7 @@ def test_hung_executor(
 
     from tests.trainer.in_verl.test_mask_mode import InjectedFailuresTransferQueue, batch_of, trainer_with
     from tests.trainer.in_verl.test_verl_sync_trainer import compose_phase
-    from trainer.phases.rollout_failures import RolloutFailureError
+    from trainer.phase_rules.rollout_failures import RolloutFailureError
 
     docs = [ex for ex in examples if len(ex.schema_dict()["columns"]) >= 2][:2]
     samples = [
@@ -176,7 +176,7 @@ def test_dead_reward_api(
 
     from tests.trainer.in_verl.test_mask_mode import InjectedFailuresTransferQueue, batch_of, trainer_with
     from tests.trainer.in_verl.test_verl_sync_trainer import compose_phase
-    from trainer.phases.rollout_failures import RolloutFailureError
+    from trainer.phase_rules.rollout_failures import RolloutFailureError
 
     docs = [ex for ex in examples if len(ex.schema_dict()["columns"]) >= 2][:2]
     samples = [

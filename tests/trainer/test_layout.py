@@ -85,7 +85,7 @@ def test_top_level_is_small() -> None:
 def test_what_verl_loads_by_name_sits_in_in_verl() -> None:
     """The reward function path of the phase configs and the modules the launcher names are in trainer/in_verl."""
     from trainer.phases.launch import ALWAYS_LOADED, CONFIG_DIR, CPU_ENV, PhaseRun
-    from trainer.phases.registry import get_phase
+    from trainer.registry.phases import get_phase
 
     base = (CONFIG_DIR / "grpo_base.yaml").read_text()
     path = base.split("custom_reward_function:")[1].split("path:")[1].split()[0]
@@ -196,10 +196,13 @@ def test_every_row_of_the_table_names_existing_code() -> None:
 
 
 def test_the_table_keeps_libraries_below_programs_and_off_verl() -> None:
-    """What the table may not say: a library (data, evaluation, phases) importing a program, VERL or in_verl."""
+    """What the table may not say: a library (registry, data, evaluation, phases, their rules and checks) importing a
+    program, VERL or in_verl."""
     rows = {hit: row for row in layout_rows() for hit in row.paths}
     forbidden = (*PROGRAMS, "trainer.in_verl", *VERL)
-    for lib in ("trainer/data/", "trainer/evaluation/", "trainer/phases/", "trainer/phases/registry.py"):
+    libraries = ("trainer/registry/", "trainer/data/", "trainer/evaluation/", "trainer/phases/", "trainer/phase_rules/",
+                 "trainer/checks/")  # fmt: skip
+    for lib in libraries:
         for p in rows[lib].allowed:
             reaches = [f for f in forbidden if allows((p,), f) or allows((f,), p)]
             assert not reaches, f"{lib} may import {p}, which reaches {reaches}"
@@ -215,15 +218,15 @@ def test_nothing_outside_in_verl_imports_it() -> None:
 def test_the_checker_catches_a_forbidden_import(tmp_path: Path) -> None:
     """A table that forbids what the code does is reported with file and line."""
     text = DOC.read_text().replace(
-        "| `shared`, `trainer.data_source`, `trainer.phases.registry`, `trainer.phases.prompt_filter`, "
-        "`trainer.phases.sft_length_filter`, `trainer.evaluation.two_stage`, `trainer.evaluation.generation` |",
-        "| `shared`, `trainer.data_source`, `trainer.phases.prompt_filter`, `trainer.phases.sft_length_filter`, "
+        "| `shared`, `services.executor_vllm.gguf_source`, `trainer.config_cli`, `trainer.registry`, "
+        "`trainer.evaluation.two_stage`, `trainer.evaluation.generation` |",
+        "| `shared`, `services.executor_vllm.gguf_source`, `trainer.config_cli`, "
         "`trainer.evaluation.two_stage`, `trainer.evaluation.generation` |",
         1,
     )
     assert text != DOC.read_text()
     bad = violations(layout_rows(text))
-    assert any(b.startswith("trainer/data/datasets.py:") and "trainer.phases.registry" in b for b in bad), bad
+    assert any(b.startswith("trainer/data/datasets.py:") and "trainer.registry.phases" in b for b in bad), bad
     with pytest.raises(AssertionError, match="only `module` entries and VERL"):
         parse_may_import("`shared`, anything else")
 

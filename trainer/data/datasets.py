@@ -1,7 +1,7 @@
 """Training data for every phase, built from golden JSONL with the prompt builders of ``shared``.
 
 What a phase's rows hold (its prompt, what its reward checks, its reward kind) is the phase registry's
-(:mod:`trainer.phases.registry`); this module only writes it.
+(:mod:`trainer.registry.phases`); this module only writes it.
 
 Layout under ``--out``: ``<phase>/<split>.parquet`` (phases a1, a2, b1, b2, c1, c2; splits train and
 validation) plus ``manifest.json`` (counts, prompt version, source files with sha256, ``split_overlap``).
@@ -15,7 +15,7 @@ between splits is refused instead. Validation and test are never changed.
   (VERL reads only ``messages``; the SFT length filter names the rows it drops by it).
 - RL (B1, B2, C1, C2): VERL's RLHFDataset columns ``prompt``, ``data_source``, ``ability``,
   ``reward_model`` {style, ground_truth}, ``extra_info`` {id, phase, prompt_version, index, split}.
-  ``data_source`` is ``<reward kind>:<golden source>`` (``table:wikitabletext``, :mod:`trainer.data_source`),
+  ``data_source`` is ``<reward kind>:<golden source>`` (``table:wikitabletext``, :mod:`trainer.registry.data_source`),
   so VERL reports every validation metric per source.
   ``ground_truth`` is a JSON *string*: gold tables hold ragged, nullable lists that Arrow would
   coerce, so the reward function decodes it (see :func:`trainer.in_verl.reward_batcher.decode_ground_truth`).
@@ -46,8 +46,8 @@ from shared.golden import SPLITS, EmptySplitError, sha256_file
 from shared.split_overlap import SplitOverlap, check_not_empty, check_splits, find_overlaps
 from trainer.data.prompt_fit import PhaseLengths, Stage2Fit
 from trainer.data.sft_mix import SourceMix
-from trainer.data_source import data_source
-from trainer.phases.registry import ABILITY, BUILD_PHASES, PHASES, SFT_PHASES, Phase, get_phase
+from trainer.registry.data_source import data_source
+from trainer.registry.phases import ABILITY, BUILD_PHASES, PHASES, SFT_PHASES, Phase, get_phase
 
 TRAIN_SPLITS = ("train", "validation")
 

@@ -14,7 +14,7 @@ fits when it has fewer tokens than ``max_model_len``.
 
 :class:`PhaseLengths` is ``trainer data build --tokenizer DIR --max-prompt-len N --max-sft-len N``: it counts
 each RL prompt and each SFT conversation the way the phase's length filter will (the same functions:
-:mod:`trainer.phases.prompt_filter`, :mod:`trainer.phases.sft_length_filter`) and reports the rows over
+:mod:`trainer.data.prompt_filter`, :mod:`trainer.data.sft_length_filter`) and reports the rows over
 the limit by id in the manifest. It drops nothing: the phases' filters drop those rows at their start,
 against the limit of the profile they run with.
 """
@@ -88,8 +88,8 @@ class PhaseLengths:
 
     def lengths(self, kind: Literal["sft", "rl"], messages: Sequence[Any]) -> list[int]:
         """Tokens per row as the phase's length filter counts them (no chat-template kwargs: the configs set none)."""
-        from trainer.phases.prompt_filter import count_lengths, count_many
-        from trainer.phases.sft_length_filter import count_conversation_lengths
+        from trainer.data.prompt_filter import count_lengths, count_many
+        from trainer.data.sft_length_filter import count_conversation_lengths
 
         counter = count_conversation_lengths if kind == "sft" else count_lengths
         return count_many(messages, self._tokenizer, str(self.tokenizer_dir), {}, self.workers, counter=counter)

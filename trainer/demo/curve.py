@@ -13,7 +13,7 @@ from typing import Any
 from trainer.demo.settings import RlSettings
 
 TRAIN_MEAN, TRAIN_MIN, TRAIN_MAX = "critic/score/mean", "critic/score/min", "critic/score/max"
-# mask mode's counts of a step (trainer/phases/failure_mask.py): masked samples, in all and per cause
+# mask mode's counts of a step (trainer/phase_rules/failure_mask.py): masked samples, in all and per cause
 MASKED = "training/masked/samples"
 _MASKED_CAUSE = re.compile(r"^training/masked/(?P<cause>[a-z_]+)$")
 _NOT_CAUSES = {"samples", "share", "dropped_groups", "no_gradient"}

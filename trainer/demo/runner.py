@@ -46,7 +46,7 @@ from trainer.evaluation.generation import GenerationClient, GenerationSettings, 
 from trainer.evaluation.phase_d import write_outputs
 from trainer.evaluation.two_stage import PromptStage, run_two_stage
 from trainer.phases.launch import PhaseResult, PhaseRun, run_phase
-from trainer.phases.registry import get_phase
+from trainer.registry.phases import get_phase
 from trainer.runs import reuse
 from trainer.runs.record import RunRecord, parts_and_phases
 from trainer.serving.endpoint import Endpoint, ServingMode

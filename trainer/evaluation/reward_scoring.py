@@ -1,13 +1,13 @@
 """Sampled outputs scored through reward_api, synchronously and in batches: the same rewards as RL.
 
 Used outside training, where a whole list of samples is scored at once: the checks before RL
-(``trainer.phases.preflight``) and the RFT baseline (``trainer.rft``). Requests go through the typed client
+(``trainer.checks.preflight``) and the RFT baseline (``trainer.rft``). Requests go through the typed client
 (:class:`trainer.reward_client.RewardClient`), which VERL's reward function batches over too
 (``trainer.in_verl.reward_batcher``: per sample, coalesced, with a deadline); its answers must carry the
 prompt version the samples' prompts were built with (``shared.PROMPT_VERSION``: :func:`prompt_for`).
 
-A reward kind (:data:`trainer.phases.registry.REWARD_KINDS`) names the endpoint, ``POST /reward/<kind>``;
-its prompt is the registry's (:func:`~trainer.phases.registry.reward_prompt`). Errors raise: a failed call
+A reward kind (:data:`trainer.registry.phases.REWARD_KINDS`) names the endpoint, ``POST /reward/<kind>``;
+its prompt is the registry's (:func:`~trainer.registry.phases.reward_prompt`). Errors raise: a failed call
 never becomes a score.
 """
 
@@ -24,7 +24,7 @@ from shared import (
     canonical_schema_json,
     gold_ndjson,
 )
-from trainer.phases.registry import RewardKind, reward_prompt
+from trainer.registry.phases import RewardKind, reward_prompt
 from trainer.reward_client import RewardClient, build_request
 
 # Items per POST: well under reward_api's per-request item limit (its max_items setting, 4,096 by default).

@@ -4,7 +4,7 @@
 
 ``grpo_masked`` is VERL's GRPO outcome advantage (``compute_grpo_outcome_advantage``, called as it is) over
 the samples that have a gradient. A row whose response mask is all zero has none: a sample of mask mode
-(:mod:`trainer.phases.failure_mask`, whose masks :class:`~trainer.in_verl.phase_trainer.PhaseTrainer` zeroed)
+(:mod:`trainer.phase_rules.failure_mask`, whose masks :class:`~trainer.in_verl.phase_trainer.PhaseTrainer` zeroed)
 or VERL's no-op padding. Such a row is out of its group's mean and std and gets advantage 0; a group left
 with fewer than two rows with a gradient gets 0 throughout (VERL's GRPO would give a group of one its raw
 reward, mean 0 and std 1). Where no row is masked it equals VERL's ``grpo`` exactly (a test checks both).

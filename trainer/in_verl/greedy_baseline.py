@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.phases.failure_mask import cause_of
+from trainer.phase_rules.failure_mask import cause_of
 
 # What the rollout's sampling params are for a greedy answer (VERL's ``apply_greedy_sampling_params``).
 GREEDY_SAMPLING = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": False}

@@ -1,6 +1,7 @@
 """The trainer of the GRPO phases, :class:`PhaseTrainer`: VERL 0.9.1's own synchronous trainer plus the
-phase's rules (early stopping of :mod:`trainer.phases.early_stopping`, the failure policy of
-:mod:`trainer.phases.rollout_failures`, the dynamic-sampling budget and monitors of :mod:`trainer.phases.monitors`).
+phase's rules (early stopping of :mod:`trainer.phase_rules.early_stopping`, the failure policy of
+:mod:`trainer.phase_rules.rollout_failures`, the dynamic-sampling budget and monitors of
+:mod:`trainer.phase_rules.monitors`).
 
 Why this shape. VERL takes its synchronous path only when ``trainer.v1.trainer_mode`` is exactly
 ``"sync"``: ``PPOTrainer._build_replay_buffer`` picks ``ReplayBuffer`` (not ``ReplayBufferAsync``)
@@ -26,10 +27,10 @@ after ``_load_checkpoint`` set ``global_steps``) a step the state file already s
 validated again, and a step it never scored (its validation failed) is.
 
 Reward API readiness: ``on_init_end`` (workers and rollout servers up, before validation step 0) waits
-for the phase's reward API (:mod:`trainer.phases.reward_ready`, the ``reward_ready`` keys): the loop starts
+for the phase's reward API (:mod:`trainer.phase_rules.reward_ready`, the ``reward_ready`` keys): the loop starts
 C1's executors beside the trainer, so the minutes of VERL's start-up and theirs overlap.
 
-Dynamic sampling and monitors (:mod:`trainer.phases.monitors`): ``prepare_step`` and
+Dynamic sampling and monitors (:mod:`trainer.phase_rules.monitors`): ``prepare_step`` and
 ``_add_prompts_to_generate`` (the replay buffer's refill) count the prompts a step generates, and
 stop the phase past ``algorithm.filter_groups.max_num_gen_batches`` batches (VERL's V1 buffer ignores
 that key and would refill for ever); ``_balance_batch`` (first call after sampling) logs the share of
@@ -41,7 +42,7 @@ sampling ``prepare_step`` sends the step's expected shortfall with its first bat
 step's evictions back to it.
 
 Failures: ``on_sample_end`` (right after ``ReplayBuffer.sample``, before the update and the
-checkpoint) counts the failed rollouts of the step; in mask mode (:mod:`trainer.phases.failure_mask`)
+checkpoint) counts the failed rollouts of the step; in mask mode (:mod:`trainer.phase_rules.failure_mask`)
 ``_compute_advantage`` then zeroes the response and loss masks of the masked samples (and of groups left
 with fewer than two valid ones) in the TransferQueue before VERL reads them, counts them with the failed
 rollouts, and the estimator ``grpo_masked`` (:mod:`trainer.in_verl.advantages`) leaves them out of their
@@ -67,18 +68,23 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from trainer.in_verl import advantages  # registers grpo_masked and greedy_baseline in this process
 from trainer.in_verl.greedy_baseline import GREEDY_SAMPLING, GreedyPrompt, GreedyRewards, greedy_rewards
 from trainer.in_verl.prefetch import GroupPrefetch
-from trainer.phases.early_stopping import STATE_FILE, Decision, EarlyStopper, EarlyStoppingConfig, prune_checkpoints
-from trainer.phases.failure_mask import MaskPlan, group_of, plan_training_mask, split_validation
-from trainer.phases.monitors import (
+from trainer.phase_rules.early_stopping import (
+    STATE_FILE,
+    Decision,
+    EarlyStopper,
+    EarlyStoppingConfig,
+    prune_checkpoints,
+)
+from trainer.phase_rules.failure_mask import MaskPlan, group_of, plan_training_mask, split_validation
+from trainer.phase_rules.monitors import (
     DEFAULT_KL_FLOOR,
     DynamicSamplingBudget,
     DynamicSamplingExhaustedError,
     valid_output_metrics,
     write_monitor_config,
 )
-from trainer.phases.registry import GRPO_PHASES, reward_of
-from trainer.phases.reward_ready import DEFAULT_TIMEOUT_S, READY_FILE, wait_for_reward_api
-from trainer.phases.rollout_failures import (
+from trainer.phase_rules.reward_ready import DEFAULT_TIMEOUT_S, READY_FILE, wait_for_reward_api
+from trainer.phase_rules.rollout_failures import (
     FAILURE_FILE,
     FailureCount,
     FailurePolicy,
@@ -91,6 +97,7 @@ from trainer.phases.rollout_failures import (
     validation_failures,
     with_masked,
 )
+from trainer.registry.phases import GRPO_PHASES, reward_of
 
 TRAINER_MODE = "sync"
 log = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ Failure policy (applied by :class:`RewardBatcher` and :func:`score_dict`, stated
   - ``mask`` (the default): the service is asked for per-item answers (``on_executor_error="penalize"``)
     and such an item comes back as a **masked** sample: ``score`` 0, ``masked`` = 1 and its cause's key
     = 1. The phase's trainer gives it no gradient and leaves it out of its group's mean and std
-    (:mod:`trainer.phases.failure_mask`); the reward function turns a call that raised into a masked
+    (:mod:`trainer.phase_rules.failure_mask`); the reward function turns a call that raised into a masked
     sample too (``reward_call_failed``).
   - ``penalize`` (opt-in, named so): the table part gets the service's penalty and VERL trains on it;
     ``executor_failed``, ``prompt_too_long`` and ``executor_truncated`` still say why. A warning names the
@@ -62,8 +62,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, Valid
 from shared import EXECUTOR_TRUNCATED, PROMPT_TOO_LONG, PROMPT_VERSION
 from shared.rewards import PipelineSchemaRewardConfig, RewardBounds, SchemaRewardConfig, TableRewardConfig
 from shared.wire import PipelineResult, SchemaResult, TableResult
-from trainer.data_source import reward_kind
-from trainer.phases.failure_mask import (
+from trainer.phase_rules.failure_mask import (
     FAILURE_CAUSES,
     MASK_KEY,
     REWARD_NOT_FINITE,
@@ -71,6 +70,7 @@ from trainer.phases.failure_mask import (
     SERVICE_CAUSES,
     FailureMode,
 )
+from trainer.registry.data_source import reward_kind
 from trainer.reward_client import (
     REQUESTS,
     AsyncRewardClient,
@@ -108,7 +108,7 @@ SCORE_KEYS: dict[str, tuple[str, ...]] = {
         "executor_truncated",
     ),
 }
-for _kind in SCORE_KEYS:  # every data source reports the mask and its causes (trainer.phases.failure_mask)
+for _kind in SCORE_KEYS:  # every data source reports the mask and its causes (trainer.phase_rules.failure_mask)
     SCORE_KEYS[_kind] += tuple(k for k in (MASK_KEY, *FAILURE_CAUSES) if k not in SCORE_KEYS[_kind])
 
 
@@ -572,7 +572,7 @@ async def score_one(
     expected_prompt_version: str | None = None,
 ) -> dict[str, float]:
     """Score one sample through the running loop's batcher. ``data_source`` may carry its golden source
-    (``table:wikitabletext``, :mod:`trainer.data_source`): the kind picks the endpoint, and samples of
+    (``table:wikitabletext``, :mod:`trainer.registry.data_source`): the kind picks the endpoint, and samples of
     every source share one batcher. ``expected_prompt_version`` is the version the sample's data was built
     with (its ``extra_info.prompt_version``; default ``shared.PROMPT_VERSION``): an answer with another one
     raises :class:`~trainer.reward_client.PromptVersionMismatch`."""

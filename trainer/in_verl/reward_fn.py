@@ -12,7 +12,7 @@ VERL calls ``compute_score`` once per sample, concurrently on one event loop per
 :mod:`trainer.in_verl.reward_batcher` coalesces those calls into batched POSTs, enforces the deadline and
 the retries, and raises rather than invent a score (its docstring states the failure policy).
 The endpoint is chosen by the reward kind of ``data_source`` ("schema", "table" or "pipeline", optionally
-tagged with the golden source, "table:wikitabletext": see :mod:`trainer.data_source`).
+tagged with the golden source, "table:wikitabletext": see :mod:`trainer.registry.data_source`).
 
 When the call fails, the error is appended to ``reward_kwargs.failure_log`` (if set). In ``mask`` mode
 (``failure_mode``, the phase's ``failures.mode``) a failed call of the reward service
@@ -24,14 +24,13 @@ data's ``extra_info.prompt_version``: a bug, never the policy's mistake either) 
 every error in ``penalize`` mode (an impossible reward included) is re-raised.
 VERL then marks the prompt group ``failure`` and keeps the exception in the rollout worker's log only;
 the phase's trainer reads the failure log to name the cause when it stops the phase
-(:mod:`trainer.phases.rollout_failures`).
+(:mod:`trainer.phase_rules.rollout_failures`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from trainer.data_source import reward_kind
 from trainer.in_verl.reward_batcher import (
     RewardRequestError,
     RewardServiceError,
@@ -39,7 +38,8 @@ from trainer.in_verl.reward_batcher import (
     masked_score,
     score_one,
 )
-from trainer.phases.rollout_failures import record_reward_failure
+from trainer.phase_rules.rollout_failures import record_reward_failure
+from trainer.registry.data_source import reward_kind
 
 
 async def compute_score(

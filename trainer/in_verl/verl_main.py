@@ -2,7 +2,7 @@
 
 It is VERL 0.9.1's ``main_ppo`` with four differences: the configs are this project's phase files
 (``trainer/phases/configs``, composed on top of VERL's ``ppo_trainer``); the prompt length filter runs
-here, once per file and tokenizer (:mod:`trainer.phases.prompt_filter`); gradient checkpointing and the
+here, once per file and tokenizer (:mod:`trainer.data.prompt_filter`); gradient checkpointing and the
 micro batches the config leaves null are chosen by the policy's size (:mod:`trainer.phases.sizing`);
 and the Ray task runner first
 calls :func:`trainer.in_verl.phase_trainer.install`, so that in the process that builds the
@@ -24,7 +24,8 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 from verl.utils.device import auto_set_device
 
-from trainer.phases import prompt_filter, sizing
+from trainer.data import prompt_filter
+from trainer.phases import sizing
 from trainer.phases.launch import CONFIG_DIR
 
 
@@ -42,7 +43,7 @@ PhaseTaskRunner = ray.remote(num_cpus=1)(_PhaseTaskRunner)
 # by absolute path: the configs sit with the phases, not beside this module
 @hydra.main(config_path=str(CONFIG_DIR), config_name="c1_grpo", version_base=None)
 def main(config: DictConfig) -> None:
-    from trainer.phases.train_set import check_fills_a_batch
+    from trainer.data.train_set import check_fills_a_batch
 
     # before Ray and the workers start: a prompt set that cannot fill one batch fails here, by name
     check_fills_a_batch(config.data.train_files, config.data.train_batch_size, config.data.get("train_max_samples"))

@@ -16,12 +16,12 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from trainer.checks.preflight import PreflightSize
 from trainer.config_cli import field_option
 from trainer.evaluation.generation import GenerationSettings
 from trainer.phases.launch import PROFILES, PhaseRun, check_profile, run_phase
-from trainer.phases.preflight import PreflightSize
-from trainer.phases.registry import GRPO_PHASES, PHASES, get_phase, reward_of
 from trainer.phases.token_overrides import TokenInOverrideError, check_no_token
+from trainer.registry.phases import GRPO_PHASES, PHASES, get_phase, reward_of
 from trainer.serving.reward_api_env import CLIENT_URL_ENV
 
 console = Console()
@@ -143,7 +143,7 @@ def preflight_cmd(
     out: Path | None = typer.Option(None, help="Write the report JSON here."),
 ) -> None:
     """Before a long GRPO run: per source, the informative and improvable shares, best-of-n − greedy, invalid share."""
-    from trainer.phases.preflight import advantage_check, write_report
+    from trainer.checks.preflight import advantage_check, write_report
 
     sources = sources or ""
     if phase not in GRPO_PHASES:
@@ -172,7 +172,7 @@ def preflight_choose_cmd(
     out: Path | None = typer.Option(None, help="Write the choice (and the sweep it came from) here as JSON."),
 ) -> None:
     """Choose the rollout temperature from a preflight sweep: prints only the temperature (for shells)."""
-    from trainer.phases.preflight import choose_temperature, read_sweep, write_report
+    from trainer.checks.preflight import choose_temperature, read_sweep, write_report
 
     if criterion not in ("improvable", "informative"):
         raise bad_param("--criterion", ValueError(f"must be improvable or informative, got {criterion!r}"))
@@ -203,7 +203,7 @@ def preflight_filter_cmd(
     ),
 ) -> None:
     """Offline difficulty filter: keep the training prompts whose best sample beat the greedy answer."""
-    from trainer.phases.preflight import FilterError, filter_improvable
+    from trainer.checks.preflight import FilterError, filter_improvable
 
     try:
         res = filter_improvable(json.loads(report.read_text()), train, out, min_source_share)
@@ -237,7 +237,7 @@ def positive_control_cmd(
     margin: float = typer.Option(0.05, help="Required rise of the greedy reward (macro over data sources)."),
     dry_run: bool = typer.Option(False, help="Print the command and exit."),
 ) -> None:
-    from trainer.phases.positive_control import ControlConfig, control_run, run_control
+    from trainer.checks.positive_control import ControlConfig, control_run, run_control
 
     overrides = no_token(ctx.args, f"trainer positive-control {phase}")
     try:

@@ -1,12 +1,12 @@
-"""How a training phase is launched (docs/training.md); what each phase trains is :mod:`trainer.phases.registry`'s.
+"""How a training phase is launched (docs/training.md); what each phase trains is :mod:`trainer.registry.phases`'s.
 
 ``python -m trainer run <phase> --profile cpu-smoke|gpu --data D --out O --model M [overrides]``
 composes ``trainer/phases/configs/<phase>_{sft,grpo}.yaml`` with the profile and runs it:
 
 - SFT (A1, A2): ``torchrun -m verl.trainer.sft_trainer`` with our config dir, after the length filter
-  (:mod:`trainer.phases.sft_length_filter`: conversations over ``data.max_length`` dropped by id, the phase
+  (:mod:`trainer.data.sft_length_filter`: conversations over ``data.max_length`` dropped by id, the phase
   pointed at the rest; a phase whose conversations are all too long stops there). With
-  ``epoch_selection.enabled`` (:mod:`trainer.phases.sft_epochs`) it validates and saves at every epoch's end
+  ``epoch_selection.enabled`` (:mod:`trainer.data.sft_epochs`) it validates and saves at every epoch's end
   and exports the epoch with the lowest validation loss instead of the last step.
 - GRPO (B1, B2, C1, C2): ``python -m trainer.in_verl.verl_main`` (VERL's main_ppo + early stopping).
 
@@ -49,9 +49,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from services.child_process import spawn
-from trainer.phases import prompt_filter, sft_epochs, sft_length_filter
-from trainer.phases.registry import Phase, get_phase
+from trainer.data import prompt_filter, sft_epochs, sft_length_filter
 from trainer.phases.token_overrides import check_no_token
+from trainer.registry.phases import Phase, get_phase
 from trainer.serving.reward_api_env import (
     CLIENT_TOKEN_ENV,
     CLIENT_URL_ENV,
@@ -287,17 +287,17 @@ class PhaseResult:
     checkpoint: str | None = None
     hf_dir: str | None = None
     final_metrics: dict[str, Any] | None = None
-    # why a failed phase stopped (trainer/phases/rollout_failures.py's record, else the exit code and log)
+    # why a failed phase stopped (trainer/phase_rules/rollout_failures.py's record, else the exit code and log)
     error: str | None = None
     failure: dict[str, Any] | None = None
     # GRPO: per-step ppo_kl, clip fraction, entropy, evicted groups, valid-output share, and whether the
-    # policy moved (trainer/phases/monitors.py)
+    # policy moved (trainer/phase_rules/monitors.py)
     monitors: dict[str, Any] | None = None
     # per split: rows, dropped as over the limit, the limit, the first ids dropped (prompt_filter.py for
     # GRPO, sft_length_filter.py for SFT); None where the filter is off
     length_filter: list[dict[str, Any]] | None = None
     # SFT with epoch_selection on: the validation loss at every epoch's end and the epoch exported
-    # (trainer/phases/sft_epochs.py); best_score is then minus that loss
+    # (trainer/data/sft_epochs.py); best_score is then minus that loss
     epoch_selection: dict[str, Any] | None = None
 
     def write(self, out_dir: Path) -> Path:
@@ -348,7 +348,7 @@ def run_phase(
 ) -> PhaseResult:
     """Launch (an SFT phase after its length filter), then pick the best (RL) or last (SFT) checkpoint,
     export it to ``out/hf``, record it."""
-    from trainer.phases.rollout_failures import FAILURE_FILE, read_failure
+    from trainer.phase_rules.rollout_failures import FAILURE_FILE, read_failure
 
     started = dt.datetime.now(dt.UTC)
     t0 = time.monotonic()
@@ -381,7 +381,7 @@ def run_phase(
         length_filter=[r.summary() for r in filtered[0]] if filtered else None,
     )
     if run.phase.kind == "grpo":
-        from trainer.phases.monitors import read_kl_floor, summarise
+        from trainer.phase_rules.monitors import read_kl_floor, summarise
 
         res.monitors = summarise(metrics, read_kl_floor(ckpts))
     _choose_best_step(run, res, metrics, ckpts)
@@ -402,7 +402,7 @@ def run_phase(
 def _choose_best_step(run: PhaseRun, res: PhaseResult, metrics: list[dict[str, Any]], ckpts: Path) -> None:
     """The step a phase's output comes from: RL's best validated one (early-stopping state), SFT's chosen epoch
     (where it planned epochs), else the last checkpoint."""
-    from trainer.phases.early_stopping import STATE_FILE, checkpoint_steps, read_state
+    from trainer.phase_rules.early_stopping import STATE_FILE, checkpoint_steps, read_state
 
     state_path = ckpts / STATE_FILE
     if run.phase.kind == "grpo" and state_path.is_file():

@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from shared.golden import source_of
+from trainer.checks.positive_control import ControlConfig, ControlVerdict, run_control
 from trainer.phases.launch import PhaseResult, PhaseRun, PhaseRunner, run_phase
-from trainer.phases.positive_control import ControlConfig, ControlVerdict, run_control
-from trainer.phases.registry import SFT_PHASES, get_phase, reward_of
+from trainer.registry.phases import SFT_PHASES, get_phase, reward_of
 from trainer.runs import ab_plan, c2_data, phase_d_part
 from trainer.runs.ab_plan import PIPE, ArmPlacement, Design, Part, Workdir
 from trainer.runs.config import ExperimentConfig
@@ -229,9 +229,9 @@ class Experiment:
         return run, "; ".join(w for w in (why, why_set) if w)
 
     def control_run(self, reward_url: str, temperature: float | str) -> tuple[PhaseRun, ControlConfig]:
-        """Arm A's positive control (:mod:`trainer.phases.positive_control`): its own steps and validation, with the
+        """Arm A's positive control (:mod:`trainer.checks.positive_control`): its own steps and validation, with the
         arm's placement and the chosen temperature."""
-        from trainer.phases.positive_control import control_run
+        from trainer.checks.positive_control import control_run
 
         phase, place, ccfg = self.design.arms[0], self.placement.a, ControlConfig()
         _settings, placed = ab_plan.rl_settings(self.cfg, temperature, place is not None)
@@ -279,7 +279,7 @@ class Experiment:
 
     def part_preflight(self) -> None:
         """Each swept phase's temperatures in turn, the phases at once (one policy executor serves them all)."""
-        from trainer.phases.preflight import advantage_check, write_report
+        from trainer.checks.preflight import advantage_check, write_report
 
         cfg, policy = self.cfg, self.serve([self.design.start])[self.design.start]
 
@@ -309,7 +309,7 @@ class Experiment:
 
     def part_choose(self) -> None:
         """The rollout temperature, the no-headroom stop, and each swept phase's improvable prompts."""
-        from trainer.phases.preflight import choose_temperature, filter_improvable, read_sweep, write_report
+        from trainer.checks.preflight import choose_temperature, filter_improvable, read_sweep, write_report
 
         cfg, wd = self.cfg, self.wd
         swept = ab_plan.preflight_phases(cfg, self.design)

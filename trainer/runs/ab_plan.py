@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer.data.train_set import count_prompts, train_batch_size
 from trainer.phases.launch import PhaseRun
-from trainer.phases.registry import SFT_PHASES, get_phase
-from trainer.phases.train_set import count_prompts, train_batch_size
+from trainer.registry.phases import SFT_PHASES, get_phase
 from trainer.runs import c2_data, phase_d_part, reuse
 from trainer.runs.config import ExperimentConfig
 from trainer.serving.gpus import ExecutorSlot, GpuPlan, Placement
@@ -154,7 +154,7 @@ class Workdir:
         return self.root / f"{phase}_control"
 
     def source_set(self, phase: str, sources: tuple[str, ...]) -> Path:
-        from trainer.phases.train_set import source_set_path
+        from trainer.data.train_set import source_set_path
 
         return source_set_path(self.train_sets, phase, sources)
 

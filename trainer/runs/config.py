@@ -5,18 +5,20 @@ config whole."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from shared.limits import TABLE_ANSWER_MAX_TOKENS
+from trainer.checks.preflight import PreflightSize
 from trainer.config_cli import cli_meta, csv_values, field_like, option
+from trainer.data.sft_mix import SourceMix, SourceMixError
+from trainer.data.train_mix import check_restricted, check_share, rl_mix_share_field
 from trainer.evaluation.generation import GenerationSettings
 from trainer.phases.launch import PROFILES, Profile
-from trainer.phases.preflight import PreflightSize
-from trainer.phases.registry import GRPO_PHASES, SFT_PHASES
 from trainer.phases.token_overrides import check_no_token
-from trainer.phases.train_mix import check_restricted, check_share, rl_mix_share_field
+from trainer.registry.phases import GRPO_PHASES, SFT_PHASES
 
 # The loop's parts, in order (``--until``): a run stops after the named part; a rerun goes on from there.
 PARTS = ("sft", "local", "c1", "c2", "eval")
@@ -195,12 +197,64 @@ class ExperimentConfig(RunConfig):
 
 def from_cli(values: dict[str, Any]) -> dict[str, Any]:
     """The command line's comma-separated and list forms turned into the fields' tuples."""
-    for f in ("data_phases", "preflight_phases", "preflight_sources", "rl_sources"):
+    for f in ("data_phases", "preflight_phases", "preflight_sources", "rl_sources", "held_out"):
         if f in values:
             values[f] = csv_values(values[f])
     if "temps" in values:
         values["temps"] = tuple(float(t) for t in csv_values(values["temps"]))
-    for f in ("sft_overrides", "rl_extra"):
-        values[f] = tuple(values[f] or ())
+    for f in ("sft_overrides", "rl_extra", "candidates"):
+        if f in values:
+            values[f] = tuple(values[f] or ())
     values["executor_eager"] = not values["executor_eager"]  # the option is --executor-cuda-graphs
     return values
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An SFT recipe of ``trainer experiment sft-choice``: a name and the source mix of A1/A2's train split."""
+
+    name: str
+    mix: SourceMix
+
+    @classmethod
+    def parse(cls, text: str) -> Candidate:
+        """``NAME`` or ``NAME:SOURCE=WEIGHT,...``; the error names ``candidate`` and the reason."""
+        name, _, mix = text.partition(":")
+        name = name.strip()
+        if not re.fullmatch(r"[a-z0-9_]+", name):
+            raise ValueError(f"candidate: {text!r}: NAME[:SOURCE=WEIGHT,...], a name of lower-case letters, digits, _")
+        if not mix.strip():
+            return cls(name, SourceMix())
+        try:
+            return cls(name, SourceMix.parse(mix))
+        except SourceMixError as exc:
+            raise ValueError(f"candidate: {name}: {str(exc).removeprefix('--sft-mix: ')}") from None
+
+    def without(self, source: str | None) -> SourceMix | None:
+        """The mix trained on with ``source`` held out (its weight 0); None: the split as it is."""
+        if source is None:
+            return self.mix if self.mix.weights else None
+        return SourceMix({**self.mix.weights, source: 0.0}, self.mix.seed)
+
+
+@dataclass(kw_only=True)
+class SftChoiceConfig(RunConfig):
+    candidates: tuple[str, ...] = option(
+        ("golden",), "An SFT recipe to compare, NAME[:SOURCE=WEIGHT,...] (repeatable): a name and the source mix of "
+        "A1/A2's train split (data build --sft-mix; none: the split as it is). Every other SFT setting is the run's "
+        "(--sft-override).", option="candidate", cli_type=list[str], cli_default=["golden"],
+    )  # fmt: skip
+    held_out: tuple[str, ...] = csv_option("Comma-separated sources each candidate is also trained without and scored "
+                                           "on (default: every source of the train split).")  # fmt: skip
+    val_limit: int | None = option(None, "First N validation documents per source scored (default: all).", min=1)
+    dry_run: bool = option(False, "Print the plan (candidates, held-out sources, phases, Phase D) and run nothing.")
+
+    def __post_init__(self) -> None:
+        if self.sft_mix:
+            raise ValueError("sft_mix: each candidate names its own mix (--candidate NAME:SOURCE=WEIGHT,...)")
+        names = [Candidate.parse(text).name for text in self.candidates]
+        if not names:
+            raise ValueError("candidate: give at least one")
+        if len(set(names)) != len(names):
+            raise ValueError(f"candidate: names repeat: {names}")
+        super().__post_init__()

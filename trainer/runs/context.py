@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from trainer.data.sft_mix import SourceMixError
+from trainer.data.train_mix import TrainMixError
 from trainer.phases.launch import PhaseResult, PhaseRun, PhaseRunner, read_result, run_phase
-from trainer.phases.registry import get_phase
 from trainer.phases.seeds import rl_seed_overrides
 from trainer.phases.token_overrides import TokenInOverrideError
-from trainer.phases.train_mix import TrainMixError
+from trainer.registry.phases import get_phase
 from trainer.runs import reuse
 from trainer.runs.config import RunConfig
 from trainer.runs.record import RunRecord, now
@@ -84,6 +84,14 @@ class RunContext:
         if res is None or res.status != "ok" or not res.hf_dir:
             raise RuntimeError(f"{out_dir}: no finished phase result with a model (hf_dir)")
         return res.hf_dir
+
+    def places(self, n: int, sft: bool = False) -> tuple[list[Placement | None], bool]:
+        """Where ``n`` independent phases run, and whether at once: on disjoint GPU halves where the node has them
+        (SFT: the first GPU of each half), else in turn on the whole node (or CPU)."""
+        pair = (self.plan.sft_pair() if sft else self.plan.pair()) if self.plan else None
+        if pair is None or n != 2:
+            return [self.plan.whole() if self.plan else None] * n, False
+        return list(pair), True
 
     @contextlib.contextmanager
     def part(self, name: str, servers_s: float = 0.0) -> Iterator[None]:
@@ -178,8 +186,8 @@ class RunContext:
     ) -> tuple[Path | None, str]:
         """A GRPO phase's train set and why: ``chosen`` (an improvable set), else its split of ``--rl-sources``, else
         None (the whole split); with ``--rl-mix-share``'s mix. Written (seeded) and recorded unless a dry run."""
-        from trainer.phases.train_mix import TrainMixError, mixed_set_path, mixes, write_mixed_set
-        from trainer.phases.train_set import count_prompts, source_set_path, write_source_set
+        from trainer.data.train_mix import TrainMixError, mixed_set_path, mixes, write_mixed_set
+        from trainer.data.train_set import count_prompts, source_set_path, write_source_set
 
         cfg, train = self.cfg, data_dir / name / "train.parquet"
         why = []

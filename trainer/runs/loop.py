@@ -11,9 +11,9 @@ from typing import Any
 
 from shared.golden import sha256_file
 from shared.split_overlap import SplitOverlap, shown
+from trainer.phase_rules.reward_ready import ABORT_FILE
 from trainer.phases.launch import CONFIG_DIR, PhaseRun, PhaseRunner, run_phase
-from trainer.phases.registry import BUILD_PHASES, SFT_PHASES, RewardKind, reward_of, sft_phase_for
-from trainer.phases.reward_ready import ABORT_FILE
+from trainer.registry.phases import BUILD_PHASES, SFT_PHASES, RewardKind, reward_of, sft_phase_for
 from trainer.runs import c2_data, phase_d_part, reuse
 from trainer.runs.config import LoopConfig
 from trainer.runs.context import RunContext
@@ -55,7 +55,7 @@ class Loop:
             rft = self.rft(pi1_sft, pi2_sft) if cfg.rft else None
         self.stop_if("sft")
         with self.ctx.part("local"), self.ctx.servers.scoped("local", external=cfg.reward_url) as url:
-            (at1, at2), together = self.places(2)
+            (at1, at2), together = self.ctx.places(2)
             b1 = self.run_of("b1", pi1_sft, self.out / "b1", placement=at1, reward_url=url)
             b2 = self.run_of("b2", pi2_sft, self.out / "b2", placement=at2, reward_url=url)
             pi1_local, pi2_local = self.launch(b1, b2, together=together)
@@ -120,14 +120,6 @@ class Loop:
                                 strict_splits=self.cfg.strict_splits)  # fmt: skip
         self.record.set("data", {"dir": str(self.data), "counts": counts})
 
-    def places(self, n: int, sft: bool = False) -> tuple[list[Placement | None], bool]:
-        """Where ``n`` independent phases run, and whether at once: on disjoint GPU halves where the node has them
-        (SFT: the first GPU of each half), else in turn on the whole node (or CPU)."""
-        pair = (self.plan.sft_pair() if sft else self.plan.pair()) if self.plan else None
-        if pair is None or n != 2:
-            return [self.plan.whole() if self.plan else None] * n, False
-        return list(pair), True
-
     def sft_phases(self) -> list[str]:
         """A1 and/or A2, for whichever SFT policy was not given."""
         return [p for p, given in (("a1", self.cfg.pi1_sft), ("a2", self.cfg.pi2_sft)) if not given]
@@ -138,7 +130,7 @@ class Loop:
         todo, base = self.sft_phases(), self.cfg.base_model
         if todo and not base:
             raise ValueError(f"{todo[0]}: no SFT checkpoint given and no base model to train it from")
-        places, together = self.places(len(todo), sft=True)
+        places, together = self.ctx.places(len(todo), sft=True)
         runs = [self.run_of(n, str(base), self.out / n, placement=p) for n, p in zip(todo, places, strict=True)]
         models.update(zip(todo, self.launch(*runs, together=together), strict=True))
         pi1, pi2 = models["a1"], models["a2"]
@@ -239,7 +231,7 @@ class Loop:
     def preflight(self, run: PhaseRun) -> None:
         """``--preflight-min``: the advantage check of a GRPO phase's start policy; stops the loop when its groups teach
         too little."""
-        from trainer.phases.preflight import advantage_check, write_report
+        from trainer.checks.preflight import advantage_check, write_report
 
         cfg, key = self.cfg, self.ctx.key(run.out_dir)
         if cfg.preflight_min is None or run.phase.kind == "sft" or not run.reward_url:
@@ -279,16 +271,7 @@ class Loop:
             self.record.phase_d(f"eval_{tag}", out, settings, decision)
             return decision
         examples = phase_d_part.test_examples(cfg)
-        slots: dict[str, ExecutorSlot | None] = dict.fromkeys(settings)
-        if self.plan is not None:  # settings side by side, one GPU each, in waves of at most one per GPU
-            gpu_slots = self.plan.eval_slots(len(settings))
-            slots = {name: gpu_slots[i % len(gpu_slots)] for i, name in enumerate(settings)}
-
-        def spec(name: str, model: str) -> ModelSpec:
-            stage = "pi1" if model == settings[name][0] else "pi2"
-            return ModelSpec(model, slot=slots[name], log=self.ctx.logs / f"executor_eval_{name}_{stage}.log")
-
-        waves = len(self.plan.eval_slots(len(settings))) if self.plan else None
+        spec, waves = phase_d_part.placed(self.ctx, settings, "eval")
         scored = phase_d_part.score(self.ctx, settings, examples, spec, waves=waves)
         self.ctx.servers.pool.stop_except([])
         preds = {name: scored.records[name] for name in settings}

@@ -35,18 +35,62 @@ if TYPE_CHECKING:
     from trainer.runs.context import RunContext
     from trainer.serving.endpoint import Endpoint, ServingMode
     from trainer.serving.executors import ModelSpec
+    from trainer.serving.gpus import ExecutorSlot
 
 # Phase D's scores are reused only for the same key (the loop's and the experiments' rule): beside metrics.json.
 EVAL_KEY = "eval_key.json"
 
 
-def eval_key(cfg: RunConfig, settings: Mapping[str, tuple[str, str]]) -> dict[str, Any]:
-    """What Phase D's scores depend on: every setting's model contents, the test file, the generation settings."""
+@dataclass(frozen=True)
+class EvalSet:
+    """The documents a Phase D scores: a split of the golden folder, one source's only where ``source`` is set, the
+    first ``limit`` of them. The recipes' Phase D is the test split whole (``--eval-limit``); a choice made before
+    training scores a validation split (:mod:`trainer.runs.sft_choice`)."""
+
+    split: str = "test"
+    source: str | None = None
+    limit: int | None = None
+    per_source: bool = False  # the limit counts each source's documents (else the split's, in file order)
+
+    def file(self, golden: Path) -> Path:
+        from shared.golden import golden_filename
+
+        return golden / golden_filename(self.split)
+
+    def read(self, golden: Path) -> list[GoldenExample]:
+        from shared import read_golden
+        from shared.golden import source_of
+
+        if self.source is None and not self.per_source:
+            return read_golden(self.file(golden), self.limit)
+        taken: dict[str, int] = {}
+        found = []
+        for ex in read_golden(self.file(golden)):
+            src = source_of(ex.id)
+            if self.source not in (None, src) or (self.limit is not None and taken.get(src, 0) >= self.limit):
+                continue
+            taken[src] = taken.get(src, 0) + 1
+            found.append(ex)
+        return found
+
+    def key(self, golden: Path) -> dict[str, Any]:
+        """What the scores depend on of the documents; the test split whole keeps the recipes' first key."""
+        if self.split == "test" and self.source is None and not self.per_source:
+            return {"test": sha256_file(self.file(golden))}
+        return {self.split: sha256_file(self.file(golden)), "source": self.source, "limit": self.limit,
+                "per_source": self.per_source}  # fmt: skip
+
+
+def eval_key(
+    cfg: RunConfig, settings: Mapping[str, tuple[str, str]], eval_set: EvalSet | None = None
+) -> dict[str, Any]:
+    """What Phase D's scores depend on: every setting's model contents, the documents (the test file, or
+    ``eval_set``), the generation settings."""
     from shared import PROMPT_VERSION
 
     return {
         "settings": {name: [fingerprint(pi1), fingerprint(pi2)] for name, (pi1, pi2) in settings.items()},
-        "golden": {"test": sha256_file(cfg.golden / "common_test_schemas.jsonl")},
+        "golden": (eval_set or EvalSet()).key(cfg.golden),
         "config": {
             "eval_limit": cfg.eval_limit, "max_tokens": cfg.eval_max_tokens, "prompt_version": PROMPT_VERSION,
             "concurrency": cfg.eval_concurrency,
@@ -204,6 +248,27 @@ class _TwoStageRuns:
             return {name: seconds[name].result() for name in self.settings}
 
 
+def placed(
+    ctx: RunContext, settings: Mapping[str, tuple[str, str]], tag: str
+) -> tuple[Callable[[str, str], ModelSpec], int | None]:
+    """How a Phase D of ``settings`` serves its models (``spec(setting, model)``, logs ``executor_<tag>_...``) and in
+    waves of how many settings: side by side, one GPU each, at most one per GPU; on CPU one model at a time (None)."""
+    from trainer.serving.executors import ModelSpec
+
+    slots: dict[str, ExecutorSlot | None] = dict.fromkeys(settings)
+    waves = None
+    if ctx.plan is not None:
+        gpu_slots = ctx.plan.eval_slots(len(settings))
+        slots = {name: gpu_slots[i % len(gpu_slots)] for i, name in enumerate(settings)}
+        waves = len(gpu_slots)
+
+    def spec(name: str, model: str) -> ModelSpec:
+        stage = "pi1" if model == settings[name][0] else "pi2"
+        return ModelSpec(model, slot=slots[name], log=ctx.logs / f"executor_{tag}_{name}_{stage}.log")
+
+    return spec, waves
+
+
 def generation(cfg: RunConfig) -> GenerationConfig:
     """The run's own requests: greedy, ``--eval-max-tokens``, ``--eval-concurrency``, ``--eval-timeout-s``."""
     from trainer.evaluation.generation import GenerationSettings
@@ -213,9 +278,7 @@ def generation(cfg: RunConfig) -> GenerationConfig:
 
 
 def test_examples(cfg: RunConfig) -> list[GoldenExample]:
-    from shared import read_golden
-
-    return read_golden(cfg.golden / "common_test_schemas.jsonl", cfg.eval_limit)
+    return EvalSet(limit=cfg.eval_limit).read(cfg.golden)
 
 
 @dataclass
@@ -229,16 +292,18 @@ class Scored:
 def score(
     ctx: RunContext, settings: Mapping[str, tuple[str, str]], examples: Sequence[GoldenExample],
     spec: Callable[[str, str], ModelSpec], *, waves: int | None,
-    on_stage1: Callable[[Mapping[str, Sequence[str]]], None] | None = None,
+    on_stage1: Callable[[Mapping[str, Sequence[str]]], None] | None = None, eval_set: EvalSet | None = None,
 ) -> Scored:  # fmt: skip
     """The settings' records on the run's servers (``spec(setting, model)``: how to serve a model of a setting).
     ``waves`` None: one model served at a time, the settings in turn (CPU); else the settings in waves of at most
-    ``waves``, every model of a wave served at once and its stages run together (the last wave's held on)."""
+    ``waves``, every model of a wave served at once and its stages run together (the last wave's held on).
+    ``examples`` are ``eval_set``'s (default: the test split, ``--eval-limit``), which keys π1's kept schemas."""
     from trainer.evaluation.stage1_cache import stage1_key
     from trainer.serving.identity import fingerprint
 
     gen, modes = generation(ctx.cfg), dict[str, 'ServingMode | None']()
-    test_file = ctx.cfg.golden / "common_test_schemas.jsonl"
+    docs = eval_set or EvalSet(limit=ctx.cfg.eval_limit)
+    test_file = docs.file(ctx.cfg.golden)
     eps: dict[str, Endpoint] = {}
 
     def serve(name: str) -> ServeModel:
@@ -258,7 +323,9 @@ def score(
     serving = {"profile": cfg.profile, "eager": cfg.executor_eager, "prefix_caching": cfg.executor_prefix_caching}
 
     def keep(names: Sequence[str], pi1: str) -> tuple[Path, dict[str, Any]]:
-        key = stage1_key(fingerprint(pi1), test_file, ctx.cfg.eval_limit, gen, serving)
+        key = stage1_key(fingerprint(pi1), test_file, docs.limit, gen, serving)
+        if docs.source is not None or docs.per_source:
+            key |= {"source": docs.source, "per_source": docs.per_source}
         return ctx.root / "stage1_cache" / f"{names[0]}.json", key
 
     def keep_tables(name: str) -> tuple[Path, dict[str, Any]]:

@@ -83,6 +83,7 @@ def render(data: dict[str, Any], root: Path) -> str:
              f"golden `{cfg.get('golden')}`, profile {cfg.get('profile')}, GPUs {cfg.get('gpus') or 'none'}; "
              f"record `{RECORD}` (updated {data.get('updated')})", ""]  # fmt: skip
     lines += parts_and_phases(data)
+    lines += choice_lines(data.get("choice"))
     for tag, pd in data.get("phase_d", {}).items():
         folder = Path(pd["dir"])
         rel = folder.relative_to(root) if folder.is_relative_to(root) else folder
@@ -109,6 +110,30 @@ def parts_and_phases(data: dict[str, Any]) -> list[str]:
         lines += ["## Phases", "", "| phase | status | seconds | model |", "|---|---|---|---|"]
         lines += [f"| {n} | {p.get('status')} | {p.get('seconds')} | `{p.get('hf_dir')}` |" for n, p in phases.items()]
         lines.append("")
+    return lines
+
+
+def choice_lines(choice: dict[str, Any] | None) -> list[str]:
+    """``trainer experiment sft-choice``'s verdict: each candidate's means (95% intervals) and the choice."""
+    if not choice:
+        return []
+    cands = choice["candidates"]
+    held = sorted({h for c in cands.values() for h in c["held_out"]["per_source"]})
+
+    def cell(value: Any, ci: Any) -> str:
+        return fmt(value) + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+
+    lines = [f"## The choice: {choice['chosen']}", "", f"{choice['rule']}; metric {choice['metric']}, end to end on "
+             "the validation split (held out: trained without the source, scored on it).", "",
+             "| candidate | validation macro | " + " | ".join(f"without {h}: on {h}" for h in held)
+             + " | held-out macro | beaten on a held-out source |", "|---|---|" + "---|" * (len(held) + 2)]  # fmt: skip
+    for name, c in cands.items():
+        v, h = c["validation"], c["held_out"]
+        cells = [cell(h["per_source"].get(s), h["per_source_ci95"].get(s)) for s in held]
+        beaten = "; ".join(choice["beaten_on_held_out"].get(name, [])) or "no"
+        lines.append(f"| {name} | {cell(v['macro'], v['macro_ci95'])} | " + " | ".join(cells)
+                     + f" | {fmt(h['macro'])} | {beaten} |")  # fmt: skip
+    lines.append("")
     return lines
 
 

@@ -70,7 +70,7 @@ def prompt_ids_sha256(path: Path) -> str | None:
     """The sha256 of a train set's prompt ids in order (None: no such file yet, as in a dry run)."""
     import pyarrow.parquet as pq
 
-    from trainer.phases.train_set import rl_row_ids
+    from trainer.data.train_set import rl_row_ids
 
     if not path.is_file():
         return None

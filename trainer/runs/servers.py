@@ -87,8 +87,8 @@ class Servers(contextlib.AbstractContextManager["Servers"]):
     @contextlib.contextmanager
     def beside(self, tag: str, model: str, slots: Sequence[ExecutorSlot | None], abort_file: Path) -> Iterator[str]:
         """A reward API with replicas of ``model``, started (and held) in a thread of its own while the block starts a
-        trainer, which waits for it (:mod:`trainer.phases.reward_ready`); a failed start writes ``abort_file`` and is
-        raised when the block ends. ``services:<tag>`` records when they were ready."""
+        trainer, which waits for it (:mod:`trainer.phase_rules.reward_ready`); a failed start writes ``abort_file`` and
+        is raised when the block ends. ``services:<tag>`` records when they were ready."""
         abort_file.unlink(missing_ok=True)
         port = free_port()
         url = f"http://127.0.0.1:{port}"

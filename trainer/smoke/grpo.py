@@ -15,7 +15,7 @@ Peak RSS of the whole process tree is sampled every second. The last line is ``N
 ``--kill-reward-api`` (``.ci/grpo_smoke.sh`` uses it) adds the failure check to the same run at the cost of one more
 rollout, not a second phase: C1 runs ``steps + 1`` steps, and once step ``steps`` is validated the
 reward API is SIGKILLed. The next step's rewards fail, and the phase must stop with the failure
-policy's error naming the reward endpoint (``trainer.phases.rollout_failures``): result ``failed``, the
+policy's error naming the reward endpoint (``trainer.phase_rules.rollout_failures``): result ``failed``, the
 failure counted in the metrics, no later validation, no export. Steps ``1..steps`` are checked as
 in a plain run, and their best checkpoint is exported here to check the export.
 
@@ -44,7 +44,7 @@ import typer
 
 from services.reward_api.process import RewardApiProcess
 from trainer.phases.launch import REPO_ROOT, PhaseResult, PhaseRun, run_phase
-from trainer.phases.registry import get_phase
+from trainer.registry.phases import get_phase
 from trainer.serving.executors import serve_model
 from trainer.serving.reward_api import reward_api_process
 from trainer.serving.reward_api_env import CLIENT_TOKEN_ENV
@@ -161,7 +161,8 @@ _REWARD_KEY = re.compile(r"^val-core/pipeline:[^/]+/reward/")
 
 def missing_reward_parts(logged: list[dict[str, Any]]) -> list[str]:
     """The parts of :data:`PIPELINE_PARTS` VERL logged for no source (``val-aux/pipeline:<source>/<part>/…``):
-    data_source is ``pipeline:<golden source>`` (:mod:`trainer.data_source`), so VERL logs every part per source."""
+    data_source is ``pipeline:<golden source>`` (:mod:`trainer.registry.data_source`), so VERL logs every part per
+    source."""
     keys = {k for m in logged for k in m["data"]}
     logged_parts = {m["part"] for m in map(_PART_KEY.match, keys) if m}
     return [p for p in PIPELINE_PARTS if p not in logged_parts]

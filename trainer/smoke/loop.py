@@ -21,7 +21,7 @@ from typing import Any
 
 import typer
 
-from trainer.phases.registry import PHASES
+from trainer.registry.phases import PHASES
 from trainer.serving.shutdown import exit_on_sigterm
 from trainer.smoke.grpo import SAMPLE_DIR, SMOKE_FAILURE_MODE, Checks, MemorySampler, finish
 

@@ -28,7 +28,7 @@ from trainer.phases.launch import (  # noqa: E402
 )
 
 ALWAYS = f"{FAST_LOGPROBS},{PACKED_ATTENTION},{AGENT_LOOP_SPEED}"
-from trainer.phases.registry import get_phase  # noqa: E402
+from trainer.registry.phases import get_phase  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -1,4 +1,4 @@
-"""Mask mode (trainer/phases/failure_mask.py) through VERL's real advantage computation on CPU.
+"""Mask mode (trainer/phase_rules/failure_mask.py) through VERL's real advantage computation on CPU.
 
 VERL's code runs for real: ``compute_advantage_for_multi_trajectories`` / ``compute_advantage`` with our
 registered ``grpo_masked`` estimator, and ``PPOTrainer._compute_advantage`` of :class:`PhaseTrainer` on the
@@ -206,7 +206,7 @@ def test_phase_trainer_masks_truncated_samples_and_verl_trains_only_on_the_rest(
 def test_masked_samples_beyond_max_share_stop_the_step_with_the_cause(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer.phases.rollout_failures import RolloutFailureError
+    from trainer.phase_rules.rollout_failures import RolloutFailureError
 
     groups = {"a": [0.1, 0.5, 0.9, 0.2], "b": [0.3, 0.3, 0.8, 0.0]}
     cfg = compose_phase("c1_grpo", tmp_path, "/nonexistent", MASK)  # max_share 0.1 (the phase configs' default)
@@ -235,7 +235,7 @@ def test_penalize_mode_leaves_the_batch_to_verl(tmp_path: Path, monkeypatch: pyt
 
 def test_validation_leaves_masked_samples_out_of_the_score(tmp_path: Path) -> None:
     from trainer.in_verl.phase_trainer import PhaseTrainer
-    from trainer.phases.rollout_failures import RolloutFailureError
+    from trainer.phase_rules.rollout_failures import RolloutFailureError
 
     cfg = compose_phase("c1_grpo", tmp_path, "/nonexistent", (*MASK, "failures.max_share=0.3"))
     t = PhaseTrainer(cfg)
@@ -265,7 +265,7 @@ def test_validation_leaves_masked_samples_out_of_the_score(tmp_path: Path) -> No
 def test_a_step_left_without_any_gradient_stops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every group keeps one valid sample: under max_share, yet nothing would be trained on (and VERL's
     token-mean loss would divide by zero tokens). The phase stops and says so."""
-    from trainer.phases.rollout_failures import RolloutFailureError
+    from trainer.phase_rules.rollout_failures import RolloutFailureError
 
     cfg = compose_phase("c1_grpo", tmp_path, "/nonexistent", (*MASK, "failures.max_share=0.6"))
     cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n = 2, 2

@@ -63,7 +63,7 @@ def scripted_trainer(config: Any, scores: list[float], total_steps: int, monkeyp
         failure_policy_from_config,
         stopper_from_config,
     )
-    from trainer.phases.rollout_failures import FAILURE_FILE, RewardFailureLog
+    from trainer.phase_rules.rollout_failures import FAILURE_FILE, RewardFailureLog
 
     t: Any = PhaseTrainer.__new__(PhaseTrainer)
     t.config = config
@@ -196,7 +196,7 @@ def test_resume_does_not_revalidate_a_scored_step(
 ) -> None:
     from omegaconf import OmegaConf
 
-    from trainer.phases.early_stopping import EarlyStopper
+    from trainer.phase_rules.early_stopping import EarlyStopper
 
     cfg = OmegaConf.merge(
         c1_config,

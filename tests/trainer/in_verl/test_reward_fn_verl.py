@@ -37,7 +37,7 @@ from tests.trainer.in_verl.verl_harness import (
 )
 from trainer.data.sample_data import SAMPLE_DIR
 from trainer.in_verl.reward_batcher import SCORE_KEYS
-from trainer.phases.failure_mask import FAILURE_CAUSES
+from trainer.phase_rules.failure_mask import FAILURE_CAUSES
 
 # medium_lane: VERL's reward loop in Ray and at most one vLLM-CPU executor, 4.8 GiB at the peak measured alone
 pytestmark = [pytest.mark.verl, pytest.mark.service, pytest.mark.slow, pytest.mark.medium_lane]

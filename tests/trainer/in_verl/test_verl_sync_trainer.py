@@ -187,7 +187,7 @@ def trainer_for_step(cfg: Any, tq: FailedGroupTransferQueue, monkeypatch: pytest
 def reward_failure(cfg: Any, url: str = "http://127.0.0.1:18499/reward/pipeline") -> None:
     """What trainer/in_verl/reward_fn.py appends when the reward client raises."""
     from trainer.in_verl.reward_batcher import RewardServiceError
-    from trainer.phases.rollout_failures import record_reward_failure
+    from trainer.phase_rules.rollout_failures import record_reward_failure
 
     path = cfg.reward.custom_reward_function.reward_kwargs.failure_log
     err = RewardServiceError(f"{url}: HTTP 503 after 4 attempts: executor_unavailable")
@@ -197,7 +197,7 @@ def reward_failure(cfg: Any, url: str = "http://127.0.0.1:18499/reward/pipeline"
 def test_a_failed_training_sample_stops_the_step_before_the_update(
     phase_cfg: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer.phases.rollout_failures import FAILURE_FILE, RolloutFailureError
+    from trainer.phase_rules.rollout_failures import FAILURE_FILE, RolloutFailureError
 
     cfg = phase_cfg
     cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n = 2, 2
@@ -239,7 +239,7 @@ def test_no_failure_counts_zero(phase_cfg: Any, monkeypatch: pytest.MonkeyPatch)
 
 def test_every_group_failed_names_the_cause_beside_verls_error(phase_cfg: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """All sessions failed: VERL's sync sampler raises itself; our error adds the reward client's."""
-    from trainer.phases.rollout_failures import RolloutFailureError
+    from trainer.phase_rules.rollout_failures import RolloutFailureError
 
     cfg = phase_cfg
     cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n = 1, 2
@@ -266,7 +266,7 @@ def val_inputs(scored: int, expected: int) -> tuple[list[str], list[str], dict[s
 
 def test_validation_that_scored_fewer_samples_than_the_set_stops(phase_cfg: Any) -> None:
     from trainer.in_verl.phase_trainer import PhaseTrainer
-    from trainer.phases.rollout_failures import RolloutFailureError
+    from trainer.phase_rules.rollout_failures import RolloutFailureError
 
     t = PhaseTrainer(phase_cfg)
     t.global_steps = 3
@@ -357,7 +357,7 @@ def test_dynamic_sampling_is_on_in_verls_sync_buffer(tmp_path: Path, monkeypatch
 def test_with_dynamic_sampling_a_failed_sample_still_stops_the_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer.phases.rollout_failures import RolloutFailureError
+    from trainer.phase_rules.rollout_failures import RolloutFailureError
 
     # a differs, c is all-equal (evicted), b's reward call failed: the failed group is not evicted
     tq = DapoTransferQueue({"a": [0.2, 0.8], "b": [0.5, 0.5], "c": [1.0, 1.0]}, failed=("b",))
@@ -397,8 +397,8 @@ def test_with_dynamic_sampling_a_bounded_share_trains_on_counts_and_refills(
 
 
 def test_dynamic_sampling_past_its_budget_stops_the_phase(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainer.phases.monitors import DynamicSamplingExhaustedError
-    from trainer.phases.rollout_failures import FAILURE_FILE
+    from trainer.phase_rules.monitors import DynamicSamplingExhaustedError
+    from trainer.phase_rules.rollout_failures import FAILURE_FILE
 
     tq = DapoTransferQueue({"a": [1.0, 1.0], "c": [0.0, 0.0]})  # nothing differs, and nothing will
     t, _ = dapo_trainer(tmp_path, tq, monkeypatch, "algorithm.filter_groups.max_num_gen_batches=3")
@@ -436,7 +436,7 @@ def test_prefetch_is_off_at_factor_one_and_never_passes_the_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from trainer.in_verl.prefetch import GroupPrefetch
-    from trainer.phases.monitors import DynamicSamplingBudget
+    from trainer.phase_rules.monitors import DynamicSamplingBudget
 
     t, _ = dapo_trainer(tmp_path, DapoTransferQueue({"a": [0.2, 0.8]}), monkeypatch)
     assert not t.prefetch.enabled  # grpo_base's default: VERL's own rounds

@@ -10,7 +10,7 @@ import pytest
 
 from tests.trainer.phases.test_launch import composed, env  # noqa: F401  (env is a fixture)
 from trainer.phases.launch import PhaseRun
-from trainer.phases.registry import get_phase
+from trainer.registry.phases import get_phase
 
 
 def composed_command(run: PhaseRun) -> Any:
@@ -175,7 +175,7 @@ def test_tensorboard_writes_under_the_phase_folder(tmp_path: object) -> None:
     from pathlib import Path
 
     from trainer.phases.launch import PhaseRun
-    from trainer.phases.registry import get_phase
+    from trainer.registry.phases import get_phase
 
     out = Path(str(tmp_path)) / "c1"
     run = PhaseRun(get_phase("c1"), "gpu", Path("/data"), out, "/m", reward_url="http://127.0.0.1:1")
@@ -202,7 +202,7 @@ def _verl_validate(c: Any, model_dir: Path) -> None:
 @pytest.mark.parametrize("gpus", [1, 2, 4, 8])
 def test_verl_accepts_the_recipe_and_the_positive_control(env: None, gpus: int, tmp_path: Path) -> None:  # noqa: F811
     """VERL's own config checks (``main_ppo`` runs them first: batch divisibility per GPU, clip and loss keys)."""
-    from trainer.phases.positive_control import ControlConfig, control_run
+    from trainer.checks.positive_control import ControlConfig, control_run
 
     for phase in ("b1", "b2", "c1", "c2"):
         _verl_validate(composed_command(gpu_run(phase, f"trainer.n_gpus_per_node={gpus}")), tmp_path / "m")

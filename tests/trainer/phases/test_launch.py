@@ -23,7 +23,7 @@ from trainer.phases.launch import (
     check_profile,
     read_result,
 )
-from trainer.phases.registry import PHASES, get_phase
+from trainer.registry.phases import PHASES, get_phase
 from trainer.serving.reward_api_env import (
     CLIENT_TOKEN_ENV,
     CLIENT_URL_ENV,

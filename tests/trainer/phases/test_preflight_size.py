@@ -1,4 +1,4 @@
-"""One preflight size (``PreflightSize``, ``trainer/phases/preflight.py``): ``trainer preflight``'s ``--n`` and
+"""One preflight size (``PreflightSize``, ``trainer/checks/preflight.py``): ``trainer preflight``'s ``--n`` and
 ``--prompts``, ``advantage_check``'s defaults and the recipes' ``--preflight-n`` / ``--preflight-prompts`` (the
 loop's ``--preflight-min``, the experiments' sweep) all hold its defaults; the loop hands them to the check
 (``tests/trainer/runs/test_loop_gpu.py``)."""
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.trainer.evaluation.test_generation_settings import command_defaults
-from trainer.phases.preflight import PreflightSize, advantage_check
+from trainer.checks.preflight import PreflightSize, advantage_check
 from trainer.runs.config import ExperimentConfig, LoopConfig, RunConfig
 
 ONE = PreflightSize()

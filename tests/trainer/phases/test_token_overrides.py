@@ -74,7 +74,7 @@ def test_other_overrides_pass(override: str) -> None:
 
 def test_the_launch_refuses_before_anything_is_written(tmp_path: Path) -> None:
     from trainer.phases.launch import PhaseRun
-    from trainer.phases.registry import get_phase
+    from trainer.registry.phases import get_phase
 
     for override, _path in SETS_A_TOKEN:
         with pytest.raises(TokenInOverrideError, match=r"^phase c1: override 1 of 1 sets a reward API token"):
@@ -131,7 +131,7 @@ def test_the_config_verl_dumps_holds_no_token_from_the_environment(monkeypatch: 
     from omegaconf import OmegaConf
 
     from trainer.phases.launch import CONFIG_DIR, PROFILES
-    from trainer.phases.registry import PHASES, get_phase
+    from trainer.registry.phases import PHASES, get_phase
 
     for name, value in {"TRAINER_DATA_DIR": "/d", "TRAINER_OUT_DIR": "/o", "TRAINER_REPO_ROOT": "/r",
                         "POLICY_MODEL_PATH": "/m", "TRAINER_REWARD_URL": "http://r:1",
@@ -156,7 +156,7 @@ def test_no_file_a_launch_writes_holds_the_token(tmp_path: Path, monkeypatch: py
     phase_result.json, Hydra's run folder) is searched for the token; VERL's processes had it in their
     environment."""
     from trainer.phases.launch import PhaseRun, run_phase
-    from trainer.phases.registry import get_phase
+    from trainer.registry.phases import get_phase
     from trainer.serving.reward_api_env import CLIENT_TOKEN_ENV, TRAINER_TOKEN_ENV
 
     monkeypatch.setenv(CLIENT_TOKEN_ENV, SECRET)

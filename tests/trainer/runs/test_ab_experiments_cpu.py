@@ -120,7 +120,7 @@ def test_pi1_ab_on_cpu_end_to_end(pi1_ab: tuple[Path, Path, int]) -> None:
 def check_epoch_selection(out: Path) -> None:
     """An SFT phase with epoch selection: VERL validated and saved at each epoch's end (the plan's frequency,
     not the caller's), and the checkpoint with the lowest validation loss is the one exported."""
-    from trainer.phases import sft_epochs
+    from trainer.data import sft_epochs
 
     plan = json.loads((out / "checkpoints" / sft_epochs.PLAN_FILE).read_text())
     assert (plan["rows"], plan["batch_size"], plan["steps_per_epoch"]) == (8, 4, 2), plan
@@ -143,7 +143,7 @@ def check_c1_logs(c1: Path) -> None:
     checkpoint at step 1; cpu-smoke validates nothing before training), validated through our pipeline reward
     (its parts and its reward logged per source), and the early-stopping state that step recorded, which is
     the macro mean over sources of that logged reward."""
-    from trainer.phases.early_stopping import STATE_FILE, per_source_values, read_state
+    from trainer.phase_rules.early_stopping import STATE_FILE, per_source_values, read_state
     from trainer.phases.launch import read_metrics
     from trainer.smoke.grpo import logged_pipeline_reward, missing_reward_parts, reward_parts
 

@@ -19,10 +19,10 @@ import pytest
 from shared import read_golden
 from shared.golden import source_of
 from tests.trainer.runs.test_loop import SAMPLE
+from trainer.checks.positive_control import ControlConfig, ControlVerdict
+from trainer.checks.preflight import PromptOutcome, build_report
 from trainer.data.precompute import PrecomputeReport
 from trainer.phases.launch import PhaseResult, PhaseRun
-from trainer.phases.positive_control import ControlConfig, ControlVerdict
-from trainer.phases.preflight import PromptOutcome, build_report
 from trainer.runs.ab import Experiment, ExperimentStopped
 from trainer.runs.ab_plan import DESIGNS
 from trainer.runs.config import ExperimentConfig
@@ -141,7 +141,7 @@ def node(monkeypatch: pytest.MonkeyPatch) -> Node:
     monkeypatch.setattr("trainer.serving.executors.executor_for", executor_for)
     monkeypatch.setattr("trainer.runs.servers.reward_api_process", reward_api_process)
     monkeypatch.setattr("trainer.serving.reward_api.reward_api_process", reward_api_process)
-    monkeypatch.setattr("trainer.phases.preflight.advantage_check", advantage_check)
+    monkeypatch.setattr("trainer.checks.preflight.advantage_check", advantage_check)
     monkeypatch.setattr("trainer.data.precompute.precompute_c2", precompute_c2)
     monkeypatch.setattr("trainer.evaluation.two_stage.run_two_stage", run_two_stage)
     monkeypatch.setattr("trainer.evaluation.two_stage.stage1_schemas", stage1_schemas)
@@ -531,7 +531,7 @@ def test_rl_mix_share_adds_the_other_sources_to_b2s_set_and_refuses_another_shar
 def test_rl_mix_share_without_a_chosen_set_stops_before_training(node: Node, tmp_path: Path) -> None:
     """--rl-improvable alone, and the improvable set does not fill a batch: the arm would train on its whole
     train split, which has no other source to draw from."""
-    from trainer.phases.train_mix import TrainMixError
+    from trainer.data.train_mix import TrainMixError
 
     exp = experiment(node, tmp_path, "pi2-ab", gpus=("0", "1"), control="off", rl_improvable=True, rl_mix_share=0.2)
     with pytest.raises(TrainMixError, match=r"--rl-mix-share: 0.2: b2 trains on its whole train split"):

@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.trainer.runs.test_loop import SAMPLE
-from trainer.phases.train_mix import TrainMixError
-from trainer.phases.train_set import train_batch_size
+from trainer.data.train_mix import TrainMixError
+from trainer.data.train_set import train_batch_size
 from trainer.runs.ab import Experiment
 from trainer.runs.ab_plan import DESIGNS, improvable_set
 from trainer.runs.config import ExperimentConfig

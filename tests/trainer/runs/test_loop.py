@@ -353,7 +353,7 @@ def test_rl_sources_train_a_grpo_phase_on_those_sources_and_key_its_result(tmp_p
 
 class WaitingRunnerForTests:
     """Plays the C1 trainer against the real services the loop starts beside it: at launch it looks whether
-    the reward API already answers, then waits for it as PhaseTrainer does (trainer/phases/reward_ready.py)
+    the reward API already answers, then waits for it as PhaseTrainer does (trainer/phase_rules/reward_ready.py)
     and 'trains' (a recorded result) once it can score, or fails as the phase would."""
 
     def __init__(self) -> None:
@@ -362,7 +362,7 @@ class WaitingRunnerForTests:
         self.error: str | None = None
 
     def __call__(self, run: PhaseRun) -> PhaseResult:
-        from trainer.phases.reward_ready import ABORT_FILE, check_once, wait_for_reward_api
+        from trainer.phase_rules.reward_ready import ABORT_FILE, check_once, wait_for_reward_api
 
         assert run.reward_url
         self.ready_at_launch = check_once(run.reward_url, pipeline=True).ready
@@ -422,7 +422,7 @@ def test_c1_services_that_fail_to_start_stop_the_trainer_at_once_and_are_the_nam
 def test_abort_file_name_is_the_one_grpo_base_gives_the_trainer() -> None:
     import yaml
 
-    from trainer.phases.reward_ready import ABORT_FILE
+    from trainer.phase_rules.reward_ready import ABORT_FILE
 
     base = Path(__file__).resolve().parents[3] / "trainer" / "phases" / "configs" / "grpo_base.yaml"
     cfg = yaml.safe_load(base.read_text())
@@ -544,7 +544,7 @@ def test_rl_mix_share_mixes_a_phases_source_set_and_keys_its_result(tmp_path: Pa
 
     from shared.golden import source_of
     from trainer.data.datasets import build_datasets
-    from trainer.phases.train_set import source_prompt_set
+    from trainer.data.train_set import source_prompt_set
 
     out = tmp_path / "loop"
     cfg = LoopConfig(golden=SAMPLE, out=out, profile="cpu-smoke", pi1_sft="/a", pi2_sft="/b",

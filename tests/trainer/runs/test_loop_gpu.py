@@ -153,7 +153,7 @@ def test_loop_cli_names_bad_gpu_options(tmp_path: Path, monkeypatch: pytest.Monk
 def test_preflight_stops_the_loop_before_a_phase_whose_groups_teach_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer.phases import preflight
+    from trainer.checks import preflight
     from trainer.serving.endpoint import Endpoint
     from trainer.serving.executors import ExecutorPool
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from trainer.phases.launch import PhaseResult, PhaseRun
-from trainer.phases.registry import get_phase
+from trainer.registry.phases import get_phase
 from trainer.runs import reuse
 
 

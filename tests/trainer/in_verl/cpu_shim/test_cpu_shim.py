@@ -18,7 +18,7 @@ import pytest
 
 from trainer.in_verl.cpu_shim.guard import PINNED, CpuShimVersionError, check_versions
 from trainer.phases.launch import ALWAYS_LOADED, CPU_ENV, PhaseRun
-from trainer.phases.registry import get_phase
+from trainer.registry.phases import get_phase
 
 REPO = Path(__file__).resolve().parents[4]
 
