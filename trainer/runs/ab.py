@@ -15,7 +15,7 @@ from shared.golden import source_of
 from trainer.checks.positive_control import ControlConfig, ControlVerdict, run_control
 from trainer.phases.launch import PhaseResult, PhaseRun, PhaseRunner, run_phase
 from trainer.registry.phases import SFT_PHASES, get_phase, reward_of
-from trainer.runs import ab_plan, c2_data, phase_d_part
+from trainer.runs import ab_plan, c2_data, phase_d_part, reuse
 from trainer.runs.ab_plan import PIPE, ArmPlacement, Design, Part, Workdir
 from trainer.runs.config import ExperimentConfig
 from trainer.runs.context import RunContext, first_error
@@ -341,8 +341,13 @@ class Experiment:
         prompts = self.wd.improvable(self.design.arms[0])
         if not prompts.is_file():
             raise ExperimentStopped(f"positive control: no improvable prompt set {prompts} (--control off skips it)")
+        why = ab_plan.control_difference(self.cfg, self.design, self.wd)
+        if why not in (None, "no verdict"):  # a verdict of other inputs: refused, as a stale phase is
+            folder = self.wd.control(self.design.arms[0])
+            raise reuse.StaleResultError(f"positive control: {why}; move {folder} aside to run it again")
         run, ccfg = self.control_run(self.reward_api("local"), self.need_temperature())
         _res, verdict = self.control_runner(run, prompts, ccfg)
+        ab_plan.record_control_key(self.cfg, self.design, self.wd)
         self.say(verdict.reason)
 
     def part_rl(self) -> None:

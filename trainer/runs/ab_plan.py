@@ -254,6 +254,52 @@ def record_preflight_key(cfg: ExperimentConfig, design: Design, wd: Workdir, pha
     path.write_text(json.dumps(preflight_key(cfg, design, wd, phase, t), indent=2) + "\n")
 
 
+CONTROL_KEY = "control_key.json"  # beside positive_control.json: what the control was run from
+
+
+def control_key(cfg: ExperimentConfig, design: Design, wd: Workdir) -> dict[str, object] | None:
+    """What arm A's positive control depends on: its start policy's content, its improvable prompts, the chosen
+    temperature, the control's own settings and the run's RL settings; None while one of them is missing."""
+    import dataclasses
+    import json
+
+    from shared.golden import sha256_file
+    from trainer.checks.positive_control import ControlConfig
+    from trainer.serving.identity import fingerprint
+
+    start, prompts = reuse.finished(wd.phase(design.start)), wd.improvable(design.arms[0])
+    if start is None or not start.hf_dir or not prompts.is_file() or not wd.choice.is_file():
+        return None
+    key = {
+        "model": fingerprint(str(start.hf_dir)), "prompts": sha256_file(prompts),
+        "temperature": json.loads(wd.choice.read_text())["temperature"],
+        "control": dataclasses.asdict(ControlConfig()),
+        "config": {"profile": cfg.profile, "rl_extra": list(cfg.rl_extra), "rl_seed": cfg.rl_seed},
+    }  # fmt: skip
+    return dict(json.loads(json.dumps(key)))  # as read_json gives it back
+
+
+def control_difference(cfg: ExperimentConfig, design: Design, wd: Workdir) -> str | None:
+    """None when the control's verdict was made under :func:`control_key`; else what differs, with both values."""
+    from trainer.runs.record import read_json
+
+    folder = wd.control(design.arms[0])
+    if not (folder / "positive_control.json").is_file():
+        return "no verdict"
+    recorded = read_json(folder / CONTROL_KEY)
+    if not isinstance(recorded, dict):
+        return f"no {CONTROL_KEY} beside its verdict"
+    return reuse.inputs_difference(recorded, control_key(cfg, design, wd) or {}) or None
+
+
+def record_control_key(cfg: ExperimentConfig, design: Design, wd: Workdir) -> None:
+    import json
+
+    key = control_key(cfg, design, wd)
+    if key is not None:
+        (wd.control(design.arms[0]) / CONTROL_KEY).write_text(json.dumps(key, indent=2) + "\n")
+
+
 def parts(cfg: ExperimentConfig, design: Design, wd: Workdir) -> list[Part]:
     swept = preflight_phases(cfg, design)
     out = [
@@ -276,7 +322,7 @@ def parts(cfg: ExperimentConfig, design: Design, wd: Workdir) -> list[Part]:
         out.append(Part("c2data", done, executors=(design.partner,), beside="preflight"))
     out.append(Part("choose", False))
     if cfg.control != "off":
-        done = (wd.control(design.arms[0]) / "positive_control.json").is_file()
+        done = control_difference(cfg, design, wd) is None
         beside = "rl" if cfg.control == "parallel" else None
         out.append(Part("control", done, reward_apis=(LOCAL,), beside=beside, trains=True))
     apis = tuple(dict.fromkeys(map(reward_api_of, design.arms)))

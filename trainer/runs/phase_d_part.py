@@ -293,11 +293,13 @@ def score(
     ctx: RunContext, settings: Mapping[str, tuple[str, str]], examples: Sequence[GoldenExample],
     spec: Callable[[str, str], ModelSpec], *, waves: int | None,
     on_stage1: Callable[[Mapping[str, Sequence[str]]], None] | None = None, eval_set: EvalSet | None = None,
+    kept_under: str = "",
 ) -> Scored:  # fmt: skip
     """The settings' records on the run's servers (``spec(setting, model)``: how to serve a model of a setting).
     ``waves`` None: one model served at a time, the settings in turn (CPU); else the settings in waves of at most
     ``waves``, every model of a wave served at once and its stages run together (the last wave's held on).
-    ``examples`` are ``eval_set``'s (default: the test split, ``--eval-limit``), which keys π1's kept schemas."""
+    ``examples`` are ``eval_set``'s (default: the test split, ``--eval-limit``), which keys π1's kept schemas;
+    ``kept_under``: a subfolder of the kept schemas and tables (a recipe with several Phase Ds of one setting name)."""
     from trainer.evaluation.stage1_cache import stage1_key
     from trainer.serving.identity import fingerprint
 
@@ -326,12 +328,12 @@ def score(
         key = stage1_key(fingerprint(pi1), test_file, docs.limit, gen, serving)
         if docs.source is not None or docs.per_source:
             key |= {"source": docs.source, "per_source": docs.per_source}
-        return ctx.root / "stage1_cache" / f"{names[0]}.json", key
+        return ctx.root / "stage1_cache" / kept_under / f"{names[0]}.json", key
 
     def keep_tables(name: str) -> tuple[Path, dict[str, Any]]:
         pi1, pi2 = settings[name]
         key = {"setting": name, "table_model": fingerprint(pi2), **keep([name], pi1)[1]}
-        return ctx.root / "phase_d_answers" / f"{name}.jsonl", key
+        return ctx.root / "phase_d_answers" / kept_under / f"{name}.jsonl", key
 
     if waves is None:
         records = score_settings(settings, examples, gen, serve, keep, together=False, say=ctx.say,

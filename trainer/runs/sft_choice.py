@@ -211,7 +211,8 @@ class SftChoice:
             return
         examples = docs.read(self.cfg.golden)
         spec, waves = phase_d_part.placed(self.ctx, models, tag)
-        scored = phase_d_part.score(self.ctx, models, examples, spec, waves=waves, eval_set=docs)
+        scored = phase_d_part.score(self.ctx, models, examples, spec, waves=waves, eval_set=docs,
+                                    kept_under=slot_name(held_out))  # fmt: skip
         self.ctx.servers.pool.stop_except([])
         title = f"SFT choice: {slot_name(held_out)} ({len(examples)} validation documents)"
         phase_d_part.write(self.ctx, tag, out, models, examples, scored.records, scored.modes, title)

@@ -11,12 +11,14 @@ from trainer.runs.ab_plan import (
     DESIGNS,
     ExecutorStep,
     Workdir,
+    control_difference,
     eval_models,
     eval_staleness,
     executor_timeline,
     parts,
     preflight_current,
     preflight_key,
+    record_control_key,
     record_preflight_key,
 )
 from trainer.runs.config import ExperimentConfig
@@ -111,6 +113,10 @@ def test_a_rerun_skips_the_parts_whose_results_exist(tmp_path: Path) -> None:
     recorded(wd.phase("c1"), "c1", wd.phase("c1") / "hf")
     (wd.control("b1")).mkdir()
     (wd.control("b1") / "positive_control.json").write_text("{}")
+    wd.improvable("b1").write_text("prompts")
+    wd.choice.write_text(json.dumps({"temperature": 1.3}))
+    assert "control" in [s.name for s in parts(c, PI1, wd) if not s.done]  # a verdict without its key
+    record_control_key(c, PI1, wd)
     wd.phase_d.mkdir()
     (wd.phase_d / "metrics.json").write_text("{}")
     assert [s.name for s in parts(c, PI1, wd) if not s.done] == ["choose", "eval"]  # no key beside its scores
@@ -196,3 +202,41 @@ def test_a_preflight_report_is_reused_only_for_its_models_and_sweep_settings(tmp
     assert not preflight_current(c, PI1, wd, "c1", 1.0)  # C1's pipeline reward runs π2
     assert preflight_current(c, PI1, wd, "b1", 1.0)  # B1's local reward does not
     assert not next(s for s in parts(c, PI1, wd) if s.name == "preflight").done
+
+
+def test_the_positive_controls_verdict_is_reused_only_for_what_it_was_run_from(tmp_path: Path) -> None:
+    """The rule of every part: the control counts as done under its key (start policy, improvable prompts,
+    temperature, the control's and the run's RL settings); a change is named with both values, and the experiment
+    refuses to run it again over the old verdict."""
+    import pytest
+
+    from trainer.runs.ab import Experiment
+    from trainer.runs.reuse import StaleResultError
+
+    c, wd = cfg(tmp_path), Workdir(tmp_path)
+    recorded(wd.phase("a1"), "a1", wd.phase("a1") / "hf")
+    (wd.phase("a1") / "hf" / "model.safetensors").write_text("a1")
+    wd.preflight.mkdir()
+    wd.improvable("b1").write_text("prompts")
+    wd.choice.write_text(json.dumps({"temperature": 1.0}))
+    assert control_difference(c, PI1, wd) == "no verdict"
+    wd.control("b1").mkdir()
+    (wd.control("b1") / "positive_control.json").write_text("{}")
+    record_control_key(c, PI1, wd)
+    assert control_difference(c, PI1, wd) is None
+    wd.choice.write_text(json.dumps({"temperature": 1.3}))
+    hotter = control_difference(c, PI1, wd)
+    assert hotter == "temperature: recorded 1.0, now 1.3"
+    wd.choice.write_text(json.dumps({"temperature": 1.0}))
+    assert control_difference(cfg(tmp_path, rl_seed=7), PI1, wd) is not None
+    (wd.phase("a1") / "hf" / "model.safetensors").write_text("a1, trained again")
+    retrained = control_difference(c, PI1, wd)
+    assert retrained is not None and retrained.startswith("model: recorded")
+    assert not next(s for s in parts(c, PI1, wd) if s.name == "control").done
+
+    def never(*_: object) -> object:
+        raise AssertionError("the control ran over a verdict of other inputs")
+
+    exp = Experiment(PI1, c, control_runner=never)  # type: ignore[arg-type]
+    with pytest.raises(StaleResultError, match="positive control: model: recorded"):
+        exp.part_control()
