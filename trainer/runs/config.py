@@ -5,6 +5,7 @@ config whole."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -202,7 +203,7 @@ def from_cli(values: dict[str, Any]) -> dict[str, Any]:
             values[f] = csv_values(values[f])
     if "temps" in values:
         values["temps"] = tuple(float(t) for t in csv_values(values["temps"]))
-    for f in ("sft_overrides", "rl_extra", "candidates"):
+    for f in ("sft_overrides", "rl_extra", "candidates", "candidate_overrides"):
         if f in values:
             values[f] = tuple(values[f] or ())
     values["executor_eager"] = not values["executor_eager"]  # the option is --executor-cuda-graphs
@@ -215,6 +216,7 @@ class Candidate:
 
     name: str
     mix: SourceMix
+    overrides: tuple[str, ...] = ()  # its own SFT overrides (--candidate-override NAME:OVERRIDE)
 
     @classmethod
     def parse(cls, text: str) -> Candidate:
@@ -244,6 +246,11 @@ class SftChoiceConfig(RunConfig):
         "A1/A2's train split (data build --sft-mix; none: the split as it is). Every other SFT setting is the run's "
         "(--sft-override).", option="candidate", cli_type=list[str], cli_default=["golden"],
     )  # fmt: skip
+    candidate_overrides: tuple[str, ...] = option(
+        (), "A candidate's own SFT override, NAME:KEY=VALUE (repeatable; e.g. epochs:trainer.total_epochs=4), before "
+        "--sft-override's, which apply to every candidate.", option="candidate_override", cli_type=list[str],
+        cli_default=[],
+    )  # fmt: skip
     held_out: tuple[str, ...] = csv_option("Comma-separated sources each candidate is also trained without and scored "
                                            "on (default: every source of the train split).")  # fmt: skip
     val_limit: int | None = option(None, "First N validation documents per source scored (default: all).", min=1)
@@ -252,9 +259,23 @@ class SftChoiceConfig(RunConfig):
     def __post_init__(self) -> None:
         if self.sft_mix:
             raise ValueError("sft_mix: each candidate names its own mix (--candidate NAME:SOURCE=WEIGHT,...)")
-        names = [Candidate.parse(text).name for text in self.candidates]
+        names = [c.name for c in self.parsed_candidates()]
         if not names:
             raise ValueError("candidate: give at least one")
         if len(set(names)) != len(names):
             raise ValueError(f"candidate: names repeat: {names}")
+        check_no_token(self.candidate_overrides, "--candidate-override")
         super().__post_init__()
+
+    def parsed_candidates(self) -> list[Candidate]:
+        """The candidates, each with its own overrides; a bad override names ``candidate_override`` and why."""
+        found = [Candidate.parse(text) for text in self.candidates]
+        own: dict[str, list[str]] = {c.name: [] for c in found}
+        for text in self.candidate_overrides:
+            name, sep, override = text.partition(":")
+            if not sep or "=" not in override:
+                raise ValueError(f"candidate_override: {text!r}: NAME:KEY=VALUE")
+            if name not in own:
+                raise ValueError(f"candidate_override: {text!r}: {name!r} is none of the candidates {list(own)}")
+            own[name].append(override.strip())
+        return [dataclasses.replace(c, overrides=tuple(own[c.name])) for c in found]

@@ -2,8 +2,8 @@
 the loop trains from one of them.
 
 A recipe that gains on one source by trading the others away looks fine on the sources it trained on; it shows when
-the recipe is trained without a source and scored on it. For every candidate (a name and a source mix of A1/A2's
-train split, :class:`~trainer.runs.config.Candidate`; every other SFT setting is the run's ``--sft-override``):
+the recipe is trained without a source and scored on it. For every candidate (a name, a source mix of A1/A2's train
+split and its own SFT overrides, :class:`~trainer.runs.config.Candidate`; the run's ``--sft-override`` apply to all):
 
 - **validation**: A1 and A2 on the candidate's train split, then Phase D end to end (π1 writes the schema, π2 the
   table on it) on the validation split, every source;
@@ -106,7 +106,7 @@ class SftChoice:
     def __init__(self, cfg: SftChoiceConfig, runner: PhaseRunner = run_phase, say: Callable[[str], None] = print):
         self.cfg = cfg = dataclasses.replace(cfg, out=cfg.folder(RECIPE))
         self.ctx = RunContext(RECIPE, cfg, runner, say)
-        self.candidates = [Candidate.parse(text) for text in cfg.candidates]
+        self.candidates = cfg.parsed_candidates()
 
     @property
     def names(self) -> list[str]:
@@ -159,7 +159,9 @@ class SftChoice:
             for c in self.candidates:
                 mix = c.without(held)
                 weights = ",".join(f"{s}={w:g}" for s, w in mix.weights.items()) if mix else "the split as it is"
-                lines.append(f"  {c.name}: mix {weights}; a1, a2 from {self.base_model()} -> {self.folder(c, held)}")
+                own = f", {' '.join(c.overrides)}" if c.overrides else ""
+                start = self.base_model()
+                lines.append(f"  {c.name}: mix {weights}{own}; a1, a2 from {start} -> {self.folder(c, held)}")
             limit = f" (the first {self.cfg.val_limit} of each source)" if self.cfg.val_limit else ""
             lines.append(f"  Phase D of {', '.join(self.names)} on {docs}{limit} -> {self.eval_dir(held)}")
         return "\n".join(lines)
@@ -170,7 +172,8 @@ class SftChoice:
     # -- the run
     def run(self) -> dict[str, Any]:
         record = self.ctx.record
-        record.set("candidates", {c.name: dict(c.mix.weights) for c in self.candidates})
+        record.set("candidates", {c.name: {"mix": dict(c.mix.weights), "overrides": list(c.overrides)}
+                                  for c in self.candidates})  # fmt: skip
         slots = self.slots()
         record.set("held_out", slots[1:])
         with self.ctx.servers:
@@ -197,7 +200,8 @@ class SftChoice:
                                     strict_splits=self.cfg.strict_splits)  # fmt: skip
             self.ctx.record.set(f"data:{candidate.name}/{slot_name(held_out)}", {"dir": str(data), "counts": counts})
         places, together = self.ctx.places(2, sft=True)
-        runs = [self.ctx.phase_run(name, self.base_model(), base / name, data_dir=data, placement=p)
+        runs = [self.ctx.phase_run(name, self.base_model(), base / name, data_dir=data, placement=p,
+                                   settings=candidate.overrides)
                 for name, p in zip(("a1", "a2"), places, strict=True)]  # fmt: skip
         pi1, pi2 = self.ctx.run_phases(runs, together=together)
         return pi1, pi2

@@ -38,6 +38,18 @@ def test_the_config_refuses_a_run_wide_mix_and_repeated_names(tmp_path: Path) ->
         SftChoiceConfig(golden=SAMPLE_DIR, candidates=("a", "a:invoice=2"), profile="cpu-smoke")
 
 
+def test_a_candidate_takes_its_own_overrides_and_a_bad_one_is_named() -> None:
+    c = SftChoiceConfig(golden=SAMPLE_DIR, profile="cpu-smoke", candidates=("golden", "long"),
+                        candidate_overrides=("long:trainer.total_epochs=4",))  # fmt: skip
+    assert [(x.name, x.overrides) for x in c.parsed_candidates()] == [
+        ("golden", ()), ("long", ("trainer.total_epochs=4",))
+    ]
+    for bad, says in (("other:trainer.total_epochs=4", "none of the candidates"), ("long", "NAME:KEY=VALUE")):
+        with pytest.raises(ValueError, match=f"^candidate_override: .*{says}"):
+            SftChoiceConfig(golden=SAMPLE_DIR, profile="cpu-smoke", candidates=("golden", "long"),
+                            candidate_overrides=(bad,))  # fmt: skip
+
+
 def test_an_eval_set_reads_its_source_and_limit_and_keys_them() -> None:
     one = EvalSet("validation", "invoice", 1, per_source=True).read(SAMPLE_DIR)
     assert [e.id.split("-")[0] for e in one] == ["invoice"]
@@ -118,8 +130,9 @@ def test_the_command_names_a_held_out_source_the_train_split_lacks() -> None:
 def test_the_dry_run_prints_each_candidates_mix_without_each_source(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["experiment", "sft-choice", "--golden", str(SAMPLE_DIR), "--profile",
                                       "cpu-smoke", "--candidate", "golden", "--candidate", "mix:invoice=2",
+                                      "--candidate-override", "mix:trainer.total_epochs=2",
                                       "--out", str(tmp_path / "run"), "--dry-run"])  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert "mix: mix invoice=0;" in result.output and "golden: mix people=0;" in result.output
+    assert "mix: mix invoice=0, trainer.total_epochs=2;" in result.output and "golden: mix people=0;" in result.output
     assert "without_product: trained without product" in result.output
     assert not (tmp_path / "run").exists()  # a dry run writes nothing
