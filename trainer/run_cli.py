@@ -25,6 +25,7 @@ from shared.golden import EmptySplitError, GoldenFormatError
 from shared.split_overlap import SplitOverlapError
 from trainer.config_cli import command_signature, given_values, set_signature
 from trainer.data.train_mix import TrainMixError
+from trainer.evaluation.generation import RefusedAnswersError, TruncatedAnswersError
 from trainer.phases.cli import bad_param, default_model
 from trainer.phases.launch import check_profile
 from trainer.phases.token_overrides import TokenInOverrideError
@@ -73,13 +74,19 @@ def say(line: str) -> None:
     console.print(line, markup=False, highlight=False)
 
 
-# A refusal reaches the user as its one line, not a traceback.
-REFUSALS: tuple[type[Exception], ...] = (*ENGINE_REFUSALS, ExperimentStopped)
+# A refusal reaches the user as its one line, not a traceback (a Phase D whose answers were cut or refused past its
+# share: its scores are written, and the line says which option allows more).
+REFUSALS: tuple[type[Exception], ...] = (*ENGINE_REFUSALS, ExperimentStopped, TruncatedAnswersError,
+                                         RefusedAnswersError)  # fmt: skip
 
 
 def refused(exc: Exception, code: int = 1, what: str = "stopped") -> typer.Exit:
     """``exc`` as one line on stderr (``stopped: ...``); the exit to raise."""
-    typer.echo(f"{what}: {' '.join(str(exc).split())}", err=True)
+    line = " ".join(str(exc).split())
+    if isinstance(exc, (TruncatedAnswersError, RefusedAnswersError)):  # the recipes' names of Phase D's options
+        for option in ("max-tokens", "max-truncated-share", "max-refused-share"):
+            line = line.replace(f"(--{option})", f"(--eval-{option})")
+    typer.echo(f"{what}: {line}", err=True)
     return typer.Exit(code)
 
 

@@ -136,3 +136,21 @@ def test_the_dry_run_prints_each_candidates_mix_without_each_source(tmp_path: Pa
     assert "mix: mix invoice=0, trainer.total_epochs=2;" in result.output and "golden: mix people=0;" in result.output
     assert "without_product: trained without product" in result.output
     assert not (tmp_path / "run").exists()  # a dry run writes nothing
+
+
+def test_a_phase_d_stopped_by_cut_answers_is_one_line_naming_the_recipes_option(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import typer
+
+    from trainer.evaluation.generation import TruncatedAnswersError
+    from trainer.run_cli import REFUSALS, refused
+
+    exc = TruncatedAnswersError("golden stage 1: 2 of 24 answers stopped at max_tokens 384; share 8.3% > 2.0%): "
+                                "a cut answer would be scored as wrong. Raise max_tokens\n(--max-tokens), or allow "
+                                "the share (--max-truncated-share)")  # fmt: skip
+    assert isinstance(exc, REFUSALS)  # the recipes' commands catch it
+    assert isinstance(refused(exc), typer.Exit)
+    err = capsys.readouterr().err
+    assert err.startswith("stopped: golden stage 1") and err.count("\n") == 1
+    assert "(--eval-max-tokens)" in err and "(--eval-max-truncated-share)" in err and "(--max-tokens)" not in err
