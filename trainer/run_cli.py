@@ -156,7 +156,7 @@ def sft_choice_cmd(**given: Any) -> None:
     except REFUSALS as exc:
         raise refused(exc) from None
     console.print(f"record: {recipe.ctx.root / RECORD}")
-    choice = record["choice"]
+    choice = record["sft_choice"]
     console.print(f"chosen: {choice['chosen']} ({choice['rule']})")
 
 

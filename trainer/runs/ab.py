@@ -242,14 +242,7 @@ class Experiment:
         return (dataclasses.replace(run, gpus=place.gpus, nproc=place.nproc) if place else run), ccfg
 
     def base_model(self) -> str:
-        """``--base-model``, else the default model (converted once; a dry run does not convert it)."""
-        if self.cfg.base_model:
-            return self.cfg.base_model
-        if self.cfg.dry_run:
-            return "<SmolLM2-135M-Instruct, converted on the first run>"
-        from services.executor_vllm.default_model import convert
-
-        return str(convert())
+        return self.ctx.base_model(self.cfg.dry_run)
 
     def data_phases(self) -> tuple[str, ...]:
         return self.cfg.data_phases or self.design.data_phases

@@ -85,6 +85,16 @@ class RunContext:
             raise RuntimeError(f"{out_dir}: no finished phase result with a model (hf_dir)")
         return res.hf_dir
 
+    def base_model(self, dry_run: bool = False) -> str:
+        """``--base-model``, else the default model (converted once; a dry run does not convert it)."""
+        if self.cfg.base_model:
+            return self.cfg.base_model
+        if dry_run:
+            return "<SmolLM2-135M-Instruct, converted on the first run>"
+        from services.executor_vllm.default_model import convert
+
+        return str(convert())
+
     def places(self, n: int, sft: bool = False) -> tuple[list[Placement | None], bool]:
         """Where ``n`` independent phases run, and whether at once: on disjoint GPU halves where the node has them
         (SFT: the first GPU of each half), else in turn on the whole node (or CPU)."""

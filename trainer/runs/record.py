@@ -83,7 +83,7 @@ def render(data: dict[str, Any], root: Path) -> str:
              f"golden `{cfg.get('golden')}`, profile {cfg.get('profile')}, GPUs {cfg.get('gpus') or 'none'}; "
              f"record `{RECORD}` (updated {data.get('updated')})", ""]  # fmt: skip
     lines += parts_and_phases(data)
-    lines += choice_lines(data.get("choice"))
+    lines += choice_lines(data.get("sft_choice"))
     for tag, pd in data.get("phase_d", {}).items():
         folder = Path(pd["dir"])
         rel = folder.relative_to(root) if folder.is_relative_to(root) else folder

@@ -141,13 +141,7 @@ class SftChoice:
         return EvalSet("validation", held_out, self.cfg.val_limit, per_source=True)
 
     def base_model(self) -> str:
-        if self.cfg.base_model:
-            return self.cfg.base_model
-        if self.cfg.dry_run:
-            return "<SmolLM2-135M-Instruct, converted on the first run>"
-        from services.executor_vllm.default_model import convert
-
-        return str(convert())
+        return self.ctx.base_model(self.cfg.dry_run)
 
     # -- the plan
     def describe(self) -> str:
@@ -182,7 +176,7 @@ class SftChoice:
                     models = {c.name: self.sft(c, held) for c in self.candidates}
                 with self.ctx.part(f"eval_{slot_name(held)}"):
                     self.evaluate(held, models)
-        record.set("choice", self.summary(slots))
+        record.set("sft_choice", self.summary(slots))
         record.write_report()
         return record.data
 

@@ -154,3 +154,16 @@ def test_a_phase_d_stopped_by_cut_answers_is_one_line_naming_the_recipes_option(
     err = capsys.readouterr().err
     assert err.startswith("stopped: golden stage 1") and err.count("\n") == 1
     assert "(--eval-max-tokens)" in err and "(--eval-max-truncated-share)" in err and "(--max-tokens)" not in err
+
+
+def test_the_report_shows_the_choice_beside_an_ab_experiments_temperature_choice(tmp_path: Path) -> None:
+    """run.json's ``sft_choice`` is its own key: the A/B experiments record their temperature under ``choice``."""
+    from trainer.runs.record import render
+
+    verdict = {"metric": METRIC, "chosen": "golden", "rule": "the rule", "beaten_on_held_out": {"golden": []},
+               "candidates": {"golden": {"validation": {"macro": 0.5, "macro_ci95": [0.4, 0.6]},
+                                         "held_out": {"per_source": {"e2e": 0.3}, "per_source_ci95": {"e2e": None},
+                                                      "macro": 0.3}}}}  # fmt: skip
+    text = render({"choice": {"temperature": 1.3}, "sft_choice": verdict}, tmp_path)
+    assert "## The choice: golden" in text and "| golden | 0.500 [0.400, 0.600] | 0.300 | 0.300 | no |" in text
+    assert "## The choice" not in render({"choice": {"temperature": 1.3}}, tmp_path)
