@@ -154,7 +154,7 @@ class Experiment:
 
     def check_control(self, group: Sequence[Part]) -> None:
         """A finished serial control that failed stops the experiment, also on a rerun that skips it."""
-        path = self.wd.control(self.design.arms[0]) / "positive_control.json"
+        path = ab_plan.control_verdict(self.design, self.wd)
         if any(s.name == "control" for s in group) and self.cfg.control == "serial" and path.is_file():
             verdict = json.loads(path.read_text())["verdict"]
             if not verdict["passed"]:
@@ -335,7 +335,7 @@ class Experiment:
         if not prompts.is_file():
             raise ExperimentStopped(f"positive control: no improvable prompt set {prompts} (--control off skips it)")
         why = ab_plan.control_difference(self.cfg, self.design, self.wd)
-        if why not in (None, "no verdict"):  # a verdict of other inputs: refused, as a stale phase is
+        if why is not None and ab_plan.control_verdict(self.design, self.wd).is_file():  # refused, as a stale phase is
             folder = self.wd.control(self.design.arms[0])
             raise reuse.StaleResultError(f"positive control: {why}; move {folder} aside to run it again")
         run, ccfg = self.control_run(self.reward_api("local"), self.need_temperature())

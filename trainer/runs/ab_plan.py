@@ -279,12 +279,19 @@ def control_key(cfg: ExperimentConfig, design: Design, wd: Workdir) -> dict[str,
     return dict(json.loads(json.dumps(key)))  # as read_json gives it back
 
 
+def control_verdict(design: Design, wd: Workdir) -> Path:
+    """Arm A's positive control verdict (:data:`trainer.checks.positive_control.RESULT_FILE`)."""
+    from trainer.checks.positive_control import RESULT_FILE
+
+    return wd.control(design.arms[0]) / RESULT_FILE
+
+
 def control_difference(cfg: ExperimentConfig, design: Design, wd: Workdir) -> str | None:
     """None when the control's verdict was made under :func:`control_key`; else what differs, with both values."""
     from trainer.runs.record import read_json
 
     folder = wd.control(design.arms[0])
-    if not (folder / "positive_control.json").is_file():
+    if not control_verdict(design, wd).is_file():
         return "no verdict"
     recorded = read_json(folder / CONTROL_KEY)
     if not isinstance(recorded, dict):

@@ -243,8 +243,9 @@ class Candidate:
 class SftChoiceConfig(RunConfig):
     candidates: tuple[str, ...] = option(
         ("golden",), "An SFT recipe to compare, NAME[:SOURCE=WEIGHT,...] (repeatable): a name and the source mix of "
-        "A1/A2's train split (data build --sft-mix; none: the split as it is). Every other SFT setting is the run's "
-        "(--sft-override).", option="candidate", cli_type=list[str], cli_default=["golden"],
+        "A1/A2's train split (data build --sft-mix; none: the split as it is); its own SFT settings are "
+        "--candidate-override's, the rest the run's (--sft-override).", option="candidate", cli_type=list[str],
+        cli_default=["golden"],
     )  # fmt: skip
     candidate_overrides: tuple[str, ...] = option(
         (), "A candidate's own SFT override, NAME:KEY=VALUE (repeatable; e.g. epochs:trainer.total_epochs=4), before "

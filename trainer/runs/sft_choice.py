@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from shared.golden import golden_filename, iter_golden, source_of
+from trainer.evaluation.inference import read_jsonl
+from trainer.evaluation.phase_d import DEFAULT_PAIRED_METRIC, aggregate
 from trainer.phases.launch import PhaseRunner, run_phase
 from trainer.runs import phase_d_part
 from trainer.runs.config import Candidate, SftChoiceConfig
@@ -37,7 +39,7 @@ from trainer.runs.context import RunContext
 from trainer.runs.phase_d_part import EvalSet
 
 RECIPE = "sft-choice"
-METRIC = "aligned_cell_f1"  # = trainer.evaluation.phase_d.DEFAULT_PAIRED_METRIC: end to end
+METRIC = DEFAULT_PAIRED_METRIC  # aligned cell F1, end to end
 WHOLE = "all"  # the slot of the runs trained on every source
 
 
@@ -51,13 +53,7 @@ def slot_name(held_out: str | None) -> str:
 
 def read_rows(eval_dir: Path, setting: str) -> list[dict[str, Any]]:
     """A Phase D's scored documents of one setting (``predictions_<setting>.jsonl``: id, source and the metrics)."""
-    path = eval_dir / f"predictions_{setting}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def mean(rows: Sequence[Mapping[str, Any]]) -> float | None:
-    vals = [float(r[METRIC]) for r in rows if METRIC in r]
-    return sum(vals) / len(vals) if vals else None
+    return read_jsonl(eval_dir / f"predictions_{setting}.jsonl")
 
 
 def candidate_pairs(names: Sequence[str]) -> list[tuple[str, str]]:
@@ -92,6 +88,7 @@ def choose(
                                          f"[{-t['ci_high']:+.4f}, {-t['ci_low']:+.4f}]")  # fmt: skip
     fine = [n for n in names if not beaten[n]]
     by, pool = (validation_macro, fine) if fine else (held_macro, list(names))
+
     def score(name: str) -> float:
         value = by.get(name)
         return float("-inf") if value is None else value
@@ -225,18 +222,17 @@ class SftChoice:
         held_rows = {h: {n: read_rows(self.eval_dir(h), n) for n in names} for h in held}
         per_candidate = {}
         for n in names:
-            ci = intervals(validation[n], (METRIC,))
-            held_means = {h: mean(held_rows[h][n]) for h in held}
+            means, ci = aggregate(validation[n]), intervals(validation[n], (METRIC,))
+            held_means = {h: aggregate(held_rows[h][n])["overall"].get(METRIC) for h in held}
             known = [v for v in held_means.values() if v is not None]
             per_candidate[n] = {
-                "validation": {"macro": _macro(validation[n]), "macro_ci95": ci["macro"].get(METRIC),
-                               "per_source": {s: mean([r for r in validation[n] if r["source"] == s])
-                                              for s in sorted({r["source"] for r in validation[n]})},
+                "validation": {"macro": means["macro"].get(METRIC), "macro_ci95": ci["macro"].get(METRIC),
+                               "per_source": {s: m.get(METRIC) for s, m in means["per_source"].items()},
                                "per_source_ci95": {s: v.get(METRIC) for s, v in ci["per_source"].items()}},
                 "held_out": {"per_source": held_means,
                              "per_source_ci95": {h: intervals(held_rows[h][n], (METRIC,))["overall"].get(METRIC)
                                                  for h in held},
-                             "macro": sum(known) / len(known) if known else None},
+                             "macro": statistics.fmean(known) if known else None},
             }  # fmt: skip
         tests_validation = paired_tests(validation, candidate_pairs(names), METRIC)
         tests_held = [t for h in held for t in source_tests(held_rows[h], names)]
@@ -248,10 +244,3 @@ class SftChoice:
         return {"metric": METRIC, "candidates": per_candidate, "paired_validation": tests_validation,
                 "paired_held_out": tests_held, **verdict}  # fmt: skip
 
-
-def _macro(rows: Sequence[Mapping[str, Any]]) -> float | None:
-    by_source: dict[str, list[Mapping[str, Any]]] = {}
-    for r in rows:
-        by_source.setdefault(str(r["source"]), []).append(r)
-    means = [m for g in by_source.values() if (m := mean(g)) is not None]
-    return sum(means) / len(means) if means else None
