@@ -31,7 +31,7 @@ from typing import Annotated
 
 import typer
 
-from bench.step_floor import VERL_MAX_BATCHED_TOKENS, VERL_MAX_NUM_SEQS
+from bench.step_floor import PROFILE_MAX_BATCHED_TOKENS, PROFILE_MAX_NUM_SEQS
 from shared.wire import EXECUTOR_SERVED_NAME
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -185,8 +185,10 @@ def step_floor_gen(
     prompts: Annotated[int | None, typer.Option(help="Default: the gpu profile's train batch.")] = None,
     n: Annotated[int | None, typer.Option(help="Default: the gpu profile's rollout.n.")] = None,
     max_tokens: Annotated[int | None, typer.Option(help="Default: B1's answer budget.")] = None,
-    max_num_seqs: Annotated[int, typer.Option(help="vLLM's; default VERL's.")] = VERL_MAX_NUM_SEQS,
-    max_num_batched_tokens: Annotated[int, typer.Option(help="vLLM's; default VERL's.")] = VERL_MAX_BATCHED_TOKENS,
+    max_num_seqs: Annotated[int, typer.Option(help="vLLM's; default the gpu profile's.")] = PROFILE_MAX_NUM_SEQS,
+    max_num_batched_tokens: Annotated[
+        int, typer.Option(help="vLLM's; default the gpu profile's.")
+    ] = PROFILE_MAX_BATCHED_TOKENS,
     gpu_memory_utilization: float = 0.5,
     graphs: Annotated[bool, typer.Option(help="Decode CUDA graphs without torch.compile (the gpu profile).")] = True,
 ) -> None:

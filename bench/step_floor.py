@@ -28,8 +28,8 @@ from typing import Any
 from bench.common import md_table, run_record, write_result
 
 NAME = "step_floor"
-# VERL 0.9.1's rollout defaults (verl/trainer/config/rollout/rollout.yaml), which the gpu profile keeps
-VERL_MAX_NUM_SEQS, VERL_MAX_BATCHED_TOKENS = 256, 8192
+# The gpu profile's scheduler sizes (trainer/phases/configs/profile/gpu.yaml; VERL 0.9.1's own are 256 / 8,192)
+PROFILE_MAX_NUM_SEQS, PROFILE_MAX_BATCHED_TOKENS = 1024, 32768
 
 
 def b1_work() -> dict[str, int]:
@@ -65,8 +65,8 @@ def _prompts(parquet: Path, tokenizer: Any, count: int) -> list[list[int]]:
 
 def measure_gen(
     model: Path, parquet: Path, out: Path, *, prompts: int | None = None, n: int | None = None,
-    max_tokens: int | None = None, max_num_seqs: int = VERL_MAX_NUM_SEQS,
-    max_num_batched_tokens: int = VERL_MAX_BATCHED_TOKENS, gpu_memory_utilization: float = 0.5, graphs: bool = True,
+    max_tokens: int | None = None, max_num_seqs: int = PROFILE_MAX_NUM_SEQS,
+    max_num_batched_tokens: int = PROFILE_MAX_BATCHED_TOKENS, gpu_memory_utilization: float = 0.5, graphs: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """``prompts``, ``n``, ``max_tokens``: None takes :func:`b1_work`'s."""
     from transformers import AutoTokenizer

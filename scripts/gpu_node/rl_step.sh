@@ -2,7 +2,7 @@
 # The runs of `python -m bench rl-step` on one node of any GPU count (every run on all its GPUs), in turn:
 #   sft    a1_fast ‖ a2_fast: SFT side by side on the node's GPUs (SFT_STEPS steps each; the epoch is extrapolated)
 #   floor  the step's generation and update without VERL (python -m bench step-floor; into floor.jsonl): vLLM's
-#          offline engine on B1's first BATCH prompts x N at VERL's scheduler sizes (256 / 8,192) and at 1,024 / 32,768,
+#          offline engine on B1's first BATCH prompts x N at VERL's scheduler sizes (256 / 8,192) and the profile's (1,024 / 32,768),
 #          then the update of those samples (the policy alone, packed micro batches, PyTorch's profiler)
 #   b1     exec_pi2 (π2's executor for C1, decode graphs without torch.compile, started beside B1: its ready
 #          time is measured there) and b1_fast: B1 at BATCH x N, the gpu profile
@@ -11,9 +11,10 @@
 #   padded b1_padded: B1 with PADDED, the gpu profile on padded micro batches (its setting before packing)
 #   workers b1_workers: B1 with WORKERS, twice VERL's agent-loop and reward-loop workers (a step's generation waits
 #          on their per-sample path: bench/results/rl_step_packed.md)
-#   sched  b1_sched: B1 with SCHED, vLLM's scheduler at 1,024 sequences and 32,768 batched tokens a step (VERL's
-#          256 / 8,192), its asynchronous scheduling (the next step scheduled while the GPU runs this one) and a
-#          request's output sent to VERL's server every 16 tokens instead of every token (the first and last at once)
+#   sched  b1_verlsched: B1 with VERLSCHED, vLLM's scheduler as VERL sizes it (256 sequences, 8,192 batched tokens a
+#          step), without asynchronous scheduling and streaming every token: the gpu profile's scheduler
+#          settings (1,024 / 32,768, asynchronous, every 16 tokens) against VERL's
+#   fused  b1_fused: B1 with FUSED, VERL's fused log-prob and entropy kernels in the update (torch backend)
 #   verlpath b1_verlpath: B1 with VERLPATH, VERL's own per-sample rollout path (trainer/in_verl/agent_loop_speed.py off)
 #   b2     b2_fast: B2 at BATCH x N
 #   small  b1_small: B1 at SMALL_BATCH x SMALL_N
@@ -30,7 +31,7 @@ DATA=${RL_DATA:-/tmp/rl_data}
 SFT_STEPS=${SFT_STEPS:-100}
 RL_STEPS=${RL_STEPS:-6}
 BATCH=${BATCH:-64} N=${N:-16} SMALL_BATCH=${SMALL_BATCH:-32} SMALL_N=${SMALL_N:-8}
-WAVES=${WAVES:-sft,floor,b1,c1,stock,sched,verlpath,padded,workers,b2,small}
+WAVES=${WAVES:-sft,floor,b1,c1,stock,sched,fused,verlpath,padded,workers,b2,small}
 PROFILE=${PROFILE:-} PROFILE_S=${PROFILE_S:-30}
 : "${MODEL_DIR:?MODEL_DIR (the base model) must be set}" "${GOLDEN_DIR:?GOLDEN_DIR must be set}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -60,9 +61,10 @@ PADDED=(
   actor_rollout_ref.actor.use_dynamic_bsz=false
 )
 WORKERS=(actor_rollout_ref.rollout.agent.num_workers=16 reward.num_workers=8)
-SCHED=(actor_rollout_ref.rollout.max_num_seqs=1024 actor_rollout_ref.rollout.max_num_batched_tokens=32768
-       +actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling=true
-       +actor_rollout_ref.rollout.engine_kwargs.vllm.stream_interval=16)
+VERLSCHED=(actor_rollout_ref.rollout.max_num_seqs=256 actor_rollout_ref.rollout.max_num_batched_tokens=8192
+           actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling=false
+           actor_rollout_ref.rollout.engine_kwargs.vllm.stream_interval=1)
+FUSED=(actor_rollout_ref.model.use_fused_kernels=true actor_rollout_ref.model.fused_kernel_options.impl_backend=torch)
 VERLPATH=(agent_loop_speed.reuse_single_turn=false agent_loop_speed.reward_in_process=false
           agent_loop_speed.token_only_outputs=false)
 profile() {  # NAME: py-spy over the run's process tree once two steps are logged
@@ -145,7 +147,8 @@ if on stock; then
   wait_all b1_stock
 fi
 on padded && rl b1_padded b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${PADDED[@]}"
-on sched && rl b1_sched b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${SCHED[@]}"
+on sched && rl b1_verlsched b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${VERLSCHED[@]}"
+on fused && rl b1_fused b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${FUSED[@]}"
 on verlpath && rl b1_verlpath b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${VERLPATH[@]}"
 on workers && rl b1_workers b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${WORKERS[@]}"
 on b2 && rl b2_fast b2 http://127.0.0.1:18410 "$PI2" "$BATCH" "$N"

@@ -60,4 +60,4 @@ def test_the_measured_work_is_b1s_in_the_gpu_profile_as_the_launcher_composes_it
     assert (
         rollout.max_num_seqs,
         rollout.max_num_batched_tokens,
-    ) == (step_floor.VERL_MAX_NUM_SEQS, step_floor.VERL_MAX_BATCHED_TOKENS)
+    ) == (step_floor.PROFILE_MAX_NUM_SEQS, step_floor.PROFILE_MAX_BATCHED_TOKENS)

@@ -52,9 +52,13 @@ def test_grpo_gpu_recipe(env: None, phase: str, response: int) -> None:  # noqa:
     # log-probs stand in for the actor's recomputation, and the update logs the entropy instead
     assert actor.use_kl_loss is False and actor.kl_loss_coef == pytest.approx(1e-3)
     assert c.algorithm.rollout_correction.bypass_mode is True and actor.calculate_entropy is True
-    # speed: the buffer's poll and sizing by model size; vLLM's limits and the refills stay VERL's
+    # speed: the buffer's poll and sizing by model size; vLLM's scheduler sized for a whole step (1,024 samples),
+    # asynchronous, streaming every 16 tokens; the refills stay VERL's
     assert c.replay_buffer.poll_s == pytest.approx(0.1)
-    assert arr.rollout.max_num_seqs == 256 and fg.max_inflight_gen_batches == 1
+    assert (arr.rollout.max_num_seqs, arr.rollout.max_num_batched_tokens) == (1024, 32768)
+    vllm_args = arr.rollout.engine_kwargs.vllm
+    assert vllm_args.async_scheduling is True and vllm_args.stream_interval == 16
+    assert fg.max_inflight_gen_batches == 1
     assert c.sizing.auto is True and c.prompt_filter.enabled is True
     assert arr.model.enable_gradient_checkpointing is None and actor.ppo_micro_batch_size_per_gpu is None
     assert "tensorboard" in c.trainer.logger and "file" in c.trainer.logger
@@ -257,24 +261,35 @@ def test_the_speed_benchmarks_workers_overrides_set_existing_keys(env: None) -> 
     assert c.reward.num_workers == 2 * base.reward.num_workers == 8
 
 
-def test_the_speed_benchmarks_scheduler_and_verl_path_rows_set_what_they_name(env: None) -> None:  # noqa: F811
-    """``rl_step.sh``'s SCHED row sizes vLLM's scheduler, turns on its asynchronous scheduling and streams every 16
-    tokens (vLLM's engine arguments: VERL passes engine_kwargs.vllm through); its VERLPATH row
-    turns off what trainer/in_verl/agent_loop_speed.py takes off VERL's per-sample path, nothing else."""
+def test_the_speed_benchmarks_scheduler_fused_and_verl_path_rows_set_what_they_name(env: None) -> None:  # noqa: F811
+    """``rl_step.sh``'s VERLSCHED row puts vLLM's scheduler back as VERL sizes it (256 / 8,192, synchronous, streaming
+    every token) and changes nothing else; its FUSED row turns on VERL's fused kernels (torch backend); its VERLPATH
+    row turns off what trainer/in_verl/agent_loop_speed.py takes off VERL's per-sample path, nothing else."""
     from trainer.phases.launch import REPO_ROOT
 
     script = REPO_ROOT / "scripts" / "gpu_node" / "rl_step.sh"
-    sched = composed_command(gpu_run("b1", *_script_array(script, "SCHED"))).actor_rollout_ref.rollout
-    assert (sched.max_num_seqs, sched.max_num_batched_tokens) == (1024, 32768)
-    assert sched.engine_kwargs.vllm.async_scheduling is True and sched.engine_kwargs.vllm.stream_interval == 16
     base = composed_command(gpu_run("b1"))
+    verl_sched = _script_array(script, "VERLSCHED")
+    c = composed_command(gpu_run("b1", *verl_sched))
+    rollout = c.actor_rollout_ref.rollout
+    assert (rollout.max_num_seqs, rollout.max_num_batched_tokens) == (256, 8192)
+    assert rollout.engine_kwargs.vllm.async_scheduling is False and rollout.engine_kwargs.vllm.stream_interval == 1
+    assert _changed(base, c) == {k.split("=")[0] for k in verl_sched}
+    fused = _script_array(script, "FUSED")
+    c = composed_command(gpu_run("b1", *fused))
+    assert c.actor_rollout_ref.model.use_fused_kernels is True
+    assert c.actor_rollout_ref.model.fused_kernel_options.impl_backend == "torch"
+    assert not base.actor_rollout_ref.model.use_fused_kernels
     assert base.agent_loop_speed.reuse_single_turn and base.agent_loop_speed.reward_in_process
     verl_path = _script_array(script, "VERLPATH")
     c = composed_command(gpu_run("b1", *verl_path))
-    changed = {k for k in _leaves(_container(base)) if _get(base, k) != _get(c, k)}
-    assert changed == {k.split("=")[0] for k in verl_path}
+    assert _changed(base, c) == {k.split("=")[0] for k in verl_path}
     assert not c.agent_loop_speed.reuse_single_turn and not c.agent_loop_speed.reward_in_process
     assert base.agent_loop_speed.token_only_outputs and not c.agent_loop_speed.token_only_outputs
+
+
+def _changed(base: Any, c: Any) -> set[str]:
+    return {k for k in _leaves(_container(base)) if _get(base, k) != _get(c, k)}
 
 
 def _container(c: Any) -> Any:
