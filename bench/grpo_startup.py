@@ -46,8 +46,12 @@ MARKERS = (
     Marker("vllm_engine_init", r"Initializing a V1 LLM engine|Overriding VLLM_WORKER_MULTIPROC_METHOD",
            "vLLM engine config + EngineCore process start"),
     Marker("vllm_model_loaded", r"Model loading took", "vLLM worker process start + weights"),
+    # with vLLM's INFO log (VLLM_LOGGING_LEVEL=INFO) the engine's start splits further
+    Marker("vllm_kv_sized", r"Available KV cache memory",
+           "vLLM memory profiling (a forward at the batched-token size)"),
+    Marker("vllm_graphs", r"Graph capturing finished", "KV cache allocation + CUDA graph capture"),
     Marker("vllm_engine_ready", r"init engine \(profile, create kv cache|EngineCore pid=\d+\) WARNING .*\[vllm\.py",
-           "model load, KV cache, profiling, CUDA graphs"),
+           "model load, KV cache, profiling, CUDA graphs (the rest of the engine's start)"),
     Marker("rollout_ready", r"ready to fit", "vLLM API up, weight sync"),
     Marker(
         "first_generation",

@@ -40,6 +40,7 @@ validation loss.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import re
 import shlex
@@ -96,8 +97,25 @@ def floor_s(tokens: float, gpus: int, peak: float | None, params: int) -> float 
     return None if peak is None or not tokens else round(8 * params * tokens / (peak * gpus), 3)
 
 
-def grpo_summary(rows: list[dict[str, Any]], gpus: int, peak: float | None, params: int) -> dict[str, Any]:
-    steady = rows[1:] if len(rows) > 1 else rows
+def overlapping_steps(runs: dict[str, tuple[float, Sequence[float]]]) -> dict[str, list[int]]:
+    """Runs side by side (name → the epoch of its first generation, its step seconds in order; a step starts where
+    the one before ended): the indices of each run's steps that ran wholly while every other run was stepping."""
+    spans = {}
+    for name, (t0, steps) in runs.items():
+        ends = list(itertools.accumulate(steps, initial=t0))
+        spans[name] = list(itertools.pairwise(ends))
+    if not all(spans.values()):
+        return {name: [] for name in runs}
+    lo = max(sp[0][0] for sp in spans.values())
+    hi = min(sp[-1][1] for sp in spans.values())
+    return {name: [i for i, (a, b) in enumerate(sp) if a >= lo and b <= hi] for name, sp in spans.items()}
+
+
+def grpo_summary(
+    rows: list[dict[str, Any]], gpus: int, peak: float | None, params: int, warmup: bool = True
+) -> dict[str, Any]:
+    """``warmup``: the first row is the engine's warm-up and is left out of the means (when there are others)."""
+    steady = rows[1:] if warmup and len(rows) > 1 else rows
 
     def mean(key: str) -> float | None:
         return _mean([float(r[key]) for r in steady if isinstance(r.get(key), int | float)])
@@ -241,6 +259,19 @@ def largest_part(row: dict[str, Any]) -> str:
     return f"{k} {split[k]:.2f} s"
 
 
+def shared_card(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """B1 and B2 at once on the same GPUs (setting ``pair``) against each alone (``fast``): the seconds a step of
+    both takes in turn (the sum of the alone steps) and side by side (the slower paired step), and their ratio
+    (above 1: sharing the card pays). None when a row is missing."""
+    by = {(r["phase"], r["setting"]): r for r in rows if r.get("step_s")}
+    need = [("b1", "fast"), ("b2", "fast"), ("b1", "pair"), ("b2", "pair")]
+    if not all(k in by for k in need):
+        return None
+    in_turn = by["b1", "fast"]["step_s"] + by["b2", "fast"]["step_s"]
+    side = max(by["b1", "pair"]["step_s"], by["b2", "pair"]["step_s"])
+    return {"in_turn_s": round(in_turn, 2), "side_by_side_s": round(side, 2), "gain": round(in_turn / side, 2)}
+
+
 def targets(out: dict[str, Any]) -> list[dict[str, Any]]:
     """Each one-GPU goal beside its measured number (None: not run), met or not, and a miss's largest part."""
     fast = {r["phase"]: r for r in out["rows"] if r["setting"] == "fast" and r.get("batch") in (64, None)}
@@ -266,6 +297,24 @@ def targets(out: dict[str, Any]) -> list[dict[str, Any]]:
         met = None if value is None else value <= goal
         rows.append({"target": key, "goal": goal, "measured": value, "met": met, "largest_part": None if met else part})
     return rows
+
+
+def _paired_steps(runs: dict[str, dict[str, Any]]) -> dict[str, list[int]]:
+    """The ``pair`` runs' overlapping steps (:func:`overlapping_steps`), each run with its start and first
+    generation."""
+    from bench.grpo_startup import timed_run
+
+    found: dict[str, tuple[float, Sequence[float]]] = {}
+    for name, r in runs.items():
+        if _phase_setting(name)[1] != "pair" or not r["times"]:
+            continue
+        t = r["times"]
+        timed = timed_run(name, t["start"], t["end"], r["rc"], r["dir"] / "train.log")
+        first = timed["markers"].get("first_generation")
+        steps = [float(x["timing_s/step"]) for x in step_rows(r["dir"] / "metrics.jsonl")]
+        if first is not None and steps:
+            found[name] = (t["start"] + first, steps)
+    return overlapping_steps(found) if len(found) > 1 else {}
 
 
 def build(
@@ -315,6 +364,7 @@ def build(
     out: dict[str, Any] = {"benchmark": NAME, "card": card, "versions": versions, "params": params,
                            "peak_bf16_flops": peak, "before": {}, "after": {}, "sft": {}, "runs": {}, "rows": [],
                            "executor_ready_s": executors}  # fmt: skip
+    paired = _paired_steps(runs)
     for name, r in sorted(runs.items()):
         phase, setting = _phase_setting(name)
         folder: Path = r["dir"]
@@ -333,7 +383,12 @@ def build(
             out["sft"][name] = rec
         else:
             n_gpus = gpus_of(command)
-            rec.update(grpo_summary(step_rows(folder / "metrics.jsonl"), n_gpus, peak, params))
+            steps = step_rows(folder / "metrics.jsonl")
+            if name in paired:  # side by side: only the steps that ran while the partner stepped too
+                rec.update(grpo_summary([steps[i] for i in paired[name]], n_gpus, peak, params, warmup=False))
+                rec["steps_logged"] = len(steps)
+            else:
+                rec.update(grpo_summary(steps, n_gpus, peak, params))
             rec["n_gpus"] = n_gpus
             rec["batch"] = override_of(command, "data.train_batch_size")
             rec["n"] = override_of(command, "actor_rollout_ref.rollout.n")
@@ -370,6 +425,7 @@ def build(
     for r in out["rows"]:
         if r["phase"] == "c1" and b1_fast is not None:
             r["reward_share"] = reward_share(r, b1_fast)
+    out["shared_card"] = shared_card(out["rows"])
     out["targets"] = targets(out)
     out["notes"] = notes
     return out
@@ -394,6 +450,11 @@ def rows_md(p: dict[str, Any]) -> str:
     if shares:
         md += "\nC1's pipeline reward share (its generation beyond B1's fast row, over its step): "
         md += ", ".join(shares) + ".\n"
+    if p.get("shared_card"):
+        sc = p["shared_card"]
+        md += (f"\nB1 and B2 sharing the card (`pair`, the steps that overlapped): a step of both"
+               f" {sc['side_by_side_s']:.2f} s side by side against {sc['in_turn_s']:.2f} s in turn (alone, `fast`):"
+               f" {sc['gain']:.2f}x the throughput.\n")
     if p.get("executor_ready_s"):
         md += "\nExecutors ready (`trainer serve start --wait`, command to model listed): " + ", ".join(
             f"{k} {v:.0f} s" for k, v in sorted(p["executor_ready_s"].items())) + ".\n"  # fmt: skip

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The runs of `python -m bench rl-step` on one node of any GPU count (every run on all its GPUs), in turn:
+# The runs of `python -m bench rl-step` on one node of any GPU count (every run on all its GPUs), in the order
+# WAVES names them (default: the order below):
 #   sft    a1_fast ‖ a2_fast: SFT side by side on the node's GPUs (SFT_STEPS steps each; the epoch is extrapolated)
 #   floor  the step's generation and update without VERL (python -m bench step-floor; into floor.jsonl): vLLM's
 #          offline engine on B1's first BATCH prompts x N at VERL's scheduler sizes (256 / 8,192) and the profile's (1,024 / 32,768),
@@ -17,6 +18,9 @@
 #   fused  b1_fused: B1 with FUSED, VERL's fused log-prob and entropy kernels in the update (torch backend)
 #   verlpath b1_verlpath: B1 with VERLPATH, VERL's own per-sample rollout path (trainer/in_verl/agent_loop_speed.py off)
 #   b2     b2_fast: B2 at BATCH x N
+#   pair   b1_pair ‖ b2_pair: B1 and B2 side by side on the same GPUs, PAIR_STEPS steps each, each rollout engine at
+#          PAIR_MEMORY of the card, B2 started PAIR_STAGGER s after B1 (two vLLM engines sizing their memory at once on
+#          one card can fail); the report averages the steps that overlapped, against b1_fast's and b2_fast's alone
 #   small  b1_small: B1 at SMALL_BATCH x SMALL_N
 # π1/π2 for RL are a1_fast's and a2_fast's exports unless PI1/PI2 are given. Run it as a job after node_setup.sh:
 #   MODEL_DIR=/tmp/model scripts/gpu_node/job.sh start rl_step -- bash scripts/gpu_node/rl_step.sh
@@ -31,10 +35,16 @@ DATA=${RL_DATA:-/tmp/rl_data}
 SFT_STEPS=${SFT_STEPS:-100}
 RL_STEPS=${RL_STEPS:-6}
 BATCH=${BATCH:-64} N=${N:-16} SMALL_BATCH=${SMALL_BATCH:-32} SMALL_N=${SMALL_N:-8}
-WAVES=${WAVES:-sft,floor,b1,c1,stock,sched,fused,verlpath,padded,workers,b2,small}
+WAVES=${WAVES:-sft,floor,b1,c1,stock,sched,fused,verlpath,padded,workers,b2,pair,small}
+PAIR_MEMORY=${PAIR_MEMORY:-0.25} PAIR_STEPS=${PAIR_STEPS:-12} PAIR_STAGGER=${PAIR_STAGGER:-60}
+# the floor's scheduler sizes (max_num_seqs/max_num_batched_tokens): VERL's and the gpu profile's
+FLOOR_SIZES=${FLOOR_SIZES:-256/8192 1024/32768}
 PROFILE=${PROFILE:-} PROFILE_S=${PROFILE_S:-30}
 : "${MODEL_DIR:?MODEL_DIR (the base model) must be set}" "${GOLDEN_DIR:?GOLDEN_DIR must be set}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# vLLM's INFO lines split the rollout engine's start (weights, memory profiling, KV cache + graphs: bench/grpo_startup.py);
+# VERL sets WARN for its workers unless the launching shell sets a level
+export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-INFO}
 NG=$(nvidia-smi -L | wc -l)
 GPUS=$(seq -s, 0 $((NG - 1)))
 LAST=$((NG - 1))
@@ -54,7 +64,6 @@ d = json.load(open(path)); d[name] = {"gpus": gpus}; json.dump(d, open(path, "w"
 PY
 }
 wait_all() { for n in "$@"; do until $J wait "$n" 60 > /dev/null; [[ $? != 3 ]]; do :; done; echo "$n: $($J status | grep "^$n ")"; done; }
-on() { [[ ,$WAVES, == *,$1,* ]]; }
 # The gpu profile on padded micro batches, its setting before packing (checked by tests/trainer/phases/test_gpu_profile.py).
 PADDED=(
   actor_rollout_ref.model.use_remove_padding=false actor_rollout_ref.model.override_config.attn_implementation=sdpa
@@ -95,10 +104,8 @@ rl() {  # NAME PHASE URL MODEL BATCH N [OVERRIDE...]
   if [[ -n $spy ]]; then wait "$spy"; fi
 }
 
-[[ -d $DATA/b1 ]] || python3 -m trainer data build --golden "$GOLDEN_DIR" --out "$DATA" --phases a1,a2,b1,b2,c1 \
-  > "$R/data_build.log" 2>&1 || { echo "data build failed"; tail -20 "$R/data_build.log"; exit 1; }
 
-if on sft; then
+wave_sft() {
   for phase in a1 a2; do
     note "${phase}_fast"
     $J start "${phase}_fast" -- python3 -m trainer run "$phase" --profile gpu --data "$DATA" --out "$R/${phase}_fast" \
@@ -106,12 +113,10 @@ if on sft; then
       epoch_selection.enabled=false
   done
   wait_all a1_fast a2_fast
-fi
-PI1=${PI1:-$R/a1_fast/hf}
-PI2=${PI2:-$R/a2_fast/hf}
+}
 
-if on floor; then
-  for size in 256/8192 1024/32768; do
+wave_floor() {
+  for size in $FLOOR_SIZES; do
     $J start "floor_gen_${size%%/*}" -- python3 -m bench step-floor gen --model "$PI1" --data "$DATA/b1/train.parquet" \
       --out "$R/floor/floor.jsonl" --prompts "$BATCH" --n "$N" --max-num-seqs "${size%%/*}" --max-num-batched-tokens "${size##*/}"
     wait_all "floor_gen_${size%%/*}"
@@ -119,17 +124,15 @@ if on floor; then
   $J start floor_update -- python3 -m bench step-floor update --model "$PI1" --responses "$R/floor/floor.responses.json" \
     --out "$R/floor/floor.jsonl"
   wait_all floor_update
-fi
+}
 
-$J start api_local -- python3 -m services.reward_api --host 127.0.0.1 --port 18410 --workers 4
-sleep 3
-if on b1; then
+wave_b1() {
   # C1's executor starts beside B1, as the loop starts it beside C1's trainer: its ready time is a row
   $J start exec_pi2 -- python3 -m trainer serve start --model "$PI2" --name pi2 --gpus "$LAST" --port 18500 --mem 0.12 \
     --graphs-only --wait
   rl b1_fast b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N"
-fi
-if on c1; then
+}
+wave_c1() {
   # (not `status | grep -q`: under pipefail grep's early exit fails the pipe and a second executor would start)
   [[ -f ${JOBS:-/tmp/jobs}/exec_pi2.start ]] || $J start exec_pi2 -- python3 -m trainer serve start --model "$PI2" --name pi2 \
     --gpus "$LAST" --port 18500 --mem 0.12 --graphs-only --wait
@@ -139,18 +142,41 @@ if on c1; then
   sleep 3
   rl c1_fast c1 http://127.0.0.1:18420 "$PI1" "$BATCH" "$N"
   python3 -m trainer serve stop --ports 18500 || true
-fi
-if on stock; then
+}
+wave_stock() {
   note b1_stock
   $J start b1_stock -- python3 -m bench.verl_stock --data "$DATA" --model "$PI1" --out "$R/b1_stock" \
     --steps "$RL_STEPS" --batch "$BATCH" --n "$N" --gpus "$NG"
   wait_all b1_stock
-fi
-on padded && rl b1_padded b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${PADDED[@]}"
-on sched && rl b1_verlsched b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${VERLSCHED[@]}"
-on fused && rl b1_fused b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${FUSED[@]}"
-on verlpath && rl b1_verlpath b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${VERLPATH[@]}"
-on workers && rl b1_workers b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${WORKERS[@]}"
-on b2 && rl b2_fast b2 http://127.0.0.1:18410 "$PI2" "$BATCH" "$N"
-on small && rl b1_small b1 http://127.0.0.1:18410 "$PI1" "$SMALL_BATCH" "$SMALL_N"
+}
+wave_padded() { rl b1_padded b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${PADDED[@]}"; }
+wave_sched() { rl b1_verlsched b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${VERLSCHED[@]}"; }
+wave_fused() { rl b1_fused b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${FUSED[@]}"; }
+wave_verlpath() { rl b1_verlpath b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${VERLPATH[@]}"; }
+wave_workers() { rl b1_workers b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${WORKERS[@]}"; }
+wave_b2() { rl b2_fast b2 http://127.0.0.1:18410 "$PI2" "$BATCH" "$N"; }
+wave_pair() {
+  local phase model
+  for phase in b1 b2; do
+    model=$PI1; [[ $phase == b2 ]] && model=$PI2
+    note "${phase}_pair"
+    [[ $phase == b2 ]] && sleep "$PAIR_STAGGER"
+    $J start "${phase}_pair" -- python3 -m trainer run "$phase" --out "$R/${phase}_pair" --reward-url http://127.0.0.1:18410 \
+      --model "$model" "${RL[@]}" "data.train_batch_size=$BATCH" "actor_rollout_ref.rollout.n=$N" \
+      "actor_rollout_ref.rollout.gpu_memory_utilization=$PAIR_MEMORY" "trainer.total_training_steps=$PAIR_STEPS"
+  done
+  wait_all b1_pair b2_pair
+}
+wave_small() { rl b1_small b1 http://127.0.0.1:18410 "$PI1" "$SMALL_BATCH" "$SMALL_N"; }
+
+for wave in ${WAVES//,/ }; do  # in the order WAVES names them; an unknown name stops before anything runs
+  declare -F "wave_$wave" > /dev/null || { echo "rl_step: no wave $wave (waves: $(declare -F | sed -n 's/.*wave_//p' | tr '\n' ' '))"; exit 2; }
+done
+[[ -d $DATA/b1 ]] || python3 -m trainer data build --golden "$GOLDEN_DIR" --out "$DATA" --phases a1,a2,b1,b2,c1 \
+  > "$R/data_build.log" 2>&1 || { echo "data build failed"; tail -20 "$R/data_build.log"; exit 1; }
+PI1=${PI1:-$R/a1_fast/hf}
+PI2=${PI2:-$R/a2_fast/hf}
+$J start api_local -- python3 -m services.reward_api --host 127.0.0.1 --port 18410 --workers 4
+sleep 3
+for wave in ${WAVES//,/ }; do "wave_$wave"; done
 echo "rl_step: done"

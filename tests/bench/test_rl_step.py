@@ -190,3 +190,24 @@ def test_a_run_still_going_is_timed_from_its_job_log_and_an_executor_from_its_fi
     assert row["unfinished"] is True and row["startup_s"] == pytest.approx(240) and row["step_s"] == 78
     assert p["executor_ready_s"] == {"pi2": 97.0}  # the first start that served; the next found it up
     assert rl_step.job_log_start(jobs / "missing.log") is None
+
+
+def test_sharing_the_card_is_the_sum_of_the_alone_steps_over_the_slower_paired_step() -> None:
+    rows = [
+        {"phase": "b1", "setting": "fast", "step_s": 14.0},
+        {"phase": "b2", "setting": "fast", "step_s": 12.0},
+        {"phase": "b1", "setting": "pair", "step_s": 16.0},
+        {"phase": "b2", "setting": "pair", "step_s": 20.0},
+    ]
+    assert rl_step.shared_card(rows) == {"in_turn_s": 26.0, "side_by_side_s": 20.0, "gain": 1.3}
+    assert rl_step.shared_card(rows[:3]) is None  # B2's paired row missing
+    md = rl_step.rows_md({"rows": [], "shared_card": rl_step.shared_card(rows)})
+    assert md == ""  # no GRPO rows: no table, no line
+
+
+def test_side_by_side_runs_average_only_the_steps_that_overlap() -> None:
+    # b1 steps from t=100: [100,110] [110,120] [120,130] [130,140]; b2 from t=115: [115,127] [127,139] [139,151]
+    got = rl_step.overlapping_steps({"b1": (100.0, [10, 10, 10, 10]), "b2": (115.0, [12, 12, 12])})
+    assert got == {"b1": [2, 3], "b2": [0, 1]}  # the window is [115, 140]: b1's last two steps, b2's first two
+    assert rl_step.overlapping_steps({"b1": (0.0, [5.0]), "b2": (10.0, [5.0])}) == {"b1": [], "b2": []}
+    assert rl_step.overlapping_steps({"b1": (0.0, []), "b2": (0.0, [1.0])}) == {"b1": [], "b2": []}

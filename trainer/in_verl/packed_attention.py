@@ -10,8 +10,9 @@ of a GRPO step (prompts of 100–500 tokens, answers of 20–120).
 
 What: an attention function registered with transformers under :data:`NAME`. On a packed row it finds the
 sequence starts from the position ids (once per forward, not once per layer) and calls PyTorch's own
-variable-length flash kernel (``torch.nn.attention.varlen.varlen_attn``, CUDA, bf16/fp16); where that kernel
-is absent (CPU, fp32) it runs causal ``scaled_dot_product_attention`` per sequence: the same numbers, slower.
+variable-length flash kernel (``torch.nn.attention.varlen.varlen_attn``, CUDA, bf16/fp16, or fp32 under
+autocast to either); where that kernel is absent (CPU, fp32 without autocast) it runs causal
+``scaled_dot_product_attention`` per sequence: the same numbers, slower.
 A padded batch (a 2D attention mask; transformers hands it over as flash-attn's mask rule does) is masked
 per key and causally, so the model stays correct outside VERL's packed path. The values equal ``sdpa`` on the
 same sequences up to float rounding (tests/trainer/in_verl/test_packed_attention.py).
@@ -114,8 +115,25 @@ def _masked_padded(
     return torch.nan_to_num(out).transpose(1, 2)  # a fully padded query row has no key: 0, as flash-attn gives
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def varlen_dtype(query: torch.Tensor) -> torch.dtype | None:
+    """The dtype the varlen kernel runs in for ``query``, None where it cannot run: a half dtype as given, or
+    fp32 under CUDA autocast to a half dtype (rotary embeddings in fp32 give an fp32 query there), which is cast
+    to autocast's dtype as ``scaled_dot_product_attention`` itself is under autocast."""
+    if _VARLEN is None or not query.is_cuda:
+        return None
+    if query.dtype in _HALF:
+        return query.dtype
+    if query.dtype == torch.float32 and torch.is_autocast_enabled("cuda"):
+        dtype = torch.get_autocast_dtype("cuda")
+        return dtype if dtype in _HALF else None
+    return None
+
+
 def use_varlen(query: torch.Tensor) -> bool:
-    return _VARLEN is not None and query.is_cuda and query.dtype in (torch.float16, torch.bfloat16)
+    return varlen_dtype(query) is not None
 
 
 def packed_sdpa_forward(
@@ -142,8 +160,9 @@ def packed_sdpa_forward(
     if query.shape[0] == 1 and position_ids is not None and query.shape[2] == position_ids.shape[-1]:
         cu, longest = sequence_bounds(position_ids)
         if cu.numel() > 2:
-            if use_varlen(query):
-                return _varlen(query, key, value, cu, longest, scaling), None
+            dtype = varlen_dtype(query)
+            if dtype is not None:
+                return _varlen(query.to(dtype), key.to(dtype), value.to(dtype), cu, longest, scaling), None
             return _per_sequence(query, key, value, cu, scaling), None
     out = F.scaled_dot_product_attention(query, key, value, is_causal=query.shape[2] > 1, scale=scaling)
     return out.transpose(1, 2), None

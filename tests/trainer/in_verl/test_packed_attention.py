@@ -118,3 +118,19 @@ def test_varlen_kernel_equals_per_sequence_on_cuda() -> None:
     torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
     for g, w in zip(grads_got, grads_want, strict=True):
         torch.testing.assert_close(g, w, atol=5e-2, rtol=5e-2)
+
+
+def test_the_varlen_kernel_is_not_chosen_off_cuda_even_under_autocast() -> None:
+    q = torch.zeros(1, 2, 3, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert packed_attention.varlen_dtype(q) is None
+    assert packed_attention.varlen_dtype(q.bfloat16()) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="PyTorch's varlen kernel runs on CUDA only")
+def test_an_fp32_query_under_cuda_autocast_runs_in_autocasts_dtype() -> None:
+    q = torch.zeros(1, 2, 3, 4, device="cuda")
+    assert packed_attention.varlen_dtype(q) is None  # fp32 without autocast: per sequence
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        assert packed_attention.varlen_dtype(q) == torch.bfloat16
+    assert packed_attention.varlen_dtype(q.half()) == torch.float16

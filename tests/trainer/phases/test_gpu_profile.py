@@ -316,3 +316,21 @@ def test_the_speed_benchmark_waits_only_for_its_own_jobs() -> None:
     bare = [i + 1 for i, line in enumerate(code) if re.search(r"(^|[;&|]\s*|\bthen\s+)wait\s*($|;)", line.strip())]
     assert not bare, f"rl_step.sh: bare `wait` on lines {bare}"
     assert re.search(r'wait "\$spy"', text)
+
+
+def test_every_default_wave_of_the_speed_benchmark_is_a_function_and_each_is_documented() -> None:
+    """``rl_step.sh`` runs the waves in the order WAVES names them, each a ``wave_NAME`` function; its header lists
+    every one (an unknown name stops the script before anything runs)."""
+    import re
+
+    from trainer.phases.launch import REPO_ROOT
+
+    text = (REPO_ROOT / "scripts" / "gpu_node" / "rl_step.sh").read_text()
+    defaults = re.search(r"WAVES=\$\{WAVES:-([a-z0-9,]+)\}", text)
+    assert defaults, "rl_step.sh: no default WAVES"
+    waves = defaults.group(1).split(",")
+    functions = re.findall(r"^wave_([a-z0-9]+)\(\)", text, re.M)
+    assert sorted(waves) == sorted(functions)
+    header = [line for line in text.splitlines() if line.startswith("#")]
+    for wave in waves:
+        assert any(re.match(rf"#\s+{wave}\s", line) for line in header), f"rl_step.sh: wave {wave} not in the header"
