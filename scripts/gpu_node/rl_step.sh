@@ -27,7 +27,8 @@
 # then `job.sh wait rl_step 540` and `job.sh collect rl /tmp/rl` from later calls; runs.json and gpu_util.csv
 # (nvidia-smi every 0.5 s) land in /tmp/rl beside the run folders. A failed run leaves the next ones going.
 # PROFILE=b1_fast,c1_fast: py-spy samples each named run's process tree (Ray's workers included) for PROFILE_S
-# seconds once it has logged two steps, into NAME/pyspy.txt.gz (py-spy's collapsed stacks; bench/pyspy.py sums them).
+# seconds once it has logged two steps, into NAME/pyspy.txt.gz (py-spy's collapsed stacks; bench/pyspy.py sums them);
+# PROFILE_IDLE=1 keeps idle samples too (where a process waits: a GPU sync, a socket, a lock).
 set -uo pipefail
 J=scripts/gpu_node/job.sh
 R=${RL_OUT:-/tmp/rl}
@@ -84,7 +85,8 @@ profile() {  # NAME: py-spy over the run's process tree once two steps are logge
     [[ -f ${JOBS:-/tmp/jobs}/$name.rc ]] && return  # ended before its second step: nothing to profile
     sleep 1
   done
-  timeout $((PROFILE_S + 60)) "$spy" record --subprocesses --nonblocking --rate 50 --duration "$PROFILE_S" --format raw \
+  timeout $((PROFILE_S + 60)) "$spy" record --subprocesses --nonblocking ${PROFILE_IDLE:+--idle} --rate 50 \
+    --duration "$PROFILE_S" --format raw \
     --output "$R/$name/pyspy.txt" --pid "$(cat "${JOBS:-/tmp/jobs}/$name.pid")" > "$R/$name/pyspy.log" 2>&1
   gzip -f "$R/$name/pyspy.txt"  # ~20 MB of stacks for 30 s of a phase's tree; ~0.7 MB compressed
 }
