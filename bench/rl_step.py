@@ -128,7 +128,7 @@ def grpo_summary(
     return {
         "steps": len(rows),
         "steps_averaged": len(steady),
-        "step_s": step,
+        "step_s": step if steady else None,
         "first_step_s": round(float(rows[0]["timing_s/step"]), 3) if rows else None,
         "split_s": split,
         "tokens_per_step": tokens,

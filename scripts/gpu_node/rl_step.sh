@@ -20,7 +20,9 @@
 #   b2     b2_fast: B2 at BATCH x N
 #   pair   b1_pair ‖ b2_pair: B1 and B2 side by side on the same GPUs, PAIR_STEPS steps each, each rollout engine at
 #          PAIR_MEMORY of the card, B2 started PAIR_STAGGER s after B1 (two vLLM engines sizing their memory at once on
-#          one card can fail); the report averages the steps that overlapped, against b1_fast's and b2_fast's alone
+#          one card can fail); the report averages the steps that overlapped, against b1_fast's and b2_fast's alone.
+#          Not a default wave: on one H200 the second engine's memory profiling failed every time the first one's
+#          sleep mode released its KV cache (bench/results/rl_step_shared.md)
 #   small  b1_small: B1 at SMALL_BATCH x SMALL_N
 # π1/π2 for RL are a1_fast's and a2_fast's exports unless PI1/PI2 are given. Run it as a job after node_setup.sh:
 #   MODEL_DIR=/tmp/model scripts/gpu_node/job.sh start rl_step -- bash scripts/gpu_node/rl_step.sh
@@ -36,7 +38,7 @@ DATA=${RL_DATA:-/tmp/rl_data}
 SFT_STEPS=${SFT_STEPS:-100}
 RL_STEPS=${RL_STEPS:-6}
 BATCH=${BATCH:-64} N=${N:-16} SMALL_BATCH=${SMALL_BATCH:-32} SMALL_N=${SMALL_N:-8}
-WAVES=${WAVES:-sft,floor,b1,c1,stock,sched,fused,verlpath,padded,workers,b2,pair,small}
+WAVES=${WAVES:-sft,floor,b1,c1,stock,sched,fused,verlpath,padded,workers,b2,small}
 PAIR_MEMORY=${PAIR_MEMORY:-0.25} PAIR_STEPS=${PAIR_STEPS:-12} PAIR_STAGGER=${PAIR_STAGGER:-60}
 # the floor's scheduler sizes (max_num_seqs/max_num_batched_tokens): VERL's and the gpu profile's
 FLOOR_SIZES=${FLOOR_SIZES:-256/8192 1024/32768}

@@ -100,3 +100,20 @@ def test_a_run_reports_its_wait_for_the_reward_api_and_its_step_times(tmp_path: 
     assert r["reward_api"] == {"waited_s": 12.5, "ready_after_start_s": 240.0}
     assert r["steps"] == {"step": 32.0, "gen": 7.0}
     assert "| c1_beside | 0 | 400 | 246 | 12.5 (ready at +240.0) | 32.0 (gen 7.0) |" in gs.render_md(p)
+
+
+def test_vllm_info_lines_split_the_engine_start_into_its_processes_and_steps() -> None:
+    """With vLLM at INFO (lines copied from a B1 start on one H200), the engine's start is its config, the
+    EngineCore and worker processes (each a spawn and an import), the weights, profiling, KV cache and graphs."""
+    log = (Path(__file__).parent / "data" / "probe_train_vllm_info.log").read_text().splitlines()
+    found = gs.markers(log, 2026)
+    start = found["ray_started"] - 26.0
+    by = {s["to"]: s["seconds"] for s in gs.stages(start, None, found)}
+    assert by["vllm_server_up"] == pytest.approx(23.3, abs=0.1)  # 08:30:54.7 -> 08:31:18
+    assert by["vllm_engine_config"] == pytest.approx(1.0)
+    assert by["vllm_engine_init"] == pytest.approx(16.0)  # the EngineCore process: spawn + import
+    assert by["vllm_worker_up"] == pytest.approx(19.0)  # the worker process: spawn + import
+    assert by["vllm_model_loaded"] == pytest.approx(2.0)
+    assert by["vllm_kv_sized"] == pytest.approx(2.0) and by["vllm_graphs"] == pytest.approx(2.0)
+    assert by["vllm_engine_ready"] == pytest.approx(0.0)
+    assert by["first_generation"] == pytest.approx(20.9, abs=0.1)  # 08:32:03.05 -> 08:32:24

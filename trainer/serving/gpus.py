@@ -12,6 +12,8 @@ GPUs enough. Everything here is a pure function of the GPU list, so the plan is 
 | 8 | GPUs 0 and 4 | four GPUs each | 4 / 4 replicas | 8 at a time |
 
 SFT keeps one GPU per stage (:meth:`GpuPlan.sft_pair`): a second rank made it slower (measured).
+On one GPU, B1 and B2 run in turn: side by side, the second phase's vLLM engine failed its memory profiling
+whenever the first one's sleep mode released its KV cache (bench/results/rl_step_shared.md).
 
 The trainer's data-parallel size is the largest power of two that leaves the executor a GPU: VERL
 needs the batch sizes (powers of two here) to divide by it. GPUs the trainer cannot use serve more

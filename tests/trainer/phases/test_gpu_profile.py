@@ -318,7 +318,7 @@ def test_the_speed_benchmark_waits_only_for_its_own_jobs() -> None:
     assert re.search(r'wait "\$spy"', text)
 
 
-def test_every_default_wave_of_the_speed_benchmark_is_a_function_and_each_is_documented() -> None:
+def test_every_default_wave_of_the_speed_benchmark_is_a_function_and_every_wave_is_documented() -> None:
     """``rl_step.sh`` runs the waves in the order WAVES names them, each a ``wave_NAME`` function; its header lists
     every one (an unknown name stops the script before anything runs)."""
     import re
@@ -330,7 +330,7 @@ def test_every_default_wave_of_the_speed_benchmark_is_a_function_and_each_is_doc
     assert defaults, "rl_step.sh: no default WAVES"
     waves = defaults.group(1).split(",")
     functions = re.findall(r"^wave_([a-z0-9]+)\(\)", text, re.M)
-    assert sorted(waves) == sorted(functions)
+    assert set(waves) <= set(functions), f"rl_step.sh: default waves without a function: {set(waves) - set(functions)}"
     header = [line for line in text.splitlines() if line.startswith("#")]
-    for wave in waves:
+    for wave in functions:
         assert any(re.match(rf"#\s+{wave}\s", line) for line in header), f"rl_step.sh: wave {wave} not in the header"
