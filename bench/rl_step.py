@@ -299,21 +299,18 @@ def targets(out: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _paired_steps(runs: dict[str, dict[str, Any]]) -> dict[str, list[int]]:
-    """The ``pair`` runs' overlapping steps (:func:`overlapping_steps`), each run with its start and first
-    generation."""
-    from bench.grpo_startup import timed_run
-
+def _paired_steps(
+    runs: dict[str, dict[str, Any]], timed: dict[str, dict[str, Any]], steps: dict[str, list[dict[str, Any]]]
+) -> dict[str, list[int]]:
+    """The ``pair`` runs' overlapping steps (:func:`overlapping_steps`), each run with its start (``runs``), first
+    generation (``timed``, :func:`bench.grpo_startup.timed_run`) and logged steps (``steps``)."""
     found: dict[str, tuple[float, Sequence[float]]] = {}
     for name, r in runs.items():
-        if _phase_setting(name)[1] != "pair" or not r["times"]:
+        if _phase_setting(name)[1] != "pair" or name not in timed:
             continue
-        t = r["times"]
-        timed = timed_run(name, t["start"], t["end"], r["rc"], r["dir"] / "train.log")
-        first = timed["markers"].get("first_generation")
-        steps = [float(x["timing_s/step"]) for x in step_rows(r["dir"] / "metrics.jsonl")]
-        if first is not None and steps:
-            found[name] = (t["start"] + first, steps)
+        first = timed[name]["markers"].get("first_generation")
+        if first is not None and steps[name]:
+            found[name] = (r["times"]["start"] + first, [float(x["timing_s/step"]) for x in steps[name]])
     return overlapping_steps(found) if len(found) > 1 else {}
 
 
@@ -364,7 +361,11 @@ def build(
     out: dict[str, Any] = {"benchmark": NAME, "card": card, "versions": versions, "params": params,
                            "peak_bf16_flops": peak, "before": {}, "after": {}, "sft": {}, "runs": {}, "rows": [],
                            "executor_ready_s": executors}  # fmt: skip
-    paired = _paired_steps(runs)
+    grpo = [name for name in runs if not _phase_setting(name)[0].startswith("a")]
+    steps_of = {name: step_rows(runs[name]["dir"] / "metrics.jsonl") for name in grpo}
+    timed_of = {name: timed_run(name, t["start"], t["end"], runs[name]["rc"], runs[name]["dir"] / "train.log")
+                for name in grpo if (t := runs[name]["times"]) is not None}  # fmt: skip
+    paired = _paired_steps(runs, timed_of, steps_of)
     for name, r in sorted(runs.items()):
         phase, setting = _phase_setting(name)
         folder: Path = r["dir"]
@@ -383,7 +384,7 @@ def build(
             out["sft"][name] = rec
         else:
             n_gpus = gpus_of(command)
-            steps = step_rows(folder / "metrics.jsonl")
+            steps = steps_of[name]
             if name in paired:  # side by side: only the steps that ran while the partner stepped too
                 rec.update(grpo_summary([steps[i] for i in paired[name]], n_gpus, peak, params, warmup=False))
                 rec["steps_logged"] = len(steps)
@@ -395,7 +396,7 @@ def build(
             rec["startup_s"] = rec["busy_share"] = rec["startup_split"] = None
             rec["profile"] = run_profile(folder)
             if t is not None:
-                timed = timed_run(name, t["start"], t["end"], r["rc"], folder / "train.log")
+                timed = timed_of[name]
                 rec["startup_s"] = timed["seconds_to_first_generation"]
                 rec["startup_split"] = [st for st in timed["stages"] if st["to"] != "end"]
                 first = timed["markers"].get("first_generation")

@@ -99,19 +99,21 @@ profile() {  # NAME: py-spy over the run's process tree once two steps are logge
 RL=(--profile gpu --data "$DATA" --no-export "trainer.n_gpus_per_node=$NG" "trainer.total_training_steps=$RL_STEPS"
     trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=-1 early_stopping.enabled=false
     +ray_kwargs.ray_init._node_ip_address=127.0.0.1)
-rl() {  # NAME PHASE URL MODEL BATCH N [OVERRIDE...]
+rl_start() {  # NAME PHASE URL MODEL BATCH N [OVERRIDE...]: the run started as a job, not waited for
   local name=$1 phase=$2 url=$3 model=$4 batch=$5 n=$6
   shift 6
   note "$name"
   $J start "$name" -- python3 -m trainer run "$phase" --out "$R/$name" --reward-url "$url" --model "$model" \
     "${RL[@]}" "data.train_batch_size=$batch" "actor_rollout_ref.rollout.n=$n" "$@"
-  local spy=""
+}
+rl() {  # NAME PHASE URL MODEL BATCH N [OVERRIDE...]: rl_start, py-spy where PROFILE names it, then its end
+  local name=$1 spy=""
+  rl_start "$@"
   if [[ ,$PROFILE, == *,$name,* ]]; then profile "$name" & spy=$!; fi
   wait_all "$name"
   # the profiler only: a bare `wait` would also wait for nvidia-smi's sampler, a child of this script until its end
   if [[ -n $spy ]]; then wait "$spy"; fi
 }
-
 
 wave_sft() {
   for phase in a1 a2; do
@@ -165,15 +167,10 @@ wave_verlpath() { rl b1_verlpath b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" 
 wave_workers() { rl b1_workers b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${WORKERS[@]}"; }
 wave_b2() { rl b2_fast b2 http://127.0.0.1:18410 "$PI2" "$BATCH" "$N"; }
 wave_pair() {
-  local phase model
-  for phase in b1 b2; do
-    model=$PI1; [[ $phase == b2 ]] && model=$PI2
-    note "${phase}_pair"
-    [[ $phase == b2 ]] && sleep "$PAIR_STAGGER"
-    $J start "${phase}_pair" -- python3 -m trainer run "$phase" --out "$R/${phase}_pair" --reward-url http://127.0.0.1:18410 \
-      --model "$model" "${RL[@]}" "data.train_batch_size=$BATCH" "actor_rollout_ref.rollout.n=$N" \
-      "actor_rollout_ref.rollout.gpu_memory_utilization=$PAIR_MEMORY" "trainer.total_training_steps=$PAIR_STEPS"
-  done
+  local shared=("actor_rollout_ref.rollout.gpu_memory_utilization=$PAIR_MEMORY" "trainer.total_training_steps=$PAIR_STEPS")
+  rl_start b1_pair b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${shared[@]}"
+  sleep "$PAIR_STAGGER"
+  rl_start b2_pair b2 http://127.0.0.1:18410 "$PI2" "$BATCH" "$N" "${shared[@]}"
   wait_all b1_pair b2_pair
 }
 wave_small() { rl b1_small b1 http://127.0.0.1:18410 "$PI1" "$SMALL_BATCH" "$SMALL_N"; }

@@ -132,10 +132,6 @@ def varlen_dtype(query: torch.Tensor) -> torch.dtype | None:
     return None
 
 
-def use_varlen(query: torch.Tensor) -> bool:
-    return varlen_dtype(query) is not None
-
-
 def packed_sdpa_forward(
     module: torch.nn.Module,
     query: torch.Tensor,

@@ -110,7 +110,7 @@ def test_varlen_kernel_equals_per_sequence_on_cuda() -> None:
     torch.manual_seed(0)
     total, cu = sum(LENGTHS), torch.tensor([0, 5, 14, 17], dtype=torch.int32, device="cuda")
     qkv = [torch.randn(1, 4, total, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
-    assert packed_attention.use_varlen(qkv[0])
+    assert packed_attention.varlen_dtype(qkv[0]) == torch.bfloat16
     got = packed_attention._varlen(*qkv, cu, max(LENGTHS), None)
     grads_got = torch.autograd.grad(got.float().square().sum(), qkv)
     want = packed_attention._per_sequence(*qkv, cu, None)
