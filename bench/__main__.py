@@ -147,6 +147,18 @@ def demo(
     print(f"demo: {payload['total_seconds']} s; {payload['rl']['verdict']}")
 
 
+@app.command(name="torch-trace")
+def torch_trace(
+    trace: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="a chrome trace (.json or .json.gz)")],
+    out: Annotated[Path | None, typer.Option(help="write the summary here as JSON (else print it as Markdown)")] = None,
+    top: Annotated[int, typer.Option(min=1, help="operators and kernels listed")] = 12,
+) -> None:
+    """Where a profiled stage's time goes (regions, GPU busy share, heaviest operators): bench/torch_trace.py."""
+    from bench import torch_trace as tt
+
+    tt.main(trace, out, top)
+
+
 @app.command(name="rl-step")
 def rl_step(
     collected: Annotated[

@@ -86,6 +86,21 @@ def gpus_of(command: str) -> int:
     return 8
 
 
+def profiled_steps(command: str) -> set[int]:
+    """The steps VERL's torch profiler traced (``global_profiler.steps=[k, ...]`` in ``command.sh``): their step
+    times carry the profiler's cost and are left out of the means."""
+    for tok in shlex.split(command):
+        if tok.startswith("global_profiler.steps="):
+            return {int(x) for x in re.findall(r"\d+", tok.split("=", 1)[1])}
+    return set()
+
+
+def run_trace(folder: Path) -> dict[str, Any] | None:
+    """The torch trace's split of a run (``trace_split.json``, from ``python -m bench torch-trace`` on the node)."""
+    f = folder / "trace_split.json"
+    return json.loads(f.read_text()) if f.is_file() else None
+
+
 def card_peak(card: str | None) -> float | None:
     for name, peak in PEAK_BF16.items():
         if card and name in card:
@@ -389,12 +404,15 @@ def build(
                 rec.update(grpo_summary([steps[i] for i in paired[name]], n_gpus, peak, params, warmup=False))
                 rec["steps_logged"] = len(steps)
             else:
-                rec.update(grpo_summary(steps, n_gpus, peak, params))
+                traced = profiled_steps(command)  # steps are numbered from 1 in the order logged
+                rec.update(grpo_summary([s for i, s in enumerate(steps, 1) if i not in traced], n_gpus, peak, params))
+                rec["steps_traced"] = sorted(traced)
             rec["n_gpus"] = n_gpus
             rec["batch"] = override_of(command, "data.train_batch_size")
             rec["n"] = override_of(command, "actor_rollout_ref.rollout.n")
             rec["startup_s"] = rec["busy_share"] = rec["startup_split"] = None
             rec["profile"] = run_profile(folder)
+            rec["trace"] = run_trace(folder)
             if t is not None:
                 timed = timed_of[name]
                 rec["startup_s"] = timed["seconds_to_first_generation"]
@@ -403,7 +421,7 @@ def build(
                 rec["busy_share"] = busy_share(util, gpu_ids, t["start"] + first, t["end"]) if first else None
             if setting in ("before", "after"):
                 out[setting][phase] = rec
-            row = {k: v for k, v in rec.items() if k not in ("command", "gpus", "profile")}
+            row = {k: v for k, v in rec.items() if k not in ("command", "gpus", "profile", "trace")}
             out["rows"].append(row | {"gpus": n_gpus, "name": name})
         out["runs"][name] = {k: v for k, v in rec.items() if k != "command"} | {"command": rec["command"]}
     after = out["after"]
@@ -526,6 +544,12 @@ def render_md(p: dict[str, Any], command: str) -> str:
         from bench import pyspy
 
         md += "\n## Where a step's CPU time goes\n\n" + "\n".join(pyspy.markdown(prof, n) for n, prof in profiled)
+    traced = [(n, r["trace"]) for n, r in sorted(p["runs"].items()) if r.get("trace")]
+    if traced:
+        from bench import torch_trace
+
+        md += "\n## A traced step's worker stages (PyTorch's profiler in the worker; the step is out of the means)\n\n"
+        md += "\n".join(torch_trace.markdown(t, f"{n}, {t.get('trace', 'trace')}") for n, t in traced)
     md += "\n## Commands\n\n" + "\n".join(
         f"- `{n}`: `{r['command']}`" for n, r in sorted(p["runs"].items()) if r["command"]
     )

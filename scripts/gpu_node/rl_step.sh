@@ -7,6 +7,7 @@
 #          then the update of those samples (the policy alone, packed micro batches, PyTorch's profiler)
 #   b1     exec_pi2 (π2's executor for C1, decode graphs without torch.compile, started beside B1: its ready
 #          time is measured there) and b1_fast: B1 at BATCH x N, the gpu profile
+#   exec   exec_pi2 alone, not waited for: C1's executor loads while the waves between it and c1 run
 #   c1     c1_fast: C1 at BATCH x N, π2's executor behind a reward API on the same GPUs
 #   stock  b1_stock: VERL's own trainer on B1's work (python -m bench.verl_stock)
 #   padded b1_padded: B1 with PADDED, the gpu profile on padded micro batches (its setting before packing)
@@ -34,18 +35,22 @@
 # PROFILE=b1_fast,c1_fast: py-spy samples each named run's process tree (Ray's workers included) for PROFILE_S
 # seconds once it has logged two steps, into NAME/pyspy.txt.gz (py-spy's collapsed stacks; bench/pyspy.py sums them);
 # PROFILE_IDLE=1 keeps idle samples too (where a process waits: a GPU sync, a socket, a lock).
+# TRACE=b1_uniproc,...: PyTorch's profiler in the named runs' FSDP worker at step TRACE_STEP (VERL's global_profiler,
+# CPU operators and CUDA kernels), summarised on the node into NAME/trace_split.json (python -m bench torch-trace); the
+# trace itself stays in /tmp/traces. The report leaves the traced step out of the step means.
 set -uo pipefail
 J=scripts/gpu_node/job.sh
 R=${RL_OUT:-/tmp/rl}
 DATA=${RL_DATA:-/tmp/rl_data}
 SFT_STEPS=${SFT_STEPS:-100}
-RL_STEPS=${RL_STEPS:-6}
+RL_STEPS=${RL_STEPS:-6} STOCK_STEPS=${STOCK_STEPS:-${RL_STEPS:-6}}  # VERL's own trainer: ~80 s a step on one H200
 BATCH=${BATCH:-64} N=${N:-16} SMALL_BATCH=${SMALL_BATCH:-32} SMALL_N=${SMALL_N:-8}
 WAVES=${WAVES:-sft,floor,b1,c1,stock,sched,uniproc,fused,verlpath,padded,workers,b2,small}
 PAIR_MEMORY=${PAIR_MEMORY:-0.25} PAIR_STEPS=${PAIR_STEPS:-12} PAIR_STAGGER=${PAIR_STAGGER:-60}
 # the floor's scheduler sizes (max_num_seqs/max_num_batched_tokens): VERL's and the gpu profile's
 FLOOR_SIZES=${FLOOR_SIZES:-256/8192 1024/32768}
 PROFILE=${PROFILE:-} PROFILE_S=${PROFILE_S:-30}
+TRACE=${TRACE:-} TRACE_STEP=${TRACE_STEP:-4}
 : "${MODEL_DIR:?MODEL_DIR (the base model) must be set}" "${GOLDEN_DIR:?GOLDEN_DIR must be set}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # vLLM's INFO lines split the rollout engine's start (weights, memory profiling, KV cache + graphs: bench/grpo_startup.py);
@@ -106,13 +111,27 @@ rl_start() {  # NAME PHASE URL MODEL BATCH N [OVERRIDE...]: the run started as a
   $J start "$name" -- python3 -m trainer run "$phase" --out "$R/$name" --reward-url "$url" --model "$model" \
     "${RL[@]}" "data.train_batch_size=$batch" "actor_rollout_ref.rollout.n=$n" "$@"
 }
+trace_split() {  # NAME: the run's torch traces summarised beside it; the traces themselves out of the collected folder
+  local name=$1 f
+  for f in "$R/$name"/trace/*.json.gz; do
+    [[ -f $f ]] || continue
+    python3 -m bench torch-trace "$f" --out "$R/$name/trace_split.json" > "$R/$name/trace_split.log" 2>&1
+  done
+  [[ -d $R/$name/trace ]] && mkdir -p /tmp/traces && mv "$R/$name/trace" "/tmp/traces/$name"
+  return 0
+}
 rl() {  # NAME PHASE URL MODEL BATCH N [OVERRIDE...]: rl_start, py-spy where PROFILE names it, then its end
-  local name=$1 spy=""
-  rl_start "$@"
+  local name=$1 spy="" traced=()
+  if [[ ,$TRACE, == *,$name,* ]]; then
+    traced=(global_profiler.tool=torch "global_profiler.steps=[$TRACE_STEP]" "global_profiler.save_path=$R/$name/trace"
+            actor_rollout_ref.actor.profiler.enable=true "actor_rollout_ref.actor.profiler.tool_config.torch.contents=[cuda]")
+  fi
+  rl_start "$@" "${traced[@]}"
   if [[ ,$PROFILE, == *,$name,* ]]; then profile "$name" & spy=$!; fi
   wait_all "$name"
   # the profiler only: a bare `wait` would also wait for nvidia-smi's sampler, a child of this script until its end
   if [[ -n $spy ]]; then wait "$spy"; fi
+  if (( ${#traced[@]} )); then trace_split "$name"; fi
 }
 
 wave_sft() {
@@ -138,14 +157,16 @@ wave_floor() {
 
 wave_b1() {
   # C1's executor starts beside B1, as the loop starts it beside C1's trainer: its ready time is a row
-  $J start exec_pi2 -- python3 -m trainer serve start --model "$PI2" --name pi2 --gpus "$LAST" --port 18500 --mem 0.12 \
-    --graphs-only --wait
+  wave_exec
   rl b1_fast b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N"
 }
-wave_c1() {
+wave_exec() {  # π2's executor for C1, started and not waited for (the next waves run while it loads)
   # (not `status | grep -q`: under pipefail grep's early exit fails the pipe and a second executor would start)
   [[ -f ${JOBS:-/tmp/jobs}/exec_pi2.start ]] || $J start exec_pi2 -- python3 -m trainer serve start --model "$PI2" --name pi2 \
     --gpus "$LAST" --port 18500 --mem 0.12 --graphs-only --wait
+}
+wave_c1() {
+  wave_exec
   wait_all exec_pi2
   REWARD_API_EXECUTOR_URLS=http://127.0.0.1:18500 REWARD_API_EXECUTOR_MODEL=pi2 \
     $J start api_c1 -- python3 -m services.reward_api --host 127.0.0.1 --port 18420 --workers 4
@@ -156,7 +177,7 @@ wave_c1() {
 wave_stock() {
   note b1_stock
   $J start b1_stock -- python3 -m bench.verl_stock --data "$DATA" --model "$PI1" --out "$R/b1_stock" \
-    --steps "$RL_STEPS" --batch "$BATCH" --n "$N" --gpus "$NG"
+    --steps "$STOCK_STEPS" --batch "$BATCH" --n "$N" --gpus "$NG"
   wait_all b1_stock
 }
 wave_padded() { rl b1_padded b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${PADDED[@]}"; }

@@ -211,3 +211,26 @@ def test_side_by_side_runs_average_only_the_steps_that_overlap() -> None:
     assert got == {"b1": [2, 3], "b2": [0, 1]}  # the window is [115, 140]: b1's last two steps, b2's first two
     assert rl_step.overlapping_steps({"b1": (0.0, [5.0]), "b2": (10.0, [5.0])}) == {"b1": [], "b2": []}
     assert rl_step.overlapping_steps({"b1": (0.0, []), "b2": (0.0, [1.0])}) == {"b1": [], "b2": []}
+
+
+def test_a_traced_step_is_left_out_of_the_means_and_its_split_reported(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(rl_step, "RESULTS_DIR", tmp_path / "results")
+    monkeypatch.setattr("bench.common.RESULTS_DIR", tmp_path / "results")
+    root = tmp_path / "t"
+    steps = [_step(20, 9, 0, 0, 6), _step(7, 3, 0, 0, 3), _step(30, 3, 0, 0, 26), _step(5, 2, 0, 0, 2)]
+    _grpo_run(root, "b1_uniproc", steps, 1, 55)
+    cmd = root / "rl" / "b1_uniproc" / "command.sh"
+    cmd.write_text(cmd.read_text().strip() + " global_profiler.tool=torch global_profiler.steps=[3]\n")
+    split = {"span_s": 26.0, "gpu_busy_s": 4.0, "trace": "w.json.gz", "cpu_ops": [], "gpu_kernels": [],
+             "regions": {"mini_batch": {"count": 8, "wall_s": 20.0, "gpu_busy_s": 4.0, "gpu_share": 0.2}}}
+    (root / "rl" / "b1_uniproc" / "trace_split.json").write_text(json.dumps(split))
+    (root / "jobs").mkdir()
+    (root / "jobs" / "stages.tsv").write_text(f"b1_uniproc\t{T0}\t{T0 + 300}\t300\n")
+    (root / "jobs" / "b1_uniproc.rc").write_text("0\n")
+    (root / "card.txt").write_text("0, NVIDIA H200, 143771 MiB, 580.159.04\n")
+    p = rl_step.run([root])
+    run = p["runs"]["b1_uniproc"]
+    assert run["steps_traced"] == [3] and run["steps"] == 3 and run["step_s"] == pytest.approx(6.0)
+    assert run["trace"]["regions"]["mini_batch"]["gpu_share"] == 0.2
+    md = (tmp_path / "results" / "rl_step.md").read_text()
+    assert "## A traced step's worker stages" in md and "| mini_batch | 8 | 20.000 | 4.000 | 0.20 |" in md

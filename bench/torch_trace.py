@@ -1,0 +1,144 @@
+"""Where a profiled stage's time goes, from PyTorch's chrome trace (VERL's ``global_profiler.tool=torch``).
+
+``python -m bench torch-trace TRACE.json.gz [--out SPLIT.json]`` reads one trace (a worker's profiled step) and
+writes a small summary that travels where a trace of tens of MB does not: the traced span, each named region
+(VERL's stage and ``mini_batch<i>`` / ``micro_batch<i>`` annotations) with its wall time and the GPU's busy time
+inside it (the union of kernel and memcpy intervals), and the heaviest CPU operators and GPU kernels by self time.
+A region whose GPU busy share is low is bound by the host (Python, launches, synchronisation), not by the card.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import typer
+
+GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+# the per-index annotations are summed by kind (mini_batch0..7 -> mini_batch)
+_INDEXED = re.compile(r"^(mini_batch|micro_batch)\d+$")
+# FSDP's per-module annotations are summed over the layers (``FSDP::pre_forward (model.layers.12)``)
+_LAYER = re.compile(r"\.layers\.\d+\)$")
+REGIONS = 20  # the longest regions kept
+
+
+def load_events(path: Path) -> list[dict[str, Any]]:
+    """The complete ('X') events of a chrome trace file (gzip or plain JSON)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    return [e for e in events if e.get("ph") == "X" and "dur" in e and "ts" in e]
+
+
+def _union_us(intervals: list[tuple[float, float]]) -> float:
+    """Total length of the union of [start, end) intervals."""
+    total = 0.0
+    end = float("-inf")
+    for s, e in sorted(intervals):
+        if s >= end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def _clip(intervals: list[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:
+    return [(max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi]
+
+
+def split(events: list[dict[str, Any]], top: int = 12) -> dict[str, Any]:
+    """The summary of one trace; times in seconds."""
+    if not events:
+        raise ValueError("the trace holds no complete events")
+    gpu = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events if e.get("cat") in GPU_CATS]
+    cpu_ops = [e for e in events if e.get("cat") == "cpu_op"]
+    notes = [e for e in events if e.get("cat") == "user_annotation"]
+    start = min(float(e["ts"]) for e in events)
+    end = max(float(e["ts"]) + float(e["dur"]) for e in events)
+    regions: dict[str, dict[str, float]] = defaultdict(lambda: {"count": 0, "wall_s": 0.0, "gpu_busy_s": 0.0})
+    for e in notes:
+        name = _LAYER.sub(".layers.*)", _INDEXED.sub(r"\1", str(e["name"])))
+        lo, hi = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+        r = regions[name]
+        r["count"] += 1
+        r["wall_s"] += (hi - lo) / 1e6
+        r["gpu_busy_s"] += _union_us(_clip(gpu, lo, hi)) / 1e6
+    for r in regions.values():
+        r["wall_s"], r["gpu_busy_s"] = round(r["wall_s"], 4), round(r["gpu_busy_s"], 4)
+        r["gpu_share"] = round(r["gpu_busy_s"] / r["wall_s"], 3) if r["wall_s"] else 0.0
+
+    def heaviest(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        by: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+        for e in evs:
+            b = by[str(e["name"])]
+            b[0] += 1
+            b[1] += float(e["dur"])
+        rows = sorted(by.items(), key=lambda kv: kv[1][1], reverse=True)[:top]
+        return [{"name": k[:120], "calls": int(v[0]), "total_s": round(v[1] / 1e6, 4)} for k, v in rows]
+
+    # a CPU operator's self time: its duration less its direct children's (the trace nests them by time, per thread)
+    return {
+        "span_s": round((end - start) / 1e6, 4),
+        "gpu_busy_s": round(_union_us(gpu) / 1e6, 4),
+        "regions": dict(sorted(regions.items(), key=lambda kv: kv[1]["wall_s"], reverse=True)[:REGIONS]),
+        "cpu_ops": heaviest(_top_level(cpu_ops)),
+        "gpu_kernels": heaviest([e for e in events if e.get("cat") in GPU_CATS]),
+    }
+
+
+def _top_level(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The CPU operators not inside another operator on the same thread: their durations add up without overlap."""
+    out: list[dict[str, Any]] = []
+    by_thread: dict[tuple[Any, Any], list[dict[str, Any]]] = defaultdict(list)
+    for e in ops:
+        by_thread[(e.get("pid"), e.get("tid"))].append(e)
+    for evs in by_thread.values():
+        end = float("-inf")
+        for e in sorted(evs, key=lambda x: (float(x["ts"]), -float(x["dur"]))):
+            if float(e["ts"]) >= end:
+                out.append(e)
+                end = float(e["ts"]) + float(e["dur"])
+    return out
+
+
+def markdown(summary: dict[str, Any], title: str) -> str:
+    lines = [
+        f"### {title}: {summary['span_s']:.2f} s traced, GPU busy {summary['gpu_busy_s']:.2f} s",
+        "",
+        "| region | count | wall s | GPU busy s | GPU share |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {k} | {r['count']} | {r['wall_s']:.3f} | {r['gpu_busy_s']:.3f} | {r['gpu_share']:.2f} |"
+        for k, r in summary["regions"].items()
+    ]
+    lines += ["", "| top-level CPU operator | calls | s |", "|---|---|---|"]
+    lines += [f"| `{o['name']}` | {o['calls']} | {o['total_s']:.3f} |" for o in summary["cpu_ops"]]
+    lines += ["", "| GPU kernel | calls | s |", "|---|---|---|"]
+    lines += [f"| `{o['name'][:80]}` | {o['calls']} | {o['total_s']:.3f} |" for o in summary["gpu_kernels"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(
+    trace: Path = typer.Argument(..., exists=True, dir_okay=False, help="a chrome trace (.json or .json.gz)"),
+    out: Path | None = typer.Option(None, help="write the summary here as JSON (else print it as Markdown)"),
+    top: int = typer.Option(12, min=1, help="operators and kernels listed"),
+) -> None:
+    """Where a traced stage's time goes: regions, GPU busy share, heaviest CPU operators and kernels."""
+    summary = split(load_events(trace), top=top)
+    summary["trace"] = trace.name
+    if out:
+        out.write_text(json.dumps(summary, indent=1))
+    else:
+        typer.echo(markdown(summary, trace.name))
+
+
+if __name__ == "__main__":
+    typer.run(main)
