@@ -17,9 +17,9 @@
 #          step), without asynchronous scheduling and streaming every token: the gpu profile's scheduler
 #          settings (1,024 / 32,768, asynchronous, every 16 tokens) against VERL's
 #   fused  b1_fused: B1 with FUSED, VERL's fused log-prob and entropy kernels in the update (torch backend)
-#   uniproc b1_uniproc: B1 with UNIPROC, vLLM's model run inside its EngineCore process (vLLM's uni executor) instead of
-#          a worker process of its own (VERL asks for "mp"): one process start fewer (18-23 s of the start-up in
-#          bench/results/rl_step_shared.md) and no hop between two processes at each scheduler step
+#   multiproc b1_multiproc: B1 with MULTIPROC, vLLM's model in a worker process of its own (VERL's "mp" executor)
+#          instead of the gpu profile's uni executor (the model inside vLLM's EngineCore process: one process start
+#          fewer, bench/results/rl_step_trace.md)
 #   verlpath b1_verlpath: B1 with VERLPATH, VERL's own per-sample rollout path (trainer/in_verl/agent_loop_speed.py off)
 #   b2     b2_fast: B2 at BATCH x N
 #   pair   b1_pair ‖ b2_pair: B1 and B2 side by side on the same GPUs, PAIR_STEPS steps each, each rollout engine at
@@ -45,7 +45,7 @@ DATA=${RL_DATA:-/tmp/rl_data}
 SFT_STEPS=${SFT_STEPS:-100}
 RL_STEPS=${RL_STEPS:-6} STOCK_STEPS=${STOCK_STEPS:-${RL_STEPS:-6}}  # VERL's own trainer: ~80 s a step on one H200
 BATCH=${BATCH:-64} N=${N:-16} SMALL_BATCH=${SMALL_BATCH:-32} SMALL_N=${SMALL_N:-8}
-WAVES=${WAVES:-sft,floor,b1,c1,stock,sched,uniproc,fused,verlpath,padded,workers,b2,small}
+WAVES=${WAVES:-sft,floor,b1,c1,stock,sched,multiproc,fused,verlpath,padded,workers,b2,small}
 PAIR_MEMORY=${PAIR_MEMORY:-0.25} PAIR_STEPS=${PAIR_STEPS:-12} PAIR_STAGGER=${PAIR_STAGGER:-60}
 # the floor's scheduler sizes (max_num_seqs/max_num_batched_tokens): VERL's and the gpu profile's
 FLOOR_SIZES=${FLOOR_SIZES:-256/8192 1024/32768}
@@ -84,7 +84,7 @@ WORKERS=(actor_rollout_ref.rollout.agent.num_workers=16 reward.num_workers=8)
 VERLSCHED=(actor_rollout_ref.rollout.max_num_seqs=256 actor_rollout_ref.rollout.max_num_batched_tokens=8192
            actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling=false
            actor_rollout_ref.rollout.engine_kwargs.vllm.stream_interval=1)
-UNIPROC=(+actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend=uni)
+MULTIPROC=(actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend=mp)
 FUSED=(actor_rollout_ref.model.use_fused_kernels=true actor_rollout_ref.model.fused_kernel_options.impl_backend=torch)
 VERLPATH=(agent_loop_speed.reuse_single_turn=false agent_loop_speed.reward_in_process=false
           agent_loop_speed.token_only_outputs=false)
@@ -182,7 +182,7 @@ wave_stock() {
 }
 wave_padded() { rl b1_padded b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${PADDED[@]}"; }
 wave_sched() { rl b1_verlsched b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${VERLSCHED[@]}"; }
-wave_uniproc() { rl b1_uniproc b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${UNIPROC[@]}"; }
+wave_multiproc() { rl b1_multiproc b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${MULTIPROC[@]}"; }
 wave_fused() { rl b1_fused b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${FUSED[@]}"; }
 wave_verlpath() { rl b1_verlpath b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${VERLPATH[@]}"; }
 wave_workers() { rl b1_workers b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${WORKERS[@]}"; }

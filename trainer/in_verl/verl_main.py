@@ -25,6 +25,7 @@ from verl.utils.config import validate_config
 from verl.utils.device import auto_set_device
 
 from trainer.data import prompt_filter
+from trainer.in_verl import vllm_executor
 from trainer.phases import sizing
 from trainer.phases.launch import CONFIG_DIR
 
@@ -63,6 +64,9 @@ def main(config: DictConfig) -> None:
     if chosen is not None:
         print(chosen.describe(), flush=True)
         sizing.record(config, chosen)
+    executor_note = vllm_executor.apply(config)
+    if executor_note:
+        print(executor_note, flush=True)
     auto_set_device(config)
     validate_config(
         config=config,

@@ -288,15 +288,18 @@ def test_the_speed_benchmarks_scheduler_fused_and_verl_path_rows_set_what_they_n
     assert base.agent_loop_speed.token_only_outputs and not c.agent_loop_speed.token_only_outputs
 
 
-def test_the_speed_benchmarks_uniproc_row_runs_vllms_model_in_its_engine_process(env: None) -> None:  # noqa: F811
-    """``rl_step.sh``'s UNIPROC row adds one engine setting, vLLM's uni executor (VERL asks for "mp"; its server
-    passes engine_kwargs.vllm after its own arguments, so the row's value is the one vLLM gets), nothing else."""
+def test_the_profile_runs_vllms_model_in_its_engine_process_and_the_multiproc_row_only_undoes_it(
+    env: None,  # noqa: F811
+) -> None:
+    """The gpu profile asks for vLLM's uni executor (VERL asks for "mp"; its server passes engine_kwargs.vllm after
+    its own arguments, so the profile's value is the one vLLM gets); ``rl_step.sh``'s MULTIPROC row changes that
+    one setting back, nothing else."""
     from trainer.phases.launch import REPO_ROOT
 
-    uniproc = _script_array(REPO_ROOT / "scripts" / "gpu_node" / "rl_step.sh", "UNIPROC")
-    base, c = composed_command(gpu_run("b1")), composed_command(gpu_run("b1", *uniproc))
-    assert "distributed_executor_backend" not in base.actor_rollout_ref.rollout.engine_kwargs.vllm
-    assert c.actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend == "uni"
+    multiproc = _script_array(REPO_ROOT / "scripts" / "gpu_node" / "rl_step.sh", "MULTIPROC")
+    base, c = composed_command(gpu_run("b1")), composed_command(gpu_run("b1", *multiproc))
+    assert base.actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend == "uni"
+    assert c.actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend == "mp"
     assert _changed(c, base) == {"actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend"}
 
 
