@@ -159,6 +159,19 @@ def torch_trace(
     tt.main(trace, out, top)
 
 
+@app.command(name="response-padding")
+def response_padding(
+    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    samples: Annotated[int, typer.Option(min=1, help="samples in the micro batch")] = 128,
+    repeats: Annotated[int, typer.Option(min=1)] = 5,
+) -> None:
+    """The update loss's response slicing, VERL's loop against one gather: bench/results/response_padding*."""
+    from bench import response_padding as rp
+
+    p = rp.run(device, samples, repeats)
+    print({k: (r["median_s"], r["item_calls"]) for k, r in p["rows"].items()}, "speedup", p["speedup"])
+
+
 @app.command(name="rl-step")
 def rl_step(
     collected: Annotated[

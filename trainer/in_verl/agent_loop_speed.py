@@ -42,17 +42,16 @@ that module is first imported (an import hook), or at once if it already is.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import json
 import logging
-import sys
 import threading
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
 from cachetools import LRUCache
+
+from trainer.in_verl.import_hook import patch_on_import
 
 __all__ = [
     "AGENT_LOOP_MODULE",
@@ -260,42 +259,9 @@ def patch(module: ModuleType) -> None:
     _log.info("%s: VERL's AgentLoopWorker patched (single-turn reuse, in-process reward, by config)", MODULE)
 
 
-class _PatchAfterImport(importlib.abc.MetaPathFinder):
-    """Finds VERL's agent-loop module with the other finders and patches it once it has executed."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != AGENT_LOOP_MODULE:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _Patching(spec.loader)
-                return spec
-        return None
-
-
-class _Patching(importlib.abc.Loader):
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self._loader.create_module(spec)  # type: ignore[no-any-return]
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._loader.exec_module(module)
-        patch(module)
-
-
 def install() -> None:
     """Patch now if VERL's agent loop is imported, else when it is (idempotent)."""
-    loaded = sys.modules.get(AGENT_LOOP_MODULE)
-    if loaded is not None and hasattr(loaded, "AgentLoopWorker"):
-        patch(loaded)
-        return
-    if not any(isinstance(f, _PatchAfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchAfterImport())
+    patch_on_import(AGENT_LOOP_MODULE, patch, "AgentLoopWorker")
 
 
 install()

