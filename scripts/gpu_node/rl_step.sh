@@ -4,7 +4,8 @@
 #   sft    a1_fast ‖ a2_fast: SFT side by side on the node's GPUs (SFT_STEPS steps each; the epoch is extrapolated)
 #   floor  the step's generation and update without VERL (python -m bench step-floor; into floor.jsonl): vLLM's
 #          offline engine on B1's first BATCH prompts x N at VERL's scheduler sizes (256 / 8,192) and the profile's (1,024 / 32,768),
-#          then the update of those samples (the policy alone, packed micro batches, PyTorch's profiler)
+#          then the update of those samples (the policy alone, packed micro batches, PyTorch's profiler), and
+#          python -m bench response-padding --device cuda (the update loss's response slicing; into floor/)
 #   b1     exec_pi2 (π2's executor for C1, decode graphs without torch.compile, started beside B1: its ready
 #          time is measured there) and b1_fast: B1 at BATCH x N, the gpu profile
 #   exec   exec_pi2 alone, not waited for: C1's executor loads while the waves between it and c1 run
@@ -153,6 +154,9 @@ wave_floor() {
   $J start floor_update -- python3 -m bench step-floor update --model "$PI1" --responses "$R/floor/floor.responses.json" \
     --out "$R/floor/floor.jsonl"
   wait_all floor_update
+  # the update loss's response slicing, VERL's loop against one gather, on the card (into the collected folder)
+  BENCH_RESULTS_DIR=$R/floor $J start floor_padding -- python3 -m bench response-padding --device cuda
+  wait_all floor_padding
 }
 
 wave_b1() {
