@@ -23,11 +23,12 @@ from trainer.phases.launch import (  # noqa: E402
     AGENT_LOOP_SPEED,
     FAST_LOGPROBS,
     PACKED_ATTENTION,
+    RESPONSE_PADDING,
     PhaseRun,
     external_modules,
 )
 
-ALWAYS = f"{FAST_LOGPROBS},{PACKED_ATTENTION},{AGENT_LOOP_SPEED}"
+ALWAYS = f"{FAST_LOGPROBS},{PACKED_ATTENTION},{AGENT_LOOP_SPEED},{RESPONSE_PADDING}"
 from trainer.registry.phases import get_phase  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
