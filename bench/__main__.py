@@ -156,7 +156,7 @@ def torch_trace(
     """Where a profiled stage's time goes (regions, GPU busy share, heaviest operators): bench/torch_trace.py."""
     from bench import torch_trace as tt
 
-    tt.main(trace, out, top)
+    tt.summarise(trace, out, top)
 
 
 @app.command(name="response-padding")

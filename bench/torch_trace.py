@@ -3,7 +3,8 @@
 ``python -m bench torch-trace TRACE.json.gz [--out SPLIT.json]`` reads one trace (a worker's profiled step) and
 writes a small summary that travels where a trace of tens of MB does not: the traced span, each named region
 (VERL's stage and ``mini_batch<i>`` / ``micro_batch<i>`` annotations) with its wall time and the GPU's busy time
-inside it (the union of kernel and memcpy intervals), and the heaviest CPU operators and GPU kernels by self time.
+inside it (the union of kernel and memcpy intervals), the heaviest top-level CPU operators (those not inside another
+operator of their thread) and the heaviest GPU kernels, by total duration.
 A region whose GPU busy share is low is bound by the host (Python, launches, synchronisation), not by the card.
 """
 
@@ -15,8 +16,6 @@ import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
-
-import typer
 
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 # the per-index annotations are summed by kind (mini_batch0..7 -> mini_batch)
@@ -83,7 +82,6 @@ def split(events: list[dict[str, Any]], top: int = 12) -> dict[str, Any]:
         rows = sorted(by.items(), key=lambda kv: kv[1][1], reverse=True)[:top]
         return [{"name": k[:120], "calls": int(v[0]), "total_s": round(v[1] / 1e6, 4)} for k, v in rows]
 
-    # a CPU operator's self time: its duration less its direct children's (the trace nests them by time, per thread)
     return {
         "span_s": round((end - start) / 1e6, 4),
         "gpu_busy_s": round(_union_us(gpu) / 1e6, 4),
@@ -126,19 +124,12 @@ def markdown(summary: dict[str, Any], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(
-    trace: Path = typer.Argument(..., exists=True, dir_okay=False, help="a chrome trace (.json or .json.gz)"),
-    out: Path | None = typer.Option(None, help="write the summary here as JSON (else print it as Markdown)"),
-    top: int = typer.Option(12, min=1, help="operators and kernels listed"),
-) -> None:
-    """Where a traced stage's time goes: regions, GPU busy share, heaviest CPU operators and kernels."""
+def summarise(trace: Path, out: Path | None = None, top: int = 12) -> dict[str, Any]:
+    """Split ``trace``; with ``out`` write the summary there as JSON, else print it as Markdown."""
     summary = split(load_events(trace), top=top)
     summary["trace"] = trace.name
     if out:
         out.write_text(json.dumps(summary, indent=1))
     else:
-        typer.echo(markdown(summary, trace.name))
-
-
-if __name__ == "__main__":
-    typer.run(main)
+        print(markdown(summary, trace.name))
+    return summary

@@ -112,12 +112,10 @@ rl_start() {  # NAME PHASE URL MODEL BATCH N [OVERRIDE...]: the run started as a
   $J start "$name" -- python3 -m trainer run "$phase" --out "$R/$name" --reward-url "$url" --model "$model" \
     "${RL[@]}" "data.train_batch_size=$batch" "actor_rollout_ref.rollout.n=$n" "$@"
 }
-trace_split() {  # NAME: the run's torch traces summarised beside it; the traces themselves out of the collected folder
+trace_split() {  # NAME: the run's torch trace (one step, the actor) summarised beside it; the trace out of the collected folder
   local name=$1 f
-  for f in "$R/$name"/trace/*.json.gz; do
-    [[ -f $f ]] || continue
-    python3 -m bench torch-trace "$f" --out "$R/$name/trace_split.json" > "$R/$name/trace_split.log" 2>&1
-  done
+  f=$(ls -t "$R/$name"/trace/*.json.gz 2> /dev/null | head -1)
+  [[ -n $f ]] && python3 -m bench torch-trace "$f" --out "$R/$name/trace_split.json" > "$R/$name/trace_split.log" 2>&1
   [[ -d $R/$name/trace ]] && mkdir -p /tmp/traces && mv "$R/$name/trace" "/tmp/traces/$name"
   return 0
 }

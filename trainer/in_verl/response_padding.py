@@ -3,9 +3,9 @@
 Why: VERL's PPO loss (``verl.workers.utils.losses.ppo_loss``) turns the packed log-probs and entropy of a micro
 batch into padded ``(samples, response length)`` tensors with ``no_padding_2_padding``, which slices the packed
 values once per sample with offsets held in tensors and pads each slice. On a GPU every such slice reads its bounds
-back from the device (``aten::item``: 36,281 calls in one B1 update of 64 x 16, 1,024 samples) and the backward
-pass adds one full-length gradient per slice; PyTorch's profiler put the update's GPU busy share at 33%
-(bench/results/rl_step_trace.md).
+back from the device (772 ``aten::item`` calls a micro batch of 128 samples, bench/results/response_padding.md) and
+the backward pass adds one full-length gradient per slice. PyTorch's profiler put B1's update at a GPU busy share of
+33%, with 36,281 ``aten::item`` calls in all (bench/results/rl_step_trace.md); this loop is part of them.
 
 What: :func:`responses_padded` computes the same tensor with one index and one gather: sample ``i``'s position
 ``j`` is the packed value at ``end_i - response_len_i - 1 + j`` (the model's output for the token before it), and 0
@@ -31,7 +31,6 @@ __all__ = ["LOSSES_MODULE", "MODULE", "install", "patch", "responses_padded"]
 
 MODULE = "trainer.in_verl.response_padding"
 LOSSES_MODULE = "verl.workers.utils.losses"
-_ORIGINAL_ATTR = "_stx_original_no_padding_2_padding"
 
 _log = logging.getLogger(__name__)
 
@@ -81,14 +80,8 @@ def patch(module: ModuleType) -> None:
     """Point the loss module's ``no_padding_2_padding`` at :func:`responses_padded` (idempotent)."""
     if getattr(module, "no_padding_2_padding", None) is responses_padded:
         return
-    setattr(module, _ORIGINAL_ATTR, getattr(module, "no_padding_2_padding"))  # noqa: B009
     setattr(module, "no_padding_2_padding", responses_padded)  # noqa: B010
     _log.info("%s: VERL's loss slices responses in one gather", MODULE)
-
-
-def original(module: ModuleType) -> Any:
-    """VERL's own function (after :func:`patch`)."""
-    return getattr(module, _ORIGINAL_ATTR, getattr(module, "no_padding_2_padding", None))
 
 
 def install() -> None:
