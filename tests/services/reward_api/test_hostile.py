@@ -457,7 +457,9 @@ def test_a_replica_whose_generation_hangs_is_not_ready(golden_sample: list[Golde
         assert httpx.get(f"{api.url}/readyz/pipeline", timeout=10).status_code == 200 and fx.calls == calls
     with (
         FaultyExecutor("hang", hang_s=30) as fx,
-        service(fx.url, REWARD_API_READY_TIMEOUT_S="1", REWARD_API_READY_GENERATION_FRESH_S="0") as api,
+        # a probe timeout a loaded 2-core machine answers within (at 1 s the "ok" probe itself timed out under CI's
+        # parallel lanes); the hang (30 s) still outlasts it
+        service(fx.url, REWARD_API_READY_TIMEOUT_S="5", REWARD_API_READY_GENERATION_FRESH_S="0") as api,
     ):
         fx.mode = "ok"
         assert httpx.get(f"{api.url}/readyz/pipeline", timeout=10).status_code == 200
