@@ -172,6 +172,22 @@ def response_padding(
     print({k: (r["median_s"], r["item_calls"]) for k, r in p["rows"].items()}, "speedup", p["speedup"])
 
 
+@app.command(name="nested-batches")
+def nested_batches(
+    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    samples: Annotated[int, typer.Option(min=1, help="sequences in the step batch")] = 1024,
+    mini: Annotated[int, typer.Option(min=1, help="samples in a mini batch")] = 128,
+    fields: Annotated[int, typer.Option(min=2, help="packed nested fields in the batch")] = 17,
+    repeats: Annotated[int, typer.Option(min=1)] = 3,
+) -> None:
+    """The update's batch splitting, VERL's per-sample selection against offsets: bench/results/nested_batches*."""
+    from bench import nested_batches as nbb
+
+    p = nbb.run(device, samples, mini, fields, repeats)
+    rows = {k: (r["median_s"], r["item_calls"], r["unbind_calls"]) for k, r in p["rows"].items()}
+    print(rows, "speedup", p["speedup"])
+
+
 @app.command(name="rl-step")
 def rl_step(
     collected: Annotated[

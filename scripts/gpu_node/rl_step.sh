@@ -5,7 +5,9 @@
 #   floor  the step's generation and update without VERL (python -m bench step-floor; into floor.jsonl): vLLM's
 #          offline engine on B1's first BATCH prompts x N at VERL's scheduler sizes (256 / 8,192) and the profile's (1,024 / 32,768),
 #          then the update of those samples (the policy alone, packed micro batches, PyTorch's profiler), and
-#          python -m bench response-padding --device cuda (the update loss's response slicing; into floor/)
+#          then the micro wave
+#   micro  python -m bench response-padding and nested-batches --device cuda (the update loss's response slicing, the
+#          update's mini and micro batch selection: VERL's per-sample loops against this project's gathers; into floor/)
 #   b1     exec_pi2 (π2's executor for C1, decode graphs without torch.compile, started beside B1: its ready
 #          time is measured there) and b1_fast: B1 at BATCH x N, the gpu profile
 #   exec   exec_pi2 alone, not waited for: C1's executor loads while the waves between it and c1 run
@@ -22,6 +24,8 @@
 #          instead of the gpu profile's uni executor (the model inside vLLM's EngineCore process: one process start
 #          fewer, bench/results/rl_step_trace.md)
 #   verlpath b1_verlpath: B1 with VERLPATH, VERL's own per-sample rollout path (trainer/in_verl/agent_loop_speed.py off)
+#   verlbatch b1_verlbatch: B1 with TRAINER_SPEEDUPS_OFF=response_padding,nested_batches: VERL's own per-sample slicing
+#          and batch selection in the update
 #   b2     b2_fast: B2 at BATCH x N
 #   pair   b1_pair ‖ b2_pair: B1 and B2 side by side on the same GPUs, PAIR_STEPS steps each, each rollout engine at
 #          PAIR_MEMORY of the card, B2 started PAIR_STAGGER s after B1 (two vLLM engines sizing their memory at once on
@@ -46,7 +50,7 @@ DATA=${RL_DATA:-/tmp/rl_data}
 SFT_STEPS=${SFT_STEPS:-100}
 RL_STEPS=${RL_STEPS:-6} STOCK_STEPS=${STOCK_STEPS:-${RL_STEPS:-6}}  # VERL's own trainer: ~80 s a step on one H200
 BATCH=${BATCH:-64} N=${N:-16} SMALL_BATCH=${SMALL_BATCH:-32} SMALL_N=${SMALL_N:-8}
-WAVES=${WAVES:-sft,floor,b1,c1,stock,sched,multiproc,fused,verlpath,padded,workers,b2,small}
+WAVES=${WAVES:-sft,floor,b1,c1,stock,sched,multiproc,fused,verlpath,verlbatch,padded,workers,b2,small}
 PAIR_MEMORY=${PAIR_MEMORY:-0.25} PAIR_STEPS=${PAIR_STEPS:-12} PAIR_STAGGER=${PAIR_STAGGER:-60}
 # the floor's scheduler sizes (max_num_seqs/max_num_batched_tokens): VERL's and the gpu profile's
 FLOOR_SIZES=${FLOOR_SIZES:-256/8192 1024/32768}
@@ -152,9 +156,13 @@ wave_floor() {
   $J start floor_update -- python3 -m bench step-floor update --model "$PI1" --responses "$R/floor/floor.responses.json" \
     --out "$R/floor/floor.jsonl"
   wait_all floor_update
-  # the update loss's response slicing, VERL's loop against one gather, on the card (into the collected folder)
+  wave_micro
+}
+wave_micro() {  # VERL's per-sample loops against this project's gathers, on the card (into the collected folder)
   BENCH_RESULTS_DIR=$R/floor $J start floor_padding -- python3 -m bench response-padding --device cuda
   wait_all floor_padding
+  BENCH_RESULTS_DIR=$R/floor $J start floor_batches -- python3 -m bench nested-batches --device cuda
+  wait_all floor_batches
 }
 
 wave_b1() {
@@ -186,6 +194,9 @@ wave_padded() { rl b1_padded b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${P
 wave_sched() { rl b1_verlsched b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${VERLSCHED[@]}"; }
 wave_multiproc() { rl b1_multiproc b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${MULTIPROC[@]}"; }
 wave_fused() { rl b1_fused b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${FUSED[@]}"; }
+wave_verlbatch() {
+  TRAINER_SPEEDUPS_OFF=response_padding,nested_batches rl b1_verlbatch b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N"
+}
 wave_verlpath() { rl b1_verlpath b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${VERLPATH[@]}"; }
 wave_workers() { rl b1_workers b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${WORKERS[@]}"; }
 wave_b2() { rl b2_fast b2 http://127.0.0.1:18410 "$PI2" "$BATCH" "$N"; }

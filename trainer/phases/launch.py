@@ -20,7 +20,8 @@ or the variables a user sets for them (``CLIENT_URL_ENV``, ``CLIENT_TOKEN_ENV`` 
 (``VERL_USE_EXTERNAL_MODULES=trainer.in_verl.cpu_shim``); the GPU path never imports it. Every profile loads
 ``trainer.in_verl.fast_logprobs`` (VERL's per-token log-prob loop without flash-attn) and
 ``trainer.in_verl.packed_attention`` (padding-free micro batches without flash-attn), ``agent_loop_speed`` and
-``response_padding`` (the update loss's response slicing in one gather) the same way.
+``response_padding`` (the update loss's response slicing in one gather) and ``nested_batches`` (mini and micro
+batches selected by offsets) the same way; ``TRAINER_SPEEDUPS_OFF`` leaves those two out, to measure without them.
 
 Outputs under ``--out``: ``checkpoints/global_step_N/…``, ``checkpoints/early_stopping.json``
 (RL), ``metrics.jsonl`` (VERL's file logger), ``train.log``, ``hf/`` (the exported best
@@ -73,7 +74,12 @@ FAST_LOGPROBS = "trainer.in_verl.fast_logprobs"
 PACKED_ATTENTION = "trainer.in_verl.packed_attention"
 AGENT_LOOP_SPEED = "trainer.in_verl.agent_loop_speed"
 RESPONSE_PADDING = "trainer.in_verl.response_padding"
-ALWAYS_LOADED = (FAST_LOGPROBS, PACKED_ATTENTION, AGENT_LOOP_SPEED, RESPONSE_PADDING)
+NESTED_BATCHES = "trainer.in_verl.nested_batches"
+ALWAYS_LOADED = (FAST_LOGPROBS, PACKED_ATTENTION, AGENT_LOOP_SPEED, RESPONSE_PADDING, NESTED_BATCHES)
+# Those whose results equal VERL's own, left out by name (``TRAINER_SPEEDUPS_OFF=response_padding,nested_batches``)
+# to measure a step without them.
+SPEEDUPS_OFF_ENV = "TRAINER_SPEEDUPS_OFF"
+SPEEDUPS = {m.rsplit(".", 1)[1]: m for m in (RESPONSE_PADDING, NESTED_BATCHES)}
 
 # vLLM-CPU and Ray settings of docs/notes/verl-cpu.md and docs/notes/vllm-cpu.md; CPU profile only.
 CPU_ENV: dict[str, str] = {
@@ -106,12 +112,24 @@ def repo_first(pythonpath: str) -> str:
     return os.pathsep.join(p for p in (str(REPO_ROOT), pythonpath) if p)
 
 
-def external_modules(profile: Profile, inherited: str = "") -> str:
+def speedups_off(value: str) -> set[str]:
+    """The modules of :data:`SPEEDUPS` that ``TRAINER_SPEEDUPS_OFF`` (comma-separated short names) leaves out."""
+    names = {n.strip() for n in value.split(",") if n.strip()}
+    unknown = sorted(names - set(SPEEDUPS))
+    if unknown:
+        raise ValueError(f"{SPEEDUPS_OFF_ENV}: unknown {unknown}; it may name {sorted(SPEEDUPS)}")
+    return {SPEEDUPS[n] for n in names}
+
+
+def external_modules(profile: Profile, inherited: str = "", off: str = "") -> str:
     """``VERL_USE_EXTERNAL_MODULES`` of a phase: the inherited modules, the CPU shim only for
-    ``cpu-smoke`` (dropped on GPU even when inherited), and always :data:`ALWAYS_LOADED`."""
+    ``cpu-smoke`` (dropped on GPU even when inherited), and always :data:`ALWAYS_LOADED` but the speed-ups
+    ``off`` names (``TRAINER_SPEEDUPS_OFF``)."""
     shim = CPU_ENV["VERL_USE_EXTERNAL_MODULES"]
     modules = [m.strip() for m in inherited.split(",") if m.strip() and m.strip() not in (shim, *ALWAYS_LOADED)]
-    return ",".join(([shim] if profile == "cpu-smoke" else []) + modules + list(ALWAYS_LOADED))
+    left_out = speedups_off(off)
+    always = [m for m in ALWAYS_LOADED if m not in left_out]
+    return ",".join(([shim] if profile == "cpu-smoke" else []) + modules + always)
 
 
 def check_profile(profile: str) -> Profile:
@@ -154,7 +172,9 @@ class PhaseRun:
             for key in ("VERL_PLATFORM", "VERL_ENGINE_DEVICE"):
                 if env.get(key, "").strip() in ("cpu", "cuda"):
                     env.pop(key)
-        env["VERL_USE_EXTERNAL_MODULES"] = external_modules(self.profile, env.get("VERL_USE_EXTERNAL_MODULES", ""))
+        env["VERL_USE_EXTERNAL_MODULES"] = external_modules(
+            self.profile, env.get("VERL_USE_EXTERNAL_MODULES", ""), env.get(SPEEDUPS_OFF_ENV, "")
+        )
         env.setdefault(*RAY_WORKER_NICENESS)
         env["PYTHONPATH"] = repo_first(env.get("PYTHONPATH", ""))
         env["TRAINER_REPO_ROOT"] = str(REPO_ROOT)

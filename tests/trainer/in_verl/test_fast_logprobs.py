@@ -22,13 +22,14 @@ from trainer.in_verl import fast_logprobs  # noqa: E402
 from trainer.phases.launch import (  # noqa: E402
     AGENT_LOOP_SPEED,
     FAST_LOGPROBS,
+    NESTED_BATCHES,
     PACKED_ATTENTION,
     RESPONSE_PADDING,
     PhaseRun,
     external_modules,
 )
 
-ALWAYS = f"{FAST_LOGPROBS},{PACKED_ATTENTION},{AGENT_LOOP_SPEED},{RESPONSE_PADDING}"
+ALWAYS = f"{FAST_LOGPROBS},{PACKED_ATTENTION},{AGENT_LOOP_SPEED},{RESPONSE_PADDING},{NESTED_BATCHES}"
 from trainer.registry.phases import get_phase  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
@@ -102,6 +103,14 @@ def test_verls_entry_point_uses_it_after_install() -> None:
 )
 def test_external_modules(profile: str, inherited: str, expected: str) -> None:
     assert external_modules(profile, inherited) == expected  # type: ignore[arg-type]
+
+
+def test_speedups_are_left_out_by_name_and_an_unknown_name_is_refused() -> None:
+    got = external_modules("gpu", "", "nested_batches, response_padding")
+    assert got == f"{FAST_LOGPROBS},{PACKED_ATTENTION},{AGENT_LOOP_SPEED}"
+    assert external_modules("gpu", "", "nested_batches").endswith(RESPONSE_PADDING)
+    with pytest.raises(ValueError, match=r"TRAINER_SPEEDUPS_OFF: unknown \['fast_logprobs'\]"):
+        external_modules("gpu", "", "fast_logprobs")
 
 
 @pytest.mark.verl

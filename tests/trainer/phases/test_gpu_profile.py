@@ -349,3 +349,15 @@ def test_every_default_wave_of_the_speed_benchmark_is_a_function_and_every_wave_
     header = [line for line in text.splitlines() if line.startswith("#")]
     for wave in functions:
         assert any(re.match(rf"#\s+{wave}\s", line) for line in header), f"rl_step.sh: wave {wave} not in the header"
+
+
+def test_the_verlbatch_row_leaves_out_only_speedups_the_launcher_knows() -> None:
+    """``rl_step.sh``'s verlbatch row measures B1 without the update's gathers: the names it sets must be ones the
+    launcher accepts (an unknown one would fail the row on the node, after its start-up)."""
+    import re
+
+    from trainer.phases.launch import REPO_ROOT, SPEEDUPS, speedups_off
+
+    text = (REPO_ROOT / "scripts" / "gpu_node" / "rl_step.sh").read_text()
+    names = re.findall(r"TRAINER_SPEEDUPS_OFF=([\w,]+) rl b1_verlbatch", text)
+    assert names and speedups_off(names[0]) == set(SPEEDUPS.values())

@@ -144,6 +144,8 @@ def test_phase_run_command_and_env(tmp_path: Path) -> None:
     sft = PhaseRun(get_phase("a2"), "gpu", tmp_path, tmp_path, "/m", nproc=8).command()
     assert "verl.trainer.sft_trainer" in sft and "--nproc_per_node=8" in sft and "sft_profile=gpu" in sft
     assert sft[sft.index("--config-path") + 1] == str(CONFIG_DIR)
+    off = run.env({"PATH": "/bin", "TRAINER_SPEEDUPS_OFF": "nested_batches"})["VERL_USE_EXTERNAL_MODULES"]
+    assert "trainer.in_verl.nested_batches" not in off and "trainer.in_verl.response_padding" in off
 
 
 def test_ray_workers_of_a_phase_run_at_niceness_0_unless_the_caller_says_otherwise(tmp_path: Path) -> None:
