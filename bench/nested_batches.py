@@ -14,12 +14,11 @@ Writes ``bench/results/nested_batches[_DEVICE].{json,md}``.
 from __future__ import annotations
 
 import random
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 from bench.common import header_md, md_table, run_record, write_result
+from bench.torch_timing import timed_and_counted
 
 SEQUENCE_LEN = (200, 380)  # prompt + response of B1's samples (~250 + ~35)
 
@@ -77,28 +76,11 @@ def data_path(batch: Any, minis: list[list[Any]], fns: dict[str, Callable[..., A
 
 
 def _measure(batch: Any, mini: int, ours: bool, device: str, repeats: int) -> dict[str, Any]:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
     fns, minis = _functions(ours), mini_batch_indices(len(batch), mini)
-
-    def once() -> None:
-        data_path(batch, minis, fns)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-
-    once()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        once()
-        times.append(time.perf_counter() - t)
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-    with profile(activities=acts) as prof:
-        once()
-    ops = {e.key: e.count for e in prof.key_averages()}
-    return {"median_s": round(statistics.median(times), 4), "times_s": [round(t, 4) for t in times],
-            "item_calls": ops.get("aten::item", 0), "unbind_calls": ops.get("aten::unbind", 0)}  # fmt: skip
+    return timed_and_counted(
+        lambda: data_path(batch, minis, fns), device, repeats,
+        {"item_calls": "aten::item", "unbind_calls": "aten::unbind"}, digits=4,
+    )  # fmt: skip
 
 
 def run(

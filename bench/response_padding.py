@@ -11,12 +11,11 @@ Writes ``bench/results/response_padding[_DEVICE].{json,md}``.
 from __future__ import annotations
 
 import random
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 from bench.common import header_md, md_table, run_record, write_result
+from bench.torch_timing import timed_and_counted
 
 PROMPT_LEN = (180, 320)  # uniform range: B1's prompts (prompt_length/mean ~250)
 RESPONSE_LEN = (15, 60)  # B1's responses (response_length/mean ~35)
@@ -44,29 +43,15 @@ def micro_batch(samples: int, device: str, seed: int = 0) -> tuple[Any, int]:
 
 def _measure(fn: Callable[[Any, Any], Any], data: Any, tokens: int, device: str, repeats: int) -> dict[str, Any]:
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
-    def once() -> None:
+    def work() -> None:
         logp = torch.randn(tokens, device=device, requires_grad=True)
         ent = torch.randn(tokens, device=device, requires_grad=True)
         out = fn(logp, data) * 0.5 + fn(ent, data) * 0.01
         out.sum().backward()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
 
-    once()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        once()
-        times.append(time.perf_counter() - t)
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-    with profile(activities=acts) as prof:
-        once()
-    ops = {e.key: e.count for e in prof.key_averages()}
-    return {"median_s": round(statistics.median(times), 5), "times_s": [round(t, 5) for t in times],
-            "item_calls": ops.get("aten::item", 0), "slice_calls": ops.get("aten::slice", 0),
-            "pad_calls": ops.get("aten::pad", 0)}  # fmt: skip
+    counted = {"item_calls": "aten::item", "slice_calls": "aten::slice", "pad_calls": "aten::pad"}
+    return timed_and_counted(work, device, repeats, counted)
 
 
 def run(device: str = "cpu", samples: int = 128, repeats: int = 5) -> dict[str, Any]:
