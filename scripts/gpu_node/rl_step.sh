@@ -24,6 +24,8 @@
 #          instead of the gpu profile's uni executor (the model inside vLLM's EngineCore process: one process start
 #          fewer, bench/results/rl_step_trace.md)
 #   verlpath b1_verlpath: B1 with VERLPATH, VERL's own per-sample rollout path (trainer/in_verl/agent_loop_speed.py off)
+#   oneunit b1_oneunit: B1 with ONEUNIT, FSDP2 around the whole policy instead of each of its layers (one GPU: the
+#          same parameters and gradients, hooks once a micro batch instead of once a layer)
 #   verlbatch b1_verlbatch: B1 with TRAINER_SPEEDUPS_OFF=response_padding,nested_batches: VERL's own per-sample slicing
 #          and batch selection in the update
 #   b2     b2_fast: B2 at BATCH x N
@@ -50,7 +52,7 @@ DATA=${RL_DATA:-/tmp/rl_data}
 SFT_STEPS=${SFT_STEPS:-100}
 RL_STEPS=${RL_STEPS:-6} STOCK_STEPS=${STOCK_STEPS:-${RL_STEPS:-6}}  # VERL's own trainer: ~80 s a step on one H200
 BATCH=${BATCH:-64} N=${N:-16} SMALL_BATCH=${SMALL_BATCH:-32} SMALL_N=${SMALL_N:-8}
-WAVES=${WAVES:-sft,floor,b1,c1,stock,sched,multiproc,fused,verlpath,verlbatch,padded,workers,b2,small}
+WAVES=${WAVES:-sft,floor,b1,c1,stock,sched,multiproc,fused,oneunit,verlpath,verlbatch,padded,workers,b2,small}
 PAIR_MEMORY=${PAIR_MEMORY:-0.25} PAIR_STEPS=${PAIR_STEPS:-12} PAIR_STAGGER=${PAIR_STAGGER:-60}
 # the floor's scheduler sizes (max_num_seqs/max_num_batched_tokens): VERL's and the gpu profile's
 FLOOR_SIZES=${FLOOR_SIZES:-256/8192 1024/32768}
@@ -90,6 +92,10 @@ VERLSCHED=(actor_rollout_ref.rollout.max_num_seqs=256 actor_rollout_ref.rollout.
            actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling=false
            actor_rollout_ref.rollout.engine_kwargs.vllm.stream_interval=1)
 MULTIPROC=(actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend=mp)
+# FSDP2 around the whole policy as one unit, unsharded after forward (trainer/in_verl/fsdp_whole_model.py): on one GPU
+# the per-layer units shard nothing and add hooks (~0.8 s of B1's update: bench/results/rl_step_batches.md)
+ONEUNIT=(+actor_rollout_ref.actor.fsdp_config.wrap_policy.whole_model=true
+         actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false)
 FUSED=(actor_rollout_ref.model.use_fused_kernels=true actor_rollout_ref.model.fused_kernel_options.impl_backend=torch)
 VERLPATH=(agent_loop_speed.reuse_single_turn=false agent_loop_speed.reward_in_process=false
           agent_loop_speed.token_only_outputs=false)
@@ -193,6 +199,7 @@ wave_stock() {
 wave_padded() { rl b1_padded b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${PADDED[@]}"; }
 wave_sched() { rl b1_verlsched b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${VERLSCHED[@]}"; }
 wave_multiproc() { rl b1_multiproc b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${MULTIPROC[@]}"; }
+wave_oneunit() { rl b1_oneunit b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${ONEUNIT[@]}"; }
 wave_fused() { rl b1_fused b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${FUSED[@]}"; }
 wave_verlbatch() {
   TRAINER_SPEEDUPS_OFF=response_padding,nested_batches rl b1_verlbatch b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N"

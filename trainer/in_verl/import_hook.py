@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -54,3 +54,12 @@ def patch_on_import(name: str, patch: Callable[[ModuleType], None], ready_attr: 
         return
     if not any(isinstance(f, _PatchAfterImport) and f.name == name for f in sys.meta_path):
         sys.meta_path.insert(0, _PatchAfterImport(name, patch))
+
+
+def rebind(modules: Sequence[str], attr: str, value: Any) -> None:
+    """Set ``attr`` to ``value`` in those of ``modules`` already imported that bound it by name
+    (``from X import attr``): a patch of ``X`` after their import would not reach them."""
+    for name in modules:
+        bound = sys.modules.get(name)
+        if bound is not None and hasattr(bound, attr):
+            setattr(bound, attr, value)

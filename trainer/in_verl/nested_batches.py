@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from trainer.in_verl.import_hook import patch_on_import
+from trainer.in_verl.import_hook import patch_on_import, rebind
 
 __all__ = [
     "BALANCING_MODULE",
@@ -214,10 +214,7 @@ def patch_tensordict_utils(module: ModuleType) -> None:
 def patch_seqlen_balancing(module: ModuleType) -> None:
     """Point ``restore_dynamic_batch`` at the gather above, in its module and where it is already bound."""
     _patch(module, {"restore_dynamic_batch": _restore_dynamic_batch})
-    for name in _BINDS_RESTORE:
-        bound = sys.modules.get(name)
-        if bound is not None and hasattr(bound, "restore_dynamic_batch"):
-            setattr(bound, "restore_dynamic_batch", _restore_dynamic_batch)  # noqa: B010
+    rebind(_BINDS_RESTORE, "restore_dynamic_batch", _restore_dynamic_batch)
 
 
 def install() -> None:
