@@ -46,13 +46,14 @@ def _functions(ours: bool) -> dict[str, Callable[..., Any]]:
     from verl.utils import tensordict_utils as tu
 
     from trainer.in_verl import nested_batches as nb
+    from trainer.in_verl.import_hook import original
 
     if ours:
         return {"select": nb._index_select, "concat": nb._concat_nested, "restore": nb._restore_dynamic_batch}
     return {
-        "select": nb.verls(tu, "index_select_tensor_dict"),
-        "concat": nb.verls(tu, "concat_nested_tensors"),
-        "restore": nb.verls(sb, "restore_dynamic_batch"),
+        "select": original(tu, "index_select_tensor_dict"),
+        "concat": original(tu, "concat_nested_tensors"),
+        "restore": original(sb, "restore_dynamic_batch"),
     }
 
 

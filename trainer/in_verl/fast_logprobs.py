@@ -31,6 +31,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from trainer.in_verl import import_hook
+
 __all__ = ["BLOCK_ELEMENTS", "MODULE", "install", "installed", "logprobs_by_row_blocks"]
 
 MODULE = "trainer.in_verl.fast_logprobs"
@@ -38,7 +40,6 @@ MODULE = "trainer.in_verl.fast_logprobs"
 BLOCK_ELEMENTS = 1 << 27
 
 _log = logging.getLogger(__name__)
-_ORIGINAL_ATTR = "_schema_table_rl_original_logprobs_from_logits_v2"
 
 
 def logprobs_by_row_blocks(
@@ -68,7 +69,7 @@ def logprobs_by_row_blocks(
 def installed() -> bool:
     import verl.utils.torch_functional as tf
 
-    return hasattr(tf, _ORIGINAL_ATTR) and tf.logprobs_from_logits_v2 is logprobs_by_row_blocks
+    return tf.logprobs_from_logits_v2 is logprobs_by_row_blocks
 
 
 def install() -> None:
@@ -77,8 +78,7 @@ def install() -> None:
 
     if installed():
         return
-    setattr(tf, _ORIGINAL_ATTR, tf.logprobs_from_logits_v2)
-    tf.logprobs_from_logits_v2 = logprobs_by_row_blocks
+    import_hook.replace(tf, {"logprobs_from_logits_v2": logprobs_by_row_blocks})
     _log.info("%s: verl logprobs_from_logits_v2 replaced by the row-block version", MODULE)
 
 
@@ -86,7 +86,7 @@ def original() -> object:
     """VERL's own ``logprobs_from_logits_v2`` (after :func:`install`)."""
     import verl.utils.torch_functional as tf
 
-    return getattr(tf, _ORIGINAL_ATTR, tf.logprobs_from_logits_v2)
+    return import_hook.original(tf, "logprobs_from_logits_v2")
 
 
 install()

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from trainer.in_verl.import_hook import patch_on_import, rebind
+from trainer.in_verl.import_hook import original, patch_on_import, rebind, replace
 
 __all__ = ["FSDP_UTILS_MODULE", "KEY", "MODULE", "install", "whole_model_wanted"]
 
@@ -31,7 +30,6 @@ MODULE = "trainer.in_verl.fsdp_whole_model"
 FSDP_UTILS_MODULE = "verl.utils.fsdp_utils"
 KEY = "whole_model"  # under the actor's fsdp_config.wrap_policy
 _BINDS = ("verl.workers.engine.fsdp.transformer_impl",)  # modules that bind apply_fsdp2 by name
-_ORIGINAL = "_original_apply_fsdp2"
 
 _log = logging.getLogger(__name__)
 
@@ -48,9 +46,8 @@ def whole_model_wanted(config: Any) -> bool:
 
 
 def _apply_fsdp2(model: Any, fsdp_kwargs: dict[str, Any], config: Any) -> None:
-    original: Callable[..., None] = getattr(sys.modules[FSDP_UTILS_MODULE], _ORIGINAL)
     if not whole_model_wanted(config):
-        original(model, fsdp_kwargs, config)
+        original(sys.modules[FSDP_UTILS_MODULE], "apply_fsdp2")(model, fsdp_kwargs, config)
         return
     from torch.distributed.fsdp import fully_shard
 
@@ -60,9 +57,7 @@ def _apply_fsdp2(model: Any, fsdp_kwargs: dict[str, Any], config: Any) -> None:
 
 def patch(module: ModuleType) -> None:
     """Point ``apply_fsdp2`` at the one-unit choice (idempotent), where it is defined and where it is bound."""
-    if not hasattr(module, _ORIGINAL):
-        setattr(module, _ORIGINAL, module.apply_fsdp2)
-        setattr(module, "apply_fsdp2", _apply_fsdp2)  # noqa: B010
+    replace(module, {"apply_fsdp2": _apply_fsdp2})
     rebind(_BINDS, "apply_fsdp2", _apply_fsdp2)
 
 

@@ -63,3 +63,20 @@ def rebind(modules: Sequence[str], attr: str, value: Any) -> None:
         bound = sys.modules.get(name)
         if bound is not None and hasattr(bound, attr):
             setattr(bound, attr, value)
+
+
+_ORIGINALS = "_trainer_originals"  # on a patched module: name -> VERL's own function
+
+
+def replace(module: ModuleType, replacements: dict[str, Any]) -> None:
+    """Set each name of ``replacements`` in ``module``, keeping VERL's own value for :func:`original`; a name
+    already replaced keeps its first original (idempotent)."""
+    originals: dict[str, Any] = module.__dict__.setdefault(_ORIGINALS, {})
+    for name, value in replacements.items():
+        originals.setdefault(name, getattr(module, name))
+        setattr(module, name, value)
+
+
+def original(module: ModuleType, name: str) -> Any:
+    """VERL's own ``module.name``: the value :func:`replace` kept, else the module's current one."""
+    return module.__dict__.get(_ORIGINALS, {}).get(name, getattr(module, name))

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from trainer.in_verl.import_hook import patch_on_import, rebind
+from trainer.in_verl.import_hook import original, patch_on_import, rebind, replace
 
 __all__ = [
     "BALANCING_MODULE",
@@ -39,7 +39,7 @@ __all__ = [
     "install",
     "packed",
     "select_rows",
-    "verls",
+    "split_rows",
 ]
 
 MODULE = "trainer.in_verl.nested_batches"
@@ -49,7 +49,6 @@ BALANCING_MODULE = "verl.utils.seqlen_balancing"
 _BINDS_RESTORE = ("verl.workers.engine.utils", "verl.workers.engine.megatron.transformer_impl")
 
 _log = logging.getLogger(__name__)
-_ORIGINAL = "_original_before_nested_batches"
 
 
 def packed(tensor: Any) -> bool:
@@ -115,6 +114,24 @@ def select_rows(tensor: torch.Tensor, indices: torch.Tensor | Sequence[Any]) -> 
     return _jagged(values[positions], new_offsets)
 
 
+def split_rows(tensor: torch.Tensor, chunks: int) -> list[torch.Tensor]:
+    """The packed nested ``tensor`` cut into ``chunks`` runs of equal sample counts, each a packed nested tensor
+    of its own values: the offsets are read once for all of them."""
+    if not packed(tensor):
+        raise ValueError("split_rows: a jagged nested tensor ragged on dim 1 with no holes is needed")
+    offsets = tensor.offsets().to("cpu")  # type: ignore[attr-defined]
+    n = len(offsets) - 1
+    if chunks < 1 or n % chunks:
+        raise ValueError(f"split_rows: {n} samples do not split into {chunks} equal chunks")
+    size, values = n // chunks, tensor.values()
+    out = []
+    for i in range(chunks):
+        part = offsets[i * size : (i + 1) * size + 1]
+        lo, hi = int(part[0]), int(part[-1])
+        out.append(_jagged(values[lo:hi].clone(), part - lo))
+    return out
+
+
 def concat_rows(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """The packed nested ``tensors`` one after another along the batch, as one packed nested tensor."""
     if not tensors or not all(packed(t) for t in tensors):
@@ -127,29 +144,20 @@ def concat_rows(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return _jagged(torch.cat([t.values() for t in tensors]), torch.cat(joined))
 
 
-def _original(module: ModuleType, name: str) -> Callable[..., Any]:
-    return getattr(module, _ORIGINAL)[name]  # type: ignore[no-any-return]
-
-
-def verls(module: ModuleType, name: str) -> Callable[..., Any]:
-    """VERL's own ``module.name``, as it was before this module patched it (for tests and the benchmark)."""
-    return getattr(module, _ORIGINAL, {}).get(name, getattr(module, name))  # type: ignore[no-any-return]
-
-
 def _fast_keys(batch: Any) -> list[str]:
     return [k for k, v in batch.items() if packed(v)]
 
 
 def _index_select(batch: Any, indices: Any) -> Any:
     """VERL's ``index_select_tensor_dict`` with its packed nested fields gathered by :func:`select_rows`."""
-    original = _original(sys.modules[TENSORDICT_MODULE], "index_select_tensor_dict")
     if batch is None:
         return None
+    verls = original(sys.modules[TENSORDICT_MODULE], "index_select_tensor_dict")
     idx = index_tensor(indices)
     fast = _fast_keys(batch)
     if not fast or len(idx) == 0:
-        return original(batch, idx)
-    out = original(batch.exclude(*fast), idx)
+        return verls(batch, idx)
+    out = verls(batch.exclude(*fast), idx)
     for key in fast:
         out[key] = select_rows(batch[key], idx)
     return out
@@ -157,15 +165,14 @@ def _index_select(batch: Any, indices: Any) -> Any:
 
 def _chunk(td: Any, chunks: int) -> list[Any]:
     """VERL's ``chunk_tensordict`` with its packed nested fields cut by their offsets."""
-    original = _original(sys.modules[TENSORDICT_MODULE], "chunk_tensordict")
+    verls = original(sys.modules[TENSORDICT_MODULE], "chunk_tensordict")
     fast = _fast_keys(td) if chunks > 0 and len(td) % chunks == 0 else []
     if not fast:
-        return original(td, chunks)  # type: ignore[no-any-return]
-    parts = original(td.exclude(*fast), chunks)
-    size = len(td) // chunks
+        return verls(td, chunks)  # type: ignore[no-any-return]
+    parts = verls(td.exclude(*fast), chunks)
     for key in fast:
-        for i, part in enumerate(parts):
-            part[key] = select_rows(td[key], torch.arange(i * size, (i + 1) * size))
+        for part, rows in zip(parts, split_rows(td[key], chunks), strict=True):
+            part[key] = rows
     return parts  # type: ignore[no-any-return]
 
 
@@ -173,14 +180,14 @@ def _concat_nested(tensors: list[torch.Tensor]) -> torch.Tensor:
     """VERL's ``concat_nested_tensors``, by offsets when every tensor is packed."""
     if tensors and all(packed(t) for t in tensors):
         return concat_rows(tensors)
-    return _original(sys.modules[TENSORDICT_MODULE], "concat_nested_tensors")(tensors)  # type: ignore[no-any-return]
+    return original(sys.modules[TENSORDICT_MODULE], "concat_nested_tensors")(tensors)  # type: ignore[no-any-return]
 
 
 def _restore_dynamic_batch(data: torch.Tensor, batch_idx_list: list[list[int]]) -> torch.Tensor:
     """VERL's ``restore_dynamic_batch``: a nested output of the length-balanced micro batches back in the
     mini batch's order, by one gather."""
     if not packed(data):
-        restore = _original(sys.modules[BALANCING_MODULE], "restore_dynamic_batch")
+        restore = original(sys.modules[BALANCING_MODULE], "restore_dynamic_batch")
         return restore(data, batch_idx_list)  # type: ignore[no-any-return]
     order = torch.tensor([i for part in batch_idx_list for i in part], dtype=torch.long)
     if len(order) != data.shape[0]:
@@ -191,11 +198,7 @@ def _restore_dynamic_batch(data: torch.Tensor, batch_idx_list: list[list[int]]) 
 
 
 def _patch(module: ModuleType, replacements: dict[str, Callable[..., Any]]) -> None:
-    if hasattr(module, _ORIGINAL):
-        return
-    setattr(module, _ORIGINAL, {name: getattr(module, name) for name in replacements})
-    for name, fn in replacements.items():
-        setattr(module, name, fn)
+    replace(module, replacements)
     _log.info("%s: %s of %s by offsets", MODULE, ", ".join(replacements), module.__name__)
 
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from trainer.in_verl import nested_batches as nb
+from trainer.in_verl.import_hook import original
 from trainer.phases.launch import ALWAYS_LOADED
 
 pytestmark = pytest.mark.verl
@@ -30,7 +31,7 @@ def _tu() -> Any:
 def _verl(name: str) -> Any:
     """VERL's function as it was before this module patched it."""
     module = _tu() if name != "restore_dynamic_batch" else sys.modules[nb.BALANCING_MODULE]
-    return nb.verls(module, name)
+    return original(module, name)
 
 
 def _batch(lengths: list[int] = LENGTHS) -> Any:
@@ -77,6 +78,7 @@ def _assert_same(mine: Any, theirs: Any) -> None:
 )
 def test_index_select_equals_verls(indices: list[int]) -> None:
     batch = _batch()
+    assert _verl("index_select_tensor_dict").__module__ == "verl.utils.tensordict_utils"  # VERL's, not ours
     for form in (indices, torch.tensor(indices), [torch.tensor(i) for i in indices]):
         _assert_same(nb._index_select(batch, form), _verl("index_select_tensor_dict")(batch, torch.tensor(indices)))
 
@@ -138,6 +140,8 @@ def test_bad_indices_are_errors_that_say_why() -> None:
         nb.select_rows(nt, torch.zeros(2, 2, dtype=torch.long))
     with pytest.raises(ValueError, match="ragged on dim 1"):
         nb.select_rows(_batch()["mrope"], [0])
+    with pytest.raises(ValueError, match="8 samples do not split into 3 equal chunks"):
+        nb.split_rows(nt, 3)
     assert not nb.packed(torch.zeros(3)) and nb.packed(nt)
 
 
@@ -153,6 +157,8 @@ def test_the_patches_land_when_verl_imports_its_modules() -> None:
         assert tu.index_select_tensor_dict is nb._index_select
         assert tu.chunk_tensordict is nb._chunk and tu.concat_nested_tensors is nb._concat_nested
         assert engine_utils.restore_dynamic_batch is nb._restore_dynamic_batch
+        from trainer.in_verl.import_hook import original
+        assert original(tu, "index_select_tensor_dict").__module__ == "verl.utils.tensordict_utils"
         print("patched")
     """
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, capture_output=True, text=True,
