@@ -24,12 +24,6 @@
 #          instead of the gpu profile's uni executor (the model inside vLLM's EngineCore process: one process start
 #          fewer, bench/results/rl_step_trace.md)
 #   verlpath b1_verlpath: B1 with VERLPATH, VERL's own per-sample rollout path (trainer/in_verl/agent_loop_speed.py off)
-#   oneunit b1_oneunit: B1 with ONEUNIT, FSDP2 around the whole policy instead of each of its layers (one GPU: the
-#          same parameters and gradients, hooks once a micro batch instead of once a layer)
-#   nosleep b1_nosleep: B1 with NOSLEEP, vLLM's KV cache and weights kept on the card between generations (VERL frees
-#          and re-maps them every step: its sleep after generation and wake before the weight sync) at a smaller memory share
-#   lean   b1_lean: B1 with ONEUNIT and NOSLEEP together
-#   c1lean c1_lean: C1 with ONEUNIT and NOSLEEP (its executor and reward API as the c1 wave starts them)
 #   verlbatch b1_verlbatch: B1 with TRAINER_SPEEDUPS_OFF=response_padding,nested_batches: VERL's own per-sample slicing
 #          and batch selection in the update
 #   b2     b2_fast: B2 at BATCH x N
@@ -56,7 +50,7 @@ DATA=${RL_DATA:-/tmp/rl_data}
 SFT_STEPS=${SFT_STEPS:-100}
 RL_STEPS=${RL_STEPS:-6} STOCK_STEPS=${STOCK_STEPS:-${RL_STEPS:-6}}  # VERL's own trainer: ~80 s a step on one H200
 BATCH=${BATCH:-64} N=${N:-16} SMALL_BATCH=${SMALL_BATCH:-32} SMALL_N=${SMALL_N:-8}
-WAVES=${WAVES:-sft,floor,b1,c1,stock,sched,multiproc,fused,oneunit,nosleep,lean,c1lean,verlpath,verlbatch,padded,workers,b2,small}
+WAVES=${WAVES:-sft,floor,b1,c1,stock,sched,multiproc,fused,verlpath,verlbatch,padded,workers,b2,small}
 PAIR_MEMORY=${PAIR_MEMORY:-0.25} PAIR_STEPS=${PAIR_STEPS:-12} PAIR_STAGGER=${PAIR_STAGGER:-60}
 # the floor's scheduler sizes (max_num_seqs/max_num_batched_tokens): VERL's and the gpu profile's
 FLOOR_SIZES=${FLOOR_SIZES:-256/8192 1024/32768}
@@ -96,16 +90,6 @@ VERLSCHED=(actor_rollout_ref.rollout.max_num_seqs=256 actor_rollout_ref.rollout.
            actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling=false
            actor_rollout_ref.rollout.engine_kwargs.vllm.stream_interval=1)
 MULTIPROC=(actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend=mp)
-# FSDP2 around the whole policy as one unit, unsharded after forward (trainer/in_verl/fsdp_whole_model.py): on one GPU
-# the per-layer units shard nothing and add hooks (~0.8 s of B1's update: bench/results/rl_step_batches.md)
-ONEUNIT=(+actor_rollout_ref.actor.fsdp_config.wrap_policy.whole_model=true
-         actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false)
-# vLLM's memory kept between generations: no sleep mode, no freeing of the KV cache after each generation. VERL's
-# colocated path then syncs weights into the awake engine and clears its prefix cache (vllm_rollout.update_weights).
-# 0.4 of the card keeps ~55 GB for the update's activations and logits (a 135M policy; 1,024 sequences of <= 768 tokens
-# need ~18 GB of KV cache).
-NOSLEEP=(actor_rollout_ref.rollout.free_cache_engine=false ++actor_rollout_ref.rollout.enable_sleep_mode=false
-         actor_rollout_ref.rollout.gpu_memory_utilization=0.4)
 FUSED=(actor_rollout_ref.model.use_fused_kernels=true actor_rollout_ref.model.fused_kernel_options.impl_backend=torch)
 VERLPATH=(agent_loop_speed.reuse_single_turn=false agent_loop_speed.reward_in_process=false
           agent_loop_speed.token_only_outputs=false)
@@ -202,7 +186,6 @@ c1_run() {  # NAME [OVERRIDE...]: C1 behind a reward API in front of π2's execu
   rl "$1" c1 http://127.0.0.1:18420 "$PI1" "$BATCH" "$N" "${@:2}"
 }
 wave_c1() { c1_run c1_fast; }
-wave_c1lean() { c1_run c1_lean "${ONEUNIT[@]}" "${NOSLEEP[@]}"; }
 wave_stock() {
   note b1_stock
   $J start b1_stock -- python3 -m bench.verl_stock --data "$DATA" --model "$PI1" --out "$R/b1_stock" \
@@ -212,9 +195,6 @@ wave_stock() {
 wave_padded() { rl b1_padded b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${PADDED[@]}"; }
 wave_sched() { rl b1_verlsched b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${VERLSCHED[@]}"; }
 wave_multiproc() { rl b1_multiproc b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${MULTIPROC[@]}"; }
-wave_oneunit() { rl b1_oneunit b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${ONEUNIT[@]}"; }
-wave_nosleep() { rl b1_nosleep b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${NOSLEEP[@]}"; }
-wave_lean() { rl b1_lean b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${ONEUNIT[@]}" "${NOSLEEP[@]}"; }
 wave_fused() { rl b1_fused b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N" "${FUSED[@]}"; }
 wave_verlbatch() {
   TRAINER_SPEEDUPS_OFF=response_padding,nested_batches rl b1_verlbatch b1 http://127.0.0.1:18410 "$PI1" "$BATCH" "$N"

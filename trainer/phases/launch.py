@@ -22,7 +22,6 @@ or the variables a user sets for them (``CLIENT_URL_ENV``, ``CLIENT_TOKEN_ENV`` 
 ``trainer.in_verl.packed_attention`` (padding-free micro batches without flash-attn), ``agent_loop_speed`` and
 ``response_padding`` (the update loss's response slicing in one gather) and ``nested_batches`` (mini and micro
 batches selected by offsets) the same way; ``TRAINER_SPEEDUPS_OFF`` leaves those two out, to measure without them.
-``fsdp_whole_model`` acts only when the actor's ``fsdp_config.wrap_policy.whole_model`` is true.
 
 Outputs under ``--out``: ``checkpoints/global_step_N/…``, ``checkpoints/early_stopping.json``
 (RL), ``metrics.jsonl`` (VERL's file logger), ``train.log``, ``hf/`` (the exported best
@@ -76,8 +75,7 @@ PACKED_ATTENTION = "trainer.in_verl.packed_attention"
 AGENT_LOOP_SPEED = "trainer.in_verl.agent_loop_speed"
 RESPONSE_PADDING = "trainer.in_verl.response_padding"
 NESTED_BATCHES = "trainer.in_verl.nested_batches"
-FSDP_WHOLE_MODEL = "trainer.in_verl.fsdp_whole_model"
-ALWAYS_LOADED = (FAST_LOGPROBS, PACKED_ATTENTION, AGENT_LOOP_SPEED, RESPONSE_PADDING, NESTED_BATCHES, FSDP_WHOLE_MODEL)
+ALWAYS_LOADED = (FAST_LOGPROBS, PACKED_ATTENTION, AGENT_LOOP_SPEED, RESPONSE_PADDING, NESTED_BATCHES)
 # Those whose results equal VERL's own, left out by name (``TRAINER_SPEEDUPS_OFF=response_padding,nested_batches``)
 # to measure a step without them.
 SPEEDUPS_OFF_ENV = "TRAINER_SPEEDUPS_OFF"

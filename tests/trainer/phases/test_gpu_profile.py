@@ -362,39 +362,3 @@ def test_the_verlbatch_row_leaves_out_only_speedups_the_launcher_knows() -> None
     names = re.findall(r"TRAINER_SPEEDUPS_OFF=([\w,]+) rl b1_verlbatch", text)
     assert names and speedups_off(names[0]) == set(SPEEDUPS.values())
 
-
-def test_the_oneunit_row_changes_only_the_actors_fsdp_units(env: None) -> None:  # noqa: F811
-    """``rl_step.sh``'s ONEUNIT row asks for the policy as one FSDP2 unit (the key
-    trainer/in_verl/fsdp_whole_model.py reads), unsharded after forward, and changes nothing else of the profile."""
-    from trainer.in_verl.fsdp_whole_model import whole_model_wanted
-    from trainer.phases.launch import REPO_ROOT
-
-    oneunit = _script_array(REPO_ROOT / "scripts" / "gpu_node" / "rl_step.sh", "ONEUNIT")
-    base, c = composed_command(gpu_run("b1")), composed_command(gpu_run("b1", *oneunit))
-    from verl.utils.config import omega_conf_to_dataclass
-
-    fsdp = c.actor_rollout_ref.actor.fsdp_config
-    assert whole_model_wanted(fsdp) and fsdp.reshard_after_forward is False
-    assert whole_model_wanted(omega_conf_to_dataclass(fsdp))  # the engine's config, as VERL's worker builds it
-    assert not whole_model_wanted(base.actor_rollout_ref.actor.fsdp_config)
-    assert _changed(c, base) | _changed(base, c) == {
-        "actor_rollout_ref.actor.fsdp_config.wrap_policy.whole_model",
-        "actor_rollout_ref.actor.fsdp_config.reshard_after_forward",
-    }
-
-
-def test_the_nosleep_row_keeps_the_engine_awake_and_changes_only_its_memory(env: None) -> None:  # noqa: F811
-    """``rl_step.sh``'s NOSLEEP row keeps vLLM's weights and KV cache on the card between generations (no sleep mode,
-    nothing freed after a generation) at a smaller memory share, and changes nothing else of the profile."""
-    from trainer.phases.launch import REPO_ROOT
-
-    nosleep = _script_array(REPO_ROOT / "scripts" / "gpu_node" / "rl_step.sh", "NOSLEEP")
-    base, c = composed_command(gpu_run("b1")), composed_command(gpu_run("b1", *nosleep))
-    rollout = c.actor_rollout_ref.rollout
-    assert rollout.free_cache_engine is False and rollout.enable_sleep_mode is False
-    assert 0 < rollout.gpu_memory_utilization < base.actor_rollout_ref.rollout.gpu_memory_utilization
-    assert _changed(c, base) | _changed(base, c) == {
-        "actor_rollout_ref.rollout.free_cache_engine",
-        "actor_rollout_ref.rollout.enable_sleep_mode",
-        "actor_rollout_ref.rollout.gpu_memory_utilization",
-    }
