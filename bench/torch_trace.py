@@ -6,6 +6,13 @@ writes a small summary that travels where a trace of tens of MB does not: the tr
 inside it (the union of kernel and memcpy intervals), the heaviest top-level CPU operators (those not inside another
 operator of their thread) and the heaviest GPU kernels, by total duration.
 A region whose GPU busy share is low is bound by the host (Python, launches, synchronisation), not by the card.
+
+Where the host waits for the card: every blocking CUDA runtime call (``cudaStreamSynchronize``,
+``cudaDeviceSynchronize``, ``cudaEventSynchronize``) is counted with the seconds it blocked, per region and per site:
+the innermost PyTorch operator that made it (``aten::item``, ``aten::nonzero``, ``aten::to`` …) and, when the trace
+holds Python stacks (the profiler's ``stack`` content), the innermost frame outside PyTorch that called it. A host
+that waits at every micro batch cannot run ahead of the card: each wait drains the queue, and the card then idles
+while Python prepares the next kernels.
 """
 
 from __future__ import annotations
@@ -23,6 +30,17 @@ _INDEXED = re.compile(r"^(mini_batch|micro_batch)\d+$")
 # FSDP's per-module annotations are summed over the layers (``FSDP::pre_forward (model.layers.12)``)
 _LAYER = re.compile(r"\.layers\.\d+\)$")
 REGIONS = 20  # the longest regions kept
+# CUDA runtime calls that block the host until the card has finished (the driver API's names too)
+SYNC_CALLS = frozenset(
+    {
+        "cudaStreamSynchronize",
+        "cudaDeviceSynchronize",
+        "cudaEventSynchronize",
+        "cuStreamSynchronize",
+        "cuCtxSynchronize",
+    }
+)
+_TORCH_FRAME = re.compile(r"(^|/)torch/|^<built-in")
 
 
 def load_events(path: Path) -> list[dict[str, Any]]:
@@ -32,6 +50,11 @@ def load_events(path: Path) -> list[dict[str, Any]]:
         data = json.load(f)
     events = data["traceEvents"] if isinstance(data, dict) else data
     return [e for e in events if e.get("ph") == "X" and "dur" in e and "ts" in e]
+
+
+def _region(name: str) -> str:
+    """An annotation's name with its index or layer number summed away (``micro_batch3`` -> ``micro_batch``)."""
+    return _LAYER.sub(".layers.*)", _INDEXED.sub(r"\1", name))
 
 
 def _union_us(intervals: list[tuple[float, float]]) -> float:
@@ -63,7 +86,7 @@ def split(events: list[dict[str, Any]], top: int = 12) -> dict[str, Any]:
     end = max(float(e["ts"]) + float(e["dur"]) for e in events)
     regions: dict[str, dict[str, float]] = defaultdict(lambda: {"count": 0, "wall_s": 0.0, "gpu_busy_s": 0.0})
     for e in notes:
-        name = _LAYER.sub(".layers.*)", _INDEXED.sub(r"\1", str(e["name"])))
+        name = _region(str(e["name"]))
         lo, hi = float(e["ts"]), float(e["ts"]) + float(e["dur"])
         r = regions[name]
         r["count"] += 1
@@ -88,6 +111,52 @@ def split(events: list[dict[str, Any]], top: int = 12) -> dict[str, Any]:
         "regions": dict(sorted(regions.items(), key=lambda kv: kv[1]["wall_s"], reverse=True)[:REGIONS]),
         "cpu_ops": heaviest(_top_level(cpu_ops)),
         "gpu_kernels": heaviest([e for e in events if e.get("cat") in GPU_CATS]),
+        "syncs": syncs(events, top=top),
+    }
+
+
+def syncs(events: list[dict[str, Any]], top: int = 12) -> dict[str, Any]:
+    """The host's blocking waits for the card: their count and seconds in all, per region, and per site (the innermost
+    operator and the innermost frame outside PyTorch around each wait, on its thread)."""
+    by_region: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    by_site: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0])
+    calls, wait_us = 0, 0.0
+    by_thread: dict[tuple[Any, Any], list[dict[str, Any]]] = defaultdict(list)
+    for e in events:
+        if e.get("cat") in ("cpu_op", "python_function", "user_annotation", "cuda_runtime", "cuda_driver"):
+            by_thread[(e.get("pid"), e.get("tid"))].append(e)
+    for evs in by_thread.values():
+        stack: list[dict[str, Any]] = []
+        for e in sorted(evs, key=lambda x: (float(x["ts"]), -float(x["dur"]))):
+            while stack and float(stack[-1]["ts"]) + float(stack[-1]["dur"]) <= float(e["ts"]):
+                stack.pop()
+            if e.get("cat") in ("cuda_runtime", "cuda_driver") and e["name"] in SYNC_CALLS:
+                dur = float(e["dur"])
+                calls, wait_us = calls + 1, wait_us + dur
+                op = next((str(s["name"]) for s in reversed(stack) if s.get("cat") == "cpu_op"), "")
+                frame = next(
+                    (
+                        str(s["name"])
+                        for s in reversed(stack)
+                        if s.get("cat") == "python_function" and not _TORCH_FRAME.search(str(s["name"]))
+                    ),
+                    "",
+                )
+                notes = [s for s in stack if s.get("cat") == "user_annotation"]
+                region = _region(str(notes[-1]["name"])) if notes else "(none)"
+                for key, table in ((region, by_region), ((op, frame), by_site)):
+                    table[key][0] += 1  # type: ignore[index]
+                    table[key][1] += dur  # type: ignore[index]
+            stack.append(e)
+    sites = sorted(by_site.items(), key=lambda kv: kv[1][1], reverse=True)[:top]
+    return {
+        "calls": calls,
+        "wait_s": round(wait_us / 1e6, 4),
+        "regions": {k: {"calls": int(v[0]), "wait_s": round(v[1] / 1e6, 4)} for k, v in sorted(by_region.items())},
+        "sites": [
+            {"op": op, "frame": frame[:160], "calls": int(v[0]), "wait_s": round(v[1] / 1e6, 4)}
+            for (op, frame), v in sites
+        ],
     }
 
 
@@ -121,6 +190,17 @@ def markdown(summary: dict[str, Any], title: str) -> str:
     lines += [f"| `{o['name']}` | {o['calls']} | {o['total_s']:.3f} |" for o in summary["cpu_ops"]]
     lines += ["", "| GPU kernel | calls | s |", "|---|---|---|"]
     lines += [f"| `{o['name'][:80]}` | {o['calls']} | {o['total_s']:.3f} |" for o in summary["gpu_kernels"]]
+    sync = summary.get("syncs")  # summaries written before the waits were counted have none
+    if sync is not None:
+        lines += ["", f"The host waited for the card {sync['calls']} times, {sync['wait_s']:.3f} s in all."]
+    if sync and sync["calls"]:
+        lines += [""]
+        lines += ["| region (innermost) | waits | s |", "|---|---|---|"]
+        lines += [f"| {k} | {r['calls']} | {r['wait_s']:.3f} |" for k, r in sync["regions"].items()]
+        lines += ["", "| operator | caller outside PyTorch | waits | s |", "|---|---|---|---|"]
+        lines += [
+            f"| `{o['op'] or '-'}` | `{o['frame'] or '-'}` | {o['calls']} | {o['wait_s']:.3f} |" for o in sync["sites"]
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -41,7 +41,8 @@
 # seconds once it has logged two steps, into NAME/pyspy.txt.gz (py-spy's collapsed stacks; bench/pyspy.py sums them);
 # PROFILE_IDLE=1 keeps idle samples too (where a process waits: a GPU sync, a socket, a lock).
 # TRACE=b1_uniproc,...: PyTorch's profiler in the named runs' FSDP worker at step TRACE_STEP (VERL's global_profiler,
-# CPU operators and CUDA kernels), summarised on the node into NAME/trace_split.json (python -m bench torch-trace); the
+# CPU operators with their Python stacks, CUDA kernels and runtime calls), summarised on the node into
+# NAME/trace_split.json (python -m bench torch-trace: regions, operators, kernels and the host's waits for the card); the
 # trace itself stays in /tmp/traces. The report leaves the traced step out of the step means.
 set -uo pipefail
 J=scripts/gpu_node/job.sh
@@ -127,7 +128,7 @@ rl() {  # NAME PHASE URL MODEL BATCH N [OVERRIDE...]: rl_start, py-spy where PRO
   local name=$1 spy="" traced=()
   if [[ ,$TRACE, == *,$name,* ]]; then
     traced=(global_profiler.tool=torch "global_profiler.steps=[$TRACE_STEP]" "global_profiler.save_path=$R/$name/trace"
-            actor_rollout_ref.actor.profiler.enable=true "actor_rollout_ref.actor.profiler.tool_config.torch.contents=[cuda]")
+            actor_rollout_ref.actor.profiler.enable=true "actor_rollout_ref.actor.profiler.tool_config.torch.contents=[cuda,stack]")
   fi
   rl_start "$@" "${traced[@]}"
   if [[ ,$PROFILE, == *,$name,* ]]; then profile "$name" & spy=$!; fi

@@ -68,3 +68,37 @@ def test_an_empty_trace_is_an_error(tmp_path: Path) -> None:
     f.write_text(json.dumps({"traceEvents": []}))
     with pytest.raises(ValueError, match="no complete events"):
         torch_trace.split(torch_trace.load_events(f))
+
+
+def test_the_hosts_waits_are_counted_per_region_and_site() -> None:
+    """A blocking runtime call is attributed to the operator and the caller outside PyTorch around it, and to its
+    innermost region; a kernel launch is not a wait, and a wait on another thread has its own stack."""
+    events = [
+        _event("micro_batch0", "user_annotation", 0, 1_000_000),
+        _event("micro_batch1", "user_annotation", 1_000_000, 1_000_000),
+        _event("verl/workers/utils/losses.py(57): ppo_loss", "python_function", 0, 900_000),
+        _event("torch/_tensor.py(10): item", "python_function", 100_000, 300_000),
+        _event("aten::item", "cpu_op", 110_000, 250_000),
+        _event("aten::_local_scalar_dense", "cpu_op", 120_000, 200_000),
+        _event("cudaStreamSynchronize", "cuda_runtime", 130_000, 150_000),
+        _event("cudaLaunchKernel", "cuda_runtime", 500_000, 10_000),
+        _event("trainer/in_verl/nested_batches.py(99): select_rows", "python_function", 1_100_000, 500_000),
+        _event("aten::to", "cpu_op", 1_200_000, 100_000),
+        _event("cudaStreamSynchronize", "cuda_runtime", 1_210_000, 50_000),
+        _event("cudaDeviceSynchronize", "cuda_runtime", 1_500_000, 20_000, tid=2),  # no stack on its thread
+    ]
+    s = torch_trace.split(events)["syncs"]
+    assert s["calls"] == 3 and s["wait_s"] == pytest.approx(0.22)
+    assert s["regions"] == {
+        "micro_batch": {"calls": 2, "wait_s": pytest.approx(0.2)},
+        "(none)": {"calls": 1, "wait_s": pytest.approx(0.02)},
+    }
+    sites = {(o["op"], o["frame"]): (o["calls"], o["wait_s"]) for o in s["sites"]}
+    assert sites == {
+        ("aten::_local_scalar_dense", "verl/workers/utils/losses.py(57): ppo_loss"): (1, pytest.approx(0.15)),
+        ("aten::to", "trainer/in_verl/nested_batches.py(99): select_rows"): (1, pytest.approx(0.05)),
+        ("", ""): (1, pytest.approx(0.02)),
+    }
+    md = torch_trace.markdown(torch_trace.split(events), "w")
+    assert "The host waited for the card 3 times, 0.220 s in all." in md
+    assert "| `aten::_local_scalar_dense` | `verl/workers/utils/losses.py(57): ppo_loss` | 1 | 0.150 |" in md
