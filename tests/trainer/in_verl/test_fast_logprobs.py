@@ -22,7 +22,6 @@ from trainer.in_verl import fast_logprobs  # noqa: E402
 from trainer.phases.launch import (  # noqa: E402
     AGENT_LOOP_SPEED,
     FAST_LOGPROBS,
-    FSDP_WHOLE_MODEL,
     NESTED_BATCHES,
     PACKED_ATTENTION,
     RESPONSE_PADDING,
@@ -30,7 +29,7 @@ from trainer.phases.launch import (  # noqa: E402
     external_modules,
 )
 
-ALWAYS = f"{FAST_LOGPROBS},{PACKED_ATTENTION},{AGENT_LOOP_SPEED},{RESPONSE_PADDING},{NESTED_BATCHES},{FSDP_WHOLE_MODEL}"
+ALWAYS = f"{FAST_LOGPROBS},{PACKED_ATTENTION},{AGENT_LOOP_SPEED},{RESPONSE_PADDING},{NESTED_BATCHES}"
 from trainer.registry.phases import get_phase  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
@@ -108,8 +107,8 @@ def test_external_modules(profile: str, inherited: str, expected: str) -> None:
 
 def test_speedups_are_left_out_by_name_and_an_unknown_name_is_refused() -> None:
     got = external_modules("gpu", "", "nested_batches, response_padding")
-    assert got == f"{FAST_LOGPROBS},{PACKED_ATTENTION},{AGENT_LOOP_SPEED},{FSDP_WHOLE_MODEL}"
-    assert f"{RESPONSE_PADDING}," in external_modules("gpu", "", "nested_batches")
+    assert got == f"{FAST_LOGPROBS},{PACKED_ATTENTION},{AGENT_LOOP_SPEED}"
+    assert external_modules("gpu", "", "nested_batches").split(",")[-1] == RESPONSE_PADDING
     with pytest.raises(ValueError, match=r"TRAINER_SPEEDUPS_OFF: unknown \['fast_logprobs'\]"):
         external_modules("gpu", "", "fast_logprobs")
 
